@@ -1,0 +1,131 @@
+#include "common/chunking.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardps {
+
+int64_t NumElements(const v1::TensorSpec& tensor) {
+  int64_t n = 1;
+  for (int64_t d : tensor.shape()) n *= d;
+  return n;
+}
+
+namespace {
+
+absl::Status ValidateTensor(const v1::TensorSpec& t, int index) {
+  std::string where = absl::StrCat("tensor ", index, " (", t.name(), ")");
+  if (t.name().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", index, " has an empty name"));
+  }
+  if (t.shape_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has no shape"));
+  }
+  int64_t n = 1;
+  for (int64_t d : t.shape()) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has dimension ", d, " (must be >= 1)"));
+    }
+    if (n > kMaxModelElements / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has over ", kMaxModelElements, " elements"));
+    }
+    n *= d;
+  }
+  const v1::InitSpec& init = t.init();
+  if (!std::isfinite(init.value())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " init value is not finite"));
+  }
+  if (!v1::InitSpec::Kind_IsValid(init.kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has unknown init kind ", init.kind()));
+  }
+  if ((init.kind() == v1::InitSpec::KIND_UNIFORM ||
+       init.kind() == v1::InitSpec::KIND_NORMAL) &&
+      init.value() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " init scale ", init.value(), " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLayout(const v1::Layout& layout) {
+  if (layout.tensors_size() == 0) {
+    return absl::InvalidArgumentError("layout has no tensors");
+  }
+  if (layout.chunk_bytes() % 4 != 0 || layout.chunk_bytes() > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", layout.chunk_bytes(),
+                     " must be a multiple of 4 and at most ", kMaxChunkBytes));
+  }
+  absl::flat_hash_set<std::string> names;
+  int64_t total = 0;
+  for (int i = 0; i < layout.tensors_size(); ++i) {
+    const v1::TensorSpec& t = layout.tensors(i);
+    if (absl::Status s = ValidateTensor(t, i); !s.ok()) return s;
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name \"", t.name(), "\" appears twice"));
+    }
+    total += NumElements(t);
+    if (total > kMaxModelElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model has over ", kMaxModelElements, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ChunkBytes(const v1::Layout& layout) {
+  return layout.chunk_bytes() == 0 ? kDefaultChunkBytes : layout.chunk_bytes();
+}
+
+std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout) {
+  const int64_t max_elements = static_cast<int64_t>(ChunkBytes(layout) / 4);
+  std::vector<ChunkSpec> chunks;
+  for (int t = 0; t < layout.tensors_size(); ++t) {
+    const int64_t n = NumElements(layout.tensors(t));
+    const int64_t count = (n + max_elements - 1) / max_elements;
+    const int64_t base = n / count;
+    const int64_t extra = n % count;  // the first `extra` chunks get one more
+    int64_t offset = 0;
+    for (int64_t c = 0; c < count; ++c) {
+      ChunkSpec spec;
+      spec.id = static_cast<uint32_t>(chunks.size());
+      spec.tensor = static_cast<uint32_t>(t);
+      spec.offset = offset;
+      spec.num_elements = base + (c < extra ? 1 : 0);
+      offset += spec.num_elements;
+      chunks.push_back(spec);
+    }
+  }
+  return chunks;
+}
+
+uint64_t Fingerprint(const v1::Layout& layout,
+                     const v1::OptimizerSpec& optimizer) {
+  std::string bytes;
+  {
+    // Deterministic: these messages hold no maps.
+    v1::DeclareRequest d;
+    *d.mutable_layout() = layout;
+    *d.mutable_optimizer() = optimizer;
+    d.SerializeToString(&bytes);
+  }
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace shardps

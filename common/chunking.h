@@ -1,0 +1,56 @@
+// Splits a model layout into chunks: the unit of ownership, aggregation,
+// optimizer state and checkpoint. Every party derives the same chunks from the
+// same v1::Layout. Pure functions; thread-safe.
+#ifndef SHARDPS_COMMON_CHUNKING_H_
+#define SHARDPS_COMMON_CHUNKING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+namespace shardps {
+
+inline constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
+// Largest chunk accepted: keeps every message well under gRPC's 2 GiB limit
+// and bounds per-chunk memory on the servers.
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
+// Largest model accepted, in elements (1 TiB of fp32 would not fit anyway).
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 38;
+
+// A contiguous range of one tensor's row-major elements.
+struct ChunkSpec {
+  uint32_t id = 0;      // position in the layout's chunk list
+  uint32_t tensor = 0;  // index into Layout.tensors
+  int64_t offset = 0;   // first element within the tensor
+  int64_t num_elements = 0;
+
+  int64_t bytes() const { return num_elements * int64_t{4}; }
+};
+
+// Element count of a tensor (product of its shape).
+int64_t NumElements(const v1::TensorSpec& tensor);
+
+// InvalidArgument naming the problem: no tensors, empty or duplicate names,
+// dimensions < 1, chunk_bytes not a multiple of 4 or over kMaxChunkBytes,
+// a model over kMaxModelElements, or a bad init spec.
+absl::Status ValidateLayout(const v1::Layout& layout);
+
+// The layout's chunk size in bytes (chunk_bytes, or the default for 0).
+uint64_t ChunkBytes(const v1::Layout& layout);
+
+// Chunks of every tensor in layout order. A tensor of n elements becomes
+// ceil(n / max_elements) chunks of nearly equal size (they differ by at most
+// one element). REQUIRES: ValidateLayout(layout).ok().
+std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout);
+
+// Stable 64-bit fingerprint (FNV-1a over the deterministic serialization) of
+// a declaration: layout and optimizer.
+uint64_t Fingerprint(const v1::Layout& layout,
+                     const v1::OptimizerSpec& optimizer);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_CHUNKING_H_

@@ -1,0 +1,97 @@
+#include "common/chunking.h"
+
+#include "gtest/gtest.h"
+
+namespace shardps {
+namespace {
+
+v1::Layout MakeLayout(std::vector<std::vector<int64_t>> shapes,
+                      uint64_t chunk_bytes) {
+  v1::Layout layout;
+  layout.set_chunk_bytes(chunk_bytes);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name("t" + std::to_string(i));
+    for (int64_t d : shapes[i]) t->add_shape(d);
+  }
+  return layout;
+}
+
+TEST(ChunkingTest, SplitsTensorsIntoNearlyEqualChunksInLayoutOrder) {
+  // 10 elements with at most 4 per chunk: 3 chunks of 4, 3, 3.
+  v1::Layout layout = MakeLayout({{2, 5}, {3}}, 16);
+  ASSERT_TRUE(ValidateLayout(layout).ok());
+  std::vector<ChunkSpec> chunks = MakeChunks(layout);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0].num_elements, 4);
+  EXPECT_EQ(chunks[1].num_elements, 3);
+  EXPECT_EQ(chunks[1].offset, 4);
+  EXPECT_EQ(chunks[2].num_elements, 3);
+  EXPECT_EQ(chunks[2].offset, 7);
+  EXPECT_EQ(chunks[3].tensor, 1u);
+  EXPECT_EQ(chunks[3].offset, 0);
+  EXPECT_EQ(chunks[3].num_elements, 3);
+  for (size_t i = 0; i < chunks.size(); ++i) EXPECT_EQ(chunks[i].id, i);
+}
+
+TEST(ChunkingTest, ChunksNeverExceedTheLimitAndCoverEveryElement) {
+  for (int64_t n : {1, 3, 4, 5, 1000, 1 << 20, (1 << 20) + 1}) {
+    SCOPED_TRACE(n);
+    v1::Layout layout = MakeLayout({{n}}, 4096);
+    int64_t covered = 0;
+    for (const ChunkSpec& c : MakeChunks(layout)) {
+      EXPECT_LE(c.bytes(), 4096);
+      EXPECT_GE(c.num_elements, 1);
+      EXPECT_EQ(c.offset, covered);
+      covered += c.num_elements;
+    }
+    EXPECT_EQ(covered, n);
+  }
+}
+
+TEST(ChunkingTest, DefaultChunkIsFourMiB) {
+  v1::Layout layout = MakeLayout({{16 << 20}}, 0);
+  EXPECT_EQ(ChunkBytes(layout), 4u << 20);
+  EXPECT_EQ(MakeChunks(layout).size(), 16u);
+}
+
+TEST(ChunkingTest, RejectsBadLayouts) {
+  struct Case {
+    const char* what;
+    v1::Layout layout;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"no tensors", v1::Layout()});
+  cases.push_back({"zero dim", MakeLayout({{3, 0}}, 0)});
+  cases.push_back({"no shape", MakeLayout({{}}, 0)});
+  cases.push_back({"odd chunk bytes", MakeLayout({{3}}, 6)});
+  cases.push_back({"huge chunk", MakeLayout({{3}}, uint64_t{1} << 30)});
+  v1::Layout dup = MakeLayout({{3}, {4}}, 0);
+  dup.mutable_tensors(1)->set_name("t0");
+  cases.push_back({"duplicate name", dup});
+  v1::Layout unnamed = MakeLayout({{3}}, 0);
+  unnamed.mutable_tensors(0)->clear_name();
+  cases.push_back({"empty name", unnamed});
+  v1::Layout huge = MakeLayout({{int64_t{1} << 30, int64_t{1} << 30}}, 0);
+  cases.push_back({"too many elements", huge});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    absl::Status s = ValidateLayout(c.layout);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+}
+
+TEST(ChunkingTest, FingerprintChangesWithLayoutAndOptimizer) {
+  v1::Layout a = MakeLayout({{3}}, 0);
+  v1::Layout b = MakeLayout({{4}}, 0);
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  v1::OptimizerSpec adam;
+  adam.set_kind(v1::OptimizerSpec::KIND_ADAM);
+  EXPECT_EQ(Fingerprint(a, sgd), Fingerprint(a, sgd));
+  EXPECT_NE(Fingerprint(a, sgd), Fingerprint(b, sgd));
+  EXPECT_NE(Fingerprint(a, sgd), Fingerprint(a, adam));
+}
+
+}  // namespace
+}  // namespace shardps

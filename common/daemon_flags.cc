@@ -1,0 +1,98 @@
+#include "common/daemon_flags.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on (0.0.0.0 for every interface).");
+ABSL_FLAG(int32_t, port, 0, "Port to listen on; 0 picks a free one.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the bound port to this file once serving.");
+ABSL_FLAG(std::string, log_format, "text", "Log format: text or json.");
+
+namespace shardps {
+
+std::vector<char*> ParseDaemonFlags(int argc, char** argv,
+                                    absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  return absl::ParseCommandLine(argc, argv);
+}
+
+absl::Status CheckDaemonFlags() {
+  const int32_t port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port=", port, " is outside [0, 65535]"));
+  }
+  const std::string format = absl::GetFlag(FLAGS_log_format);
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log_format=", format, " is not one of: text, json"));
+  }
+  if (absl::GetFlag(FLAGS_host).empty()) {
+    return absl::InvalidArgumentError("--host is empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return absl::OkStatus();
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write port file ", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A peer that vanishes mid-write must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set = TerminationSignals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+int ExitCode(const absl::Status& status) {
+  if (status.ok()) return 0;
+  LogError("%s", status.ToString());
+  return 1;
+}
+
+}  // namespace shardps

@@ -1,0 +1,53 @@
+#include "common/encoding.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardps {
+
+v1::Encoding EffectiveEncoding(v1::Encoding e) {
+  return e == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : e;
+}
+
+absl::Status CheckPayload(v1::Encoding encoding, absl::string_view payload,
+                          int64_t num_elements) {
+  if (encoding != v1::ENCODING_FP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported encoding ", v1::Encoding_Name(encoding),
+                     " (", static_cast<int>(encoding), "); this server takes ",
+                     "ENCODING_FP32"));
+  }
+  const uint64_t want = static_cast<uint64_t>(num_elements) * 4;
+  if (payload.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload has ", payload.size(), " bytes; ENCODING_FP32 of ",
+        num_elements, " elements needs ", want));
+  }
+  return absl::OkStatus();
+}
+
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  // Blocked so the common all-finite case is one vectorized pass: x - x is 0
+  // for finite x and NaN for inf or NaN.
+  constexpr int64_t kBlock = 1024;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = begin + kBlock < n ? begin + kBlock : n;
+    float acc = 0.0f;
+    for (int64_t i = begin; i < end; ++i) acc += x[i] - x[i];
+    if (acc != 0.0f || std::isnan(acc)) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (!std::isfinite(x[i])) return i;
+      }
+    }
+  }
+  return -1;
+}
+
+void EncodeFp32(const float* x, int64_t n, std::string* out) {
+  out->resize(static_cast<size_t>(n) * 4);
+  std::memcpy(out->data(), x, static_cast<size_t>(n) * 4);
+}
+
+}  // namespace shardps

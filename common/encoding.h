@@ -1,0 +1,35 @@
+// Tensor payload encodings: checks that a payload matches its encoding and
+// length, and converts between payload bytes and fp32 values. FP32 is raw
+// little-endian binary32. Pure functions; thread-safe.
+#ifndef SHARDPS_COMMON_ENCODING_H_
+#define SHARDPS_COMMON_ENCODING_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "payloads are little-endian and copied as is");
+
+namespace shardps {
+
+// Normalises UNSPECIFIED to FP32 for requests where the field is optional.
+v1::Encoding EffectiveEncoding(v1::Encoding e);
+
+// InvalidArgument when `encoding` is unsupported or `payload` does not hold
+// exactly `num_elements` values of it.
+absl::Status CheckPayload(v1::Encoding encoding, absl::string_view payload,
+                          int64_t num_elements);
+
+// Index of the first non-finite value in x[0, n), or -1 when all are finite.
+int64_t FirstNonFinite(const float* x, int64_t n);
+
+// Writes x[0, n) as an FP32 payload into *out (reusing its capacity).
+void EncodeFp32(const float* x, int64_t n, std::string* out);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_ENCODING_H_

@@ -1,0 +1,47 @@
+#include "common/encoding.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardps {
+namespace {
+
+TEST(EncodingTest, CheckPayloadWantsExactFp32Length) {
+  std::string payload(12, '\0');
+  EXPECT_TRUE(CheckPayload(v1::ENCODING_FP32, payload, 3).ok());
+  absl::Status s = CheckPayload(v1::ENCODING_FP32, payload, 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs 16"), absl::string_view::npos) << s;
+  EXPECT_EQ(CheckPayload(v1::ENCODING_UNSPECIFIED, payload, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckPayload(static_cast<v1::Encoding>(42), payload, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EncodingTest, FindsFirstNonFiniteValue) {
+  std::vector<float> x(5000, 1.5f);
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), -1);
+  x[4097] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), 4097);
+  x[3] = std::nanf("");
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), 3);
+  x[3] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), 3);
+  EXPECT_EQ(FirstNonFinite(x.data(), 0), -1);
+}
+
+TEST(EncodingTest, Fp32RoundTrips) {
+  std::vector<float> x = {1.0f, -2.5f, 3e-38f};
+  std::string payload;
+  EncodeFp32(x.data(), 3, &payload);
+  ASSERT_EQ(payload.size(), 12u);
+  std::vector<float> back(3);
+  std::memcpy(back.data(), payload.data(), 12);
+  EXPECT_EQ(back, x);
+}
+
+}  // namespace
+}  // namespace shardps
