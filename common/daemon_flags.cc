@@ -10,6 +10,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
@@ -25,6 +27,14 @@ namespace shardps {
 std::vector<char*> ParseDaemonFlags(int argc, char** argv,
                                     absl::string_view usage) {
   absl::SetProgramUsageMessage(usage);
+  // Abseil's --help shows only flags defined in a file named after the
+  // binary; show every shardps flag instead (and none of Abseil's own).
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
   return absl::ParseCommandLine(argc, argv);
 }
 

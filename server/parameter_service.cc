@@ -1,0 +1,269 @@
+#include "server/parameter_service.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/encoding.h"
+#include "common/grpc_status.h"
+
+namespace shardps::server {
+namespace {
+
+using PushPullReactorBase =
+    grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>;
+
+void FillResponse(ChunkReply reply, v1::PushPullResponse* resp) {
+  resp->set_chunk_id(reply.chunk_id);
+  resp->set_version(reply.version);
+  resp->set_encoding(v1::ENCODING_FP32);
+  resp->mutable_payload()->swap(reply.payload);
+}
+
+// One PushPull stream. Accepted pushes are answered by the store through
+// Deliver(); the stream finishes once the client has half-closed and every
+// accepted push has been answered, or at the first rejected push. Shared
+// ownership: gRPC's reference ends at OnDone, the store's waiters may hold
+// theirs longer (Deliver after the finish is a no-op).
+class PushPullReactor final
+    : public PushPullReactorBase,
+      public ReplySink,
+      public std::enable_shared_from_this<PushPullReactor> {
+ public:
+  static PushPullReactor* Start(ParameterStore* store,
+                                ParameterService* service) {
+    auto reactor = std::make_shared<PushPullReactor>(store, service);
+    reactor->self_ = reactor;
+    reactor->StartRead(&reactor->request_);
+    return reactor.get();
+  }
+  PushPullReactor(ParameterStore* store, ParameterService* service)
+      : store_(store), service_(service) {}
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
+  void OnDone() override { self_.reset(); }  // may delete this
+
+  // Queues a reply; called by the store from any thread.
+  void Deliver(ChunkReply reply) override;
+
+ private:
+  // Starts the next write or finishes, as the state allows. Called without
+  // mu_: gRPC may run reactions inline.
+  void Pump();
+  void FinishOnce(const grpc::Status& status);
+
+  ParameterStore* const store_;
+  ParameterService* const service_;
+  std::shared_ptr<PushPullReactor> self_;  // gRPC's reference, until OnDone
+  v1::PushPullRequest request_;  // only touched by read reactions
+
+  absl::Mutex mu_;
+  std::deque<v1::PushPullResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+void PushPullReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+    }
+    Pump();
+    return;
+  }
+  PushArgs args;
+  args.rank = request_.rank();
+  args.generation = request_.generation();
+  args.step = request_.step();
+  args.chunk_id = request_.chunk_id();
+  args.encoding = request_.encoding();
+  args.push_only = request_.push_only();
+  args.payload = request_.mutable_payload();
+  {
+    // Counted first: the store may answer before Push returns.
+    absl::MutexLock lock(&mu_);
+    ++unanswered_;
+  }
+  absl::Status status = store_->Push(args, shared_from_this());
+  if (!status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      --unanswered_;
+    }
+    FinishOnce(ToGrpcStatus(status));
+    return;
+  }
+  StartRead(&request_);
+}
+
+void PushPullReactor::Deliver(ChunkReply reply) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    queue_.emplace_back();
+    FillResponse(std::move(reply), &queue_.back());
+  }
+  Pump();
+}
+
+void PushPullReactor::OnWriteDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    queue_.pop_front();
+    --unanswered_;
+  }
+  if (!ok) {
+    FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "stream broke while writing a reply"));
+    return;
+  }
+  Pump();
+}
+
+void PushPullReactor::Pump() {
+  const v1::PushPullResponse* next = nullptr;
+  bool finish = false;
+  bool drop = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || writing_) return;
+    if (!queue_.empty()) {
+      drop = service_->DropNextReply();
+      if (!drop) {
+        writing_ = true;
+        next = &queue_.front();  // deque references survive push_back
+      }
+    } else if (reads_done_ && unanswered_ == 0) {
+      finish = true;
+    }
+  }
+  if (drop) {
+    FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "injected fault: reply dropped"));
+  } else if (next != nullptr) {
+    StartWrite(next);
+  } else if (finish) {
+    FinishOnce(grpc::Status::OK);
+  }
+}
+
+void PushPullReactor::FinishOnce(const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  Finish(status);
+}
+
+// Streams the requested chunks one message at a time.
+class PullReactor final : public grpc::ServerWriteReactor<v1::PushPullResponse> {
+ public:
+  PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids)
+      : store_(store), chunk_ids_(std::move(chunk_ids)) {
+    WriteNext();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (next_ == chunk_ids_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<ChunkReply> reply = store_->Read(chunk_ids_[next_++]);
+    if (!reply.ok()) {
+      Finish(ToGrpcStatus(reply.status()));
+      return;
+    }
+    response_.Clear();
+    FillResponse(*std::move(reply), &response_);
+    StartWrite(&response_);
+  }
+
+  ParameterStore* const store_;
+  const std::vector<uint32_t> chunk_ids_;
+  size_t next_ = 0;
+  v1::PushPullResponse response_;
+};
+
+// Finishes a streaming RPC at once with an error.
+class FailedPull final : public grpc::ServerWriteReactor<v1::PushPullResponse> {
+ public:
+  explicit FailedPull(const absl::Status& status) {
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+bool ParameterService::DropNextReply() {
+  if (options_.drop_reply_every <= 0) return false;
+  return (replies_.fetch_add(1) + 1) % options_.drop_reply_every == 0;
+}
+
+grpc::ServerUnaryReactor* ParameterService::Declare(
+    grpc::CallbackServerContext* ctx, const v1::DeclareRequest* req,
+    v1::DeclareResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::DeclareResponse> result = store_->Declare(*req);
+  if (result.ok()) *resp = *std::move(result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>*
+ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
+  return PushPullReactor::Start(store_, this);
+}
+
+grpc::ServerWriteReactor<v1::PushPullResponse>* ParameterService::Pull(
+    grpc::CallbackServerContext* ctx, const v1::PullRequest* req) {
+  if (EffectiveEncoding(req->encoding()) != v1::ENCODING_FP32) {
+    return new FailedPull(absl::InvalidArgumentError(
+        absl::StrCat("unsupported encoding ", v1::Encoding_Name(req->encoding()),
+                     " for Pull; this server sends ENCODING_FP32")));
+  }
+  std::vector<uint32_t> ids(req->chunk_ids().begin(), req->chunk_ids().end());
+  if (ids.empty()) {
+    ids = store_->OwnedChunks();
+    if (ids.empty()) {
+      return new FailedPull(absl::FailedPreconditionError(
+          "no model is declared on this shard yet: call Declare first"));
+    }
+  }
+  // Reject unknown chunks before streaming anything.
+  for (uint32_t id : ids) {
+    absl::Status owned = store_->CheckOwned(id);
+    if (!owned.ok()) return new FailedPull(owned);
+  }
+  return new PullReactor(store_, std::move(ids));
+}
+
+grpc::ServerUnaryReactor* ParameterService::GetStatus(
+    grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
+    v1::GetStatusResponse* resp) {
+  *resp = store_->Status();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace shardps::server

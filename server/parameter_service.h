@@ -1,0 +1,49 @@
+// The ParameterServer gRPC service of one shard: thin callback handlers that
+// validate requests and hand them to a ParameterStore. Replies of a PushPull
+// stream are written in completion order, one write in flight at a time.
+#ifndef SHARDPS_SERVER_PARAMETER_SERVICE_H_
+#define SHARDPS_SERVER_PARAMETER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "server/parameter_store.h"
+#include "shardps/v1/parameter_server.grpc.pb.h"
+
+namespace shardps::server {
+
+struct ServiceOptions {
+  // Fault injection for tests: when > 0, every Nth PushPull reply is dropped
+  // and its stream ends with UNAVAILABLE, as if the network lost it.
+  int64_t drop_reply_every = 0;
+};
+
+// `store` must outlive the service and every RPC it started.
+class ParameterService final : public v1::ParameterServer::CallbackService {
+ public:
+  ParameterService(ParameterStore* store, ServiceOptions options)
+      : store_(store), options_(options) {}
+
+  grpc::ServerUnaryReactor* Declare(grpc::CallbackServerContext* ctx,
+                                    const v1::DeclareRequest* req,
+                                    v1::DeclareResponse* resp) override;
+  grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>*
+  PushPull(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<v1::PushPullResponse>* Pull(
+      grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::GetStatusRequest* req,
+                                      v1::GetStatusResponse* resp) override;
+
+  // True when this reply should be dropped (fault injection).
+  bool DropNextReply();
+
+ private:
+  ParameterStore* const store_;
+  const ServiceOptions options_;
+  std::atomic<int64_t> replies_{0};
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_PARAMETER_SERVICE_H_

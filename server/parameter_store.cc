@@ -1,0 +1,389 @@
+#include "server/parameter_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/encoding.h"
+#include "common/init.h"
+#include "common/partitioner.h"
+#include "common/status.h"
+
+namespace shardps::server {
+namespace {
+
+const float* AsFloats(const std::string& bytes) {
+  return reinterpret_cast<const float*>(bytes.data());
+}
+
+// Copies `weights` into `*out`, reusing the buffer's capacity.
+void CopyWeights(const std::vector<float>& weights, std::string* out) {
+  EncodeFp32(weights.data(), static_cast<int64_t>(weights.size()), out);
+}
+
+}  // namespace
+
+ParameterStore::ParameterStore(StoreOptions options)
+    : options_(options), pool_(std::max(1, options.update_threads)) {}
+
+ParameterStore::~ParameterStore() = default;
+
+const ParameterStore::State* ParameterStore::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_.get();
+}
+
+absl::StatusOr<std::unique_ptr<ParameterStore::State>>
+ParameterStore::BuildState(const v1::DeclareRequest& req) const {
+  SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
+  auto state = std::make_unique<State>();
+  SHARDPS_ASSIGN_OR_RETURN(state->optimizer, Optimizer::Create(req.optimizer()));
+  state->declaration = req;
+  state->fingerprint = Fingerprint(req.layout(), req.optimizer());
+  state->all_chunks = MakeChunks(req.layout());
+  state->shard_of = PartitionChunks(state->all_chunks, options_.num_shards);
+  state->owned.resize(state->all_chunks.size());
+  const uint32_t n_workers = options_.num_workers;
+  for (size_t i = 0; i < state->all_chunks.size(); ++i) {
+    if (state->shard_of[i] != options_.shard_index) continue;
+    const ChunkSpec& spec = state->all_chunks[i];
+    auto chunk = std::make_unique<Chunk>();
+    chunk->spec = spec;
+    absl::MutexLock lock(&chunk->mu);
+    chunk->weights.resize(spec.num_elements);
+    FillInit(req.layout().tensors(spec.tensor).init(), spec.tensor,
+             spec.offset, chunk->weights.data(), spec.num_elements);
+    chunk->slots.assign(state->optimizer->num_slots(),
+                        std::vector<float>(spec.num_elements));
+    std::vector<float*> slot_ptrs;
+    for (auto& s : chunk->slots) slot_ptrs.push_back(s.data());
+    state->optimizer->InitSlots(slot_ptrs, spec.num_elements);
+    chunk->contributions.resize(n_workers);
+    chunk->contributed.assign(n_workers, false);
+    chunk->last_step.assign(n_workers, -1);
+    state->owned_bytes += spec.bytes();
+    state->owned[i] = std::move(chunk);
+  }
+  return state;
+}
+
+absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
+    const v1::DeclareRequest& req) {
+  if (req.num_shards() != options_.num_shards ||
+      req.shard_index() != options_.shard_index) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "declaration is for shard ", req.shard_index(), " of ",
+        req.num_shards(), ", but this server is shard ", options_.shard_index,
+        " of ", options_.num_shards));
+  }
+  const State* existing = state();
+  bool created = false;
+  if (existing == nullptr) {
+    // Built outside the lock: initialising a large shard takes a while.
+    SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
+    absl::MutexLock lock(&mu_);
+    if (state_ == nullptr) {
+      state_ = std::move(built);
+      created = true;
+    }
+    existing = state_.get();
+  }
+  if (!created) {
+    SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
+    const uint64_t fp = Fingerprint(req.layout(), req.optimizer());
+    if (fp != existing->fingerprint) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this shard was declared with a different layout or optimizer "
+          "(fingerprint ",
+          absl::Hex(existing->fingerprint), ", request ", absl::Hex(fp), ")"));
+    }
+  }
+  v1::DeclareResponse resp;
+  resp.set_fingerprint(existing->fingerprint);
+  resp.set_created(created);
+  int64_t min_version = -1;
+  for (const auto& chunk : existing->owned) {
+    if (chunk == nullptr) continue;
+    resp.add_chunk_ids(chunk->spec.id);
+    absl::MutexLock lock(&chunk->mu);
+    if (min_version < 0 || chunk->version < min_version) {
+      min_version = chunk->version;
+    }
+  }
+  resp.set_version(std::max<int64_t>(min_version, 0));
+  return resp;
+}
+
+absl::StatusOr<ParameterStore::Chunk*> ParameterStore::FindChunk(
+    const State& state, uint32_t chunk_id) const {
+  if (chunk_id >= state.all_chunks.size()) {
+    return absl::NotFoundError(
+        absl::StrCat("chunk ", chunk_id, " is not declared (the layout has ",
+                     state.all_chunks.size(), " chunks)"));
+  }
+  Chunk* chunk = state.owned[chunk_id].get();
+  if (chunk == nullptr) {
+    const ChunkSpec& spec = state.all_chunks[chunk_id];
+    return absl::NotFoundError(absl::StrCat(
+        "chunk ", chunk_id, " (",
+        state.declaration.layout().tensors(spec.tensor).name(),
+        ") belongs to shard ", state.shard_of[chunk_id], ", not ",
+        options_.shard_index));
+  }
+  return chunk;
+}
+
+absl::Status ParameterStore::CheckPush(const State& state,
+                                       const PushArgs& args,
+                                       const Chunk& chunk) const {
+  if (args.generation != options_.generation) {
+    return absl::AbortedError(absl::StrCat(
+        "request is from generation ", args.generation, ", the cluster is at ",
+        options_.generation, ": rejoin, then redo the step"));
+  }
+  if (args.rank >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", args.rank, " is out of range: the job has ",
+        options_.num_workers, " workers"));
+  }
+  if (args.step < 0) {
+    return absl::OutOfRangeError(
+        absl::StrCat("step ", args.step, " is negative"));
+  }
+  SHARDPS_RETURN_IF_ERROR(CheckPayload(args.encoding, *args.payload,
+                                       chunk.spec.num_elements));
+  if (!options_.allow_nonfinite) {
+    const int64_t bad =
+        FirstNonFinite(AsFloats(*args.payload), chunk.spec.num_elements);
+    if (bad >= 0) {
+      const ChunkSpec& spec = chunk.spec;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of chunk ", spec.id, " (",
+          state.declaration.layout().tensors(spec.tensor).name(),
+          ") from rank ", args.rank, " has a non-finite value at element ",
+          spec.offset + bad, " (start servers with --allow_nonfinite to "
+          "accept)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Push(const PushArgs& args,
+                                  std::shared_ptr<ReplySink> sink) {
+  const State* st = state();
+  absl::Status status;
+  if (st == nullptr) {
+    status = absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  } else {
+    absl::StatusOr<Chunk*> chunk = FindChunk(*st, args.chunk_id);
+    status = chunk.status();
+    if (status.ok()) status = CheckPush(*st, args, **chunk);
+    if (status.ok()) {
+      const uint64_t bytes = args.payload->size();
+      status = options_.mode == Mode::kSync
+                   ? PushSync(args, *chunk, std::move(sink))
+                   : PushAsync(args, *chunk, std::move(sink));
+      if (status.ok()) {
+        pushes_.fetch_add(1, std::memory_order_relaxed);
+        bytes_in_.fetch_add(bytes, std::memory_order_relaxed);
+      }
+    }
+  }
+  if (!status.ok()) rejected_.fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
+absl::Status ParameterStore::PushSync(const PushArgs& args, Chunk* chunk,
+                                      std::shared_ptr<ReplySink> sink) {
+  ChunkReply retry_reply;
+  bool ready = false;
+  {
+    absl::MutexLock lock(&chunk->mu);
+    if (args.step == chunk->version - 1) {
+      // The reply to this push was lost: its gradient is already in the
+      // weights. Answer with them and apply nothing.
+      retry_reply.chunk_id = chunk->spec.id;
+      retry_reply.version = chunk->version;
+      if (!args.push_only) CopyWeights(chunk->weights, &retry_reply.payload);
+    } else if (args.step != chunk->version) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", args.step, " of chunk ", chunk->spec.id, " is in the ",
+          args.step < chunk->version ? "past" : "future",
+          ": the chunk is at step ", chunk->version));
+    } else {
+      if (!chunk->contributed[args.rank]) {
+        chunk->contributions[args.rank].swap(*args.payload);
+        chunk->contributed[args.rank] = true;
+        ++chunk->num_contributed;
+        ready = chunk->num_contributed == options_.num_workers;
+      }
+      // A duplicate of a pending push (a retry while the step is still
+      // open) only adds a waiter.
+      chunk->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+      if (ready) {
+        pool_.Schedule([this, chunk] { ApplySync(chunk); });
+      }
+      return absl::OkStatus();
+    }
+  }
+  bytes_out_.fetch_add(retry_reply.payload.size(), std::memory_order_relaxed);
+  sink->Deliver(std::move(retry_reply));
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>
+ParameterStore::ApplyLocked(Chunk* chunk,
+                            const std::vector<const float*>& contributions,
+                            std::vector<Waiter> waiters) {
+  const State* st = state_.get();  // published before any chunk exists
+  std::vector<float*> slots;
+  slots.reserve(chunk->slots.size());
+  for (auto& s : chunk->slots) slots.push_back(s.data());
+  st->optimizer->Apply(chunk->version, contributions, chunk->weights.data(),
+                       slots, chunk->spec.num_elements);
+  ++chunk->version;
+  updates_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
+  replies.reserve(waiters.size());
+  for (Waiter& w : waiters) {
+    ChunkReply reply;
+    reply.chunk_id = chunk->spec.id;
+    reply.version = chunk->version;
+    if (!w.push_only) {
+      // Reuse the rank's gradient buffer for its reply (the first waiter of
+      // a rank takes it; duplicates get a fresh copy).
+      if (w.rank < chunk->contributions.size()) {
+        reply.payload.swap(chunk->contributions[w.rank]);
+      }
+      CopyWeights(chunk->weights, &reply.payload);
+    }
+    replies.emplace_back(std::move(w.sink), std::move(reply));
+  }
+  return replies;
+}
+
+void ParameterStore::ApplySync(Chunk* chunk) {
+  std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
+  {
+    absl::MutexLock lock(&chunk->mu);
+    // Rank order makes the sum, and so the weights, bitwise deterministic.
+    std::vector<const float*> contributions(options_.num_workers);
+    for (uint32_t r = 0; r < options_.num_workers; ++r) {
+      contributions[r] = AsFloats(chunk->contributions[r]);
+    }
+    std::vector<Waiter> waiters;
+    waiters.swap(chunk->waiters);
+    replies = ApplyLocked(chunk, contributions, std::move(waiters));
+    chunk->contributed.assign(options_.num_workers, false);
+    chunk->num_contributed = 0;
+  }
+  // Delivered outside the lock: sinks start gRPC writes.
+  for (auto& [sink, reply] : replies) {
+    bytes_out_.fetch_add(reply.payload.size(), std::memory_order_relaxed);
+    sink->Deliver(std::move(reply));
+  }
+}
+
+absl::Status ParameterStore::PushAsync(const PushArgs& args, Chunk* chunk,
+                                       std::shared_ptr<ReplySink> sink) {
+  std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
+  {
+    absl::MutexLock lock(&chunk->mu);
+    const int64_t last = chunk->last_step[args.rank];
+    if (args.step == last) {
+      // A retry: already applied; answer with the current weights.
+      ChunkReply reply;
+      reply.chunk_id = chunk->spec.id;
+      reply.version = chunk->version;
+      if (!args.push_only) CopyWeights(chunk->weights, &reply.payload);
+      replies.emplace_back(std::move(sink), std::move(reply));
+    } else if (args.step != last + 1) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", args.step, " of chunk ", chunk->spec.id, " from rank ",
+          args.rank, " is in the ", args.step < last ? "past" : "future",
+          ": the last step applied for this rank is ", last));
+    } else {
+      // Applied on arrival, on this thread: async pushes never wait.
+      chunk->last_step[args.rank] = args.step;
+      std::vector<const float*> contributions = {AsFloats(*args.payload)};
+      replies = ApplyLocked(chunk, contributions,
+                            {Waiter{options_.num_workers, args.push_only,
+                                    std::move(sink)}});
+    }
+  }
+  for (auto& [s, reply] : replies) {
+    bytes_out_.fetch_add(reply.payload.size(), std::memory_order_relaxed);
+    s->Deliver(std::move(reply));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*st, chunk_id));
+  ChunkReply reply;
+  reply.chunk_id = chunk_id;
+  absl::MutexLock lock(&chunk->mu);
+  reply.version = chunk->version;
+  CopyWeights(chunk->weights, &reply.payload);
+  return reply;
+}
+
+absl::Status ParameterStore::CheckOwned(uint32_t chunk_id) const {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  }
+  return FindChunk(*st, chunk_id).status();
+}
+
+std::vector<uint32_t> ParameterStore::OwnedChunks() const {
+  std::vector<uint32_t> ids;
+  const State* st = state();
+  if (st == nullptr) return ids;
+  for (const auto& chunk : st->owned) {
+    if (chunk != nullptr) ids.push_back(chunk->spec.id);
+  }
+  return ids;
+}
+
+v1::GetStatusResponse ParameterStore::Status() const {
+  v1::GetStatusResponse resp;
+  resp.set_shard_index(options_.shard_index);
+  resp.set_num_shards(options_.num_shards);
+  resp.set_num_workers(options_.num_workers);
+  resp.set_mode(options_.mode == Mode::kSync ? "sync" : "async");
+  resp.set_generation(options_.generation);
+  resp.set_pushes_total(pushes_.load());
+  resp.set_updates_total(updates_.load());
+  resp.set_rejected_total(rejected_.load());
+  resp.set_bytes_in_total(bytes_in_.load());
+  resp.set_bytes_out_total(bytes_out_.load());
+  const State* st = state();
+  if (st == nullptr) return resp;
+  resp.set_declared(true);
+  resp.set_fingerprint(st->fingerprint);
+  resp.set_owned_bytes(st->owned_bytes);
+  int64_t lo = -1, hi = -1;
+  uint32_t count = 0;
+  for (const auto& chunk : st->owned) {
+    if (chunk == nullptr) continue;
+    ++count;
+    absl::MutexLock lock(&chunk->mu);
+    if (lo < 0 || chunk->version < lo) lo = chunk->version;
+    hi = std::max(hi, chunk->version);
+  }
+  resp.set_num_chunks(count);
+  resp.set_min_version(std::max<int64_t>(lo, 0));
+  resp.set_max_version(std::max<int64_t>(hi, 0));
+  return resp;
+}
+
+}  // namespace shardps::server

@@ -1,0 +1,177 @@
+// A ParameterStore owns the chunks assigned to one shard: weights, optimizer
+// slots, version and the contributions pending for the current step, and
+// applies the optimizer when a step's contributions are complete (sync) or on
+// arrival (async). Thread-safe: every RPC handler of the shard shares it.
+#ifndef SHARDPS_SERVER_PARAMETER_STORE_H_
+#define SHARDPS_SERVER_PARAMETER_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/chunking.h"
+#include "common/thread_pool.h"
+#include "server/optimizer.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+namespace shardps::server {
+
+enum class Mode { kSync, kAsync };
+
+struct StoreOptions {
+  uint32_t shard_index = 0;
+  uint32_t num_shards = 1;
+  uint32_t num_workers = 1;
+  Mode mode = Mode::kSync;
+  uint64_t generation = 0;
+  // Accept gradients holding NaN or infinity (rejected by default).
+  bool allow_nonfinite = false;
+  // Threads that run optimizer updates, in parallel across chunks.
+  int update_threads = 2;
+};
+
+// The updated weights of one chunk, for one accepted push.
+struct ChunkReply {
+  uint32_t chunk_id = 0;
+  int64_t version = 0;
+  std::string payload;  // FP32 weights; empty for push-only
+};
+
+// Receives the reply of each accepted push exactly once, from any thread,
+// possibly before Push() returns. Implementations must not block.
+class ReplySink {
+ public:
+  virtual ~ReplySink() = default;
+  virtual void Deliver(ChunkReply reply) = 0;
+};
+
+// One gradient chunk of one worker, as it came off the wire.
+struct PushArgs {
+  uint32_t rank = 0;
+  uint64_t generation = 0;
+  int64_t step = 0;
+  uint32_t chunk_id = 0;
+  v1::Encoding encoding = v1::ENCODING_FP32;
+  bool push_only = false;
+  // The gradient bytes. On success the store may swap the string out (taking
+  // its buffer and leaving another buffer, or an empty string, behind).
+  std::string* payload = nullptr;
+};
+
+struct StoreCounters {
+  uint64_t pushes = 0;
+  uint64_t updates = 0;
+  uint64_t rejected = 0;
+};
+
+class ParameterStore {
+ public:
+  explicit ParameterStore(StoreOptions options);
+  ~ParameterStore();
+
+  const StoreOptions& options() const { return options_; }
+
+  // Creates the chunks this shard owns, with their initial values and
+  // optimizer slots. Idempotent: an identical declaration returns the
+  // existing state (created = false). InvalidArgument for a bad layout or
+  // optimizer, FailedPrecondition for a view of the cluster that differs from
+  // this shard's or a declaration that differs from the existing one.
+  absl::StatusOr<v1::DeclareResponse> Declare(const v1::DeclareRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Validates and records one contribution. On success `sink` receives the
+  // chunk's updated weights once the update that includes it is applied (sync:
+  // when every worker has pushed; async: at once). A push of the step before
+  // the chunk's current version is a retry: it is not applied again and gets
+  // the current weights. On error nothing changed; the codes are those of the
+  // ParameterServer service (see the proto).
+  absl::Status Push(const PushArgs& args, std::shared_ptr<ReplySink> sink)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Copies out the weights of `chunk_id` with their version. NotFound if the
+  // chunk is not declared on this shard; FailedPrecondition before Declare.
+  absl::StatusOr<ChunkReply> Read(uint32_t chunk_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK when this shard owns `chunk_id`; else NotFound or FailedPrecondition.
+  absl::Status CheckOwned(uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Chunk ids this shard owns, ascending; empty before Declare.
+  std::vector<uint32_t> OwnedChunks() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  v1::GetStatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Waiter {
+    uint32_t rank = 0;
+    bool push_only = false;
+    std::shared_ptr<ReplySink> sink;
+  };
+  struct Chunk {
+    ChunkSpec spec;
+    mutable absl::Mutex mu;
+    std::vector<float> weights ABSL_GUARDED_BY(mu);
+    std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+    int64_t version ABSL_GUARDED_BY(mu) = 0;
+    // Sync: per-rank gradient bytes for step `version`; a rank's buffer is
+    // reused for its reply, so memory stays at one buffer per worker.
+    std::vector<std::string> contributions ABSL_GUARDED_BY(mu);
+    std::vector<bool> contributed ABSL_GUARDED_BY(mu);
+    uint32_t num_contributed ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Waiter> waiters ABSL_GUARDED_BY(mu);
+    // Async: the last step applied for each rank (-1: none).
+    std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  };
+  // Constant once Declare has published it.
+  struct State {
+    v1::DeclareRequest declaration;
+    uint64_t fingerprint = 0;
+    std::vector<ChunkSpec> all_chunks;
+    std::vector<uint32_t> shard_of;
+    std::unique_ptr<Optimizer> optimizer;
+    std::vector<std::unique_ptr<Chunk>> owned;  // indexed by chunk id; null
+                                                // when another shard owns it
+    uint64_t owned_bytes = 0;
+  };
+
+  absl::StatusOr<std::unique_ptr<State>> BuildState(
+      const v1::DeclareRequest& req) const;
+  // The chunk for `chunk_id`, or NotFound / FailedPrecondition.
+  absl::StatusOr<Chunk*> FindChunk(const State& state, uint32_t chunk_id) const;
+  absl::Status CheckPush(const State& state, const PushArgs& args,
+                         const Chunk& chunk) const;
+  absl::Status PushSync(const PushArgs& args, Chunk* chunk,
+                        std::shared_ptr<ReplySink> sink);
+  absl::Status PushAsync(const PushArgs& args, Chunk* chunk,
+                         std::shared_ptr<ReplySink> sink);
+  // Applies the optimizer with the given contributions (rank order) and
+  // returns the replies for `waiters`.
+  std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> ApplyLocked(
+      Chunk* chunk, const std::vector<const float*>& contributions,
+      std::vector<Waiter> waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+  void ApplySync(Chunk* chunk) ABSL_LOCKS_EXCLUDED(chunk->mu);
+  const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const StoreOptions options_;
+  ThreadPool pool_;
+
+  mutable absl::Mutex mu_;
+  // Written once by the first successful Declare, then read-only.
+  std::unique_ptr<State> state_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> updates_{0};
+  std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_PARAMETER_STORE_H_

@@ -1,0 +1,288 @@
+#include "server/parameter_store.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/chunking.h"
+#include "common/status_matchers.h"
+#include "gtest/gtest.h"
+
+namespace shardps::server {
+namespace {
+
+// Collects replies; Wait() blocks (with a deadline) until `n` have arrived.
+class CollectingSink : public ReplySink {
+ public:
+  void Deliver(ChunkReply reply) override {
+    absl::MutexLock lock(&mu_);
+    replies_.push_back(std::move(reply));
+  }
+  std::vector<ChunkReply> Wait(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return replies_.size() >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+    return replies_;
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu_);
+    return replies_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<ChunkReply> replies_ ABSL_GUARDED_BY(mu_);
+};
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// One tensor "w" of `n` elements initialised to 1.0, SGD with lr = 1 so the
+// new weights are 1 - mean(gradients).
+v1::DeclareRequest SgdDeclaration(int64_t n, uint64_t chunk_bytes,
+                                  uint32_t num_shards, uint32_t shard) {
+  v1::DeclareRequest req;
+  v1::TensorSpec* t = req.mutable_layout()->add_tensors();
+  t->set_name("w");
+  t->add_shape(n);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_CONSTANT);
+  t->mutable_init()->set_value(1.0f);
+  req.mutable_layout()->set_chunk_bytes(chunk_bytes);
+  req.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_SGD);
+  req.mutable_optimizer()->set_learning_rate(1.0f);
+  req.set_num_shards(num_shards);
+  req.set_shard_index(shard);
+  return req;
+}
+
+class StoreFixture : public ::testing::Test {
+ protected:
+  void Make(uint32_t workers, Mode mode = Mode::kSync) {
+    StoreOptions o;
+    o.num_workers = workers;
+    o.mode = mode;
+    store_ = std::make_unique<ParameterStore>(o);
+    ASSERT_TRUE(store_->Declare(SgdDeclaration(4, 0, 1, 0)).ok());
+  }
+  absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
+                    std::shared_ptr<CollectingSink> sink,
+                    uint32_t chunk = 0, uint64_t generation = 0) {
+    std::string payload = Bytes(grad);
+    PushArgs args;
+    args.rank = rank;
+    args.step = step;
+    args.chunk_id = chunk;
+    args.generation = generation;
+    args.payload = &payload;
+    return store_->Push(args, sink);
+  }
+  std::vector<float> Weights() {
+    absl::StatusOr<ChunkReply> r = store_->Read(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Floats(r->payload) : std::vector<float>();
+  }
+
+  std::unique_ptr<ParameterStore> store_;
+};
+
+TEST_F(StoreFixture, SyncStepWaitsForEveryWorkerThenAppliesTheMean) {
+  Make(2);
+  auto sink0 = std::make_shared<CollectingSink>();
+  auto sink1 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 2, 3, 4}, sink0));
+  EXPECT_EQ(sink0->count(), 0u);  // still waiting for rank 1
+  EXPECT_EQ(Weights(), std::vector<float>(4, 1.0f));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 2, 1, 0}, sink1));
+  std::vector<ChunkReply> r0 = sink0->Wait(1), r1 = sink1->Wait(1);
+  ASSERT_EQ(r0.size(), 1u);
+  ASSERT_EQ(r1.size(), 1u);
+  // mean = (2, 2, 2, 2); w = 1 - 2.
+  EXPECT_EQ(Floats(r0[0].payload), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(r0[0].version, 1);
+  EXPECT_EQ(Floats(r1[0].payload), std::vector<float>(4, -1.0f));
+}
+
+TEST_F(StoreFixture, RankOrderMakesTheSumIndependentOfArrivalOrder) {
+  // Values whose float sum depends on the order: (a + b) + c != a + (b + c).
+  const std::vector<float> g0 = {1e8f, 1, 1, 1}, g1 = {-1e8f, 1, 1, 1},
+                           g2 = {1.0f, 1, 1, 1};
+  std::vector<float> want;
+  for (int order = 0; order < 2; ++order) {
+    Make(3);
+    auto sink = std::make_shared<CollectingSink>();
+    if (order == 0) {
+      SHARDPS_ASSERT_OK(Push(0, 0, g0, sink));
+      SHARDPS_ASSERT_OK(Push(1, 0, g1, sink));
+      SHARDPS_ASSERT_OK(Push(2, 0, g2, sink));
+    } else {
+      SHARDPS_ASSERT_OK(Push(2, 0, g2, sink));
+      SHARDPS_ASSERT_OK(Push(1, 0, g1, sink));
+      SHARDPS_ASSERT_OK(Push(0, 0, g0, sink));
+    }
+    sink->Wait(3);
+    std::vector<float> w = Weights();
+    // Rank order: ((1e8 + -1e8) + 1) / 3 = 1/3, so w[0] = 1 - 1/3.
+    EXPECT_EQ(w[0], 1.0f - ((1e8f + -1e8f) + 1.0f) / 3.0f);
+    if (order == 0) want = w;
+    EXPECT_EQ(w, want);
+  }
+}
+
+TEST_F(StoreFixture, RetryOfAnAppliedStepIsNotAppliedTwice) {
+  Make(1);
+  auto sink = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink));
+  sink->Wait(1);
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink));  // reply was lost
+  std::vector<ChunkReply> replies = sink->Wait(2);
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[1].version, 1);
+  EXPECT_EQ(Floats(replies[1].payload), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(Weights(), std::vector<float>(4, 0.0f));
+}
+
+TEST_F(StoreFixture, DuplicateOfAPendingPushOnlyAddsAWaiter) {
+  Make(2);
+  auto first = std::make_shared<CollectingSink>();
+  auto retry = std::make_shared<CollectingSink>();
+  auto other = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {2, 2, 2, 2}, first));
+  SHARDPS_ASSERT_OK(Push(0, 0, {2, 2, 2, 2}, retry));
+  SHARDPS_ASSERT_OK(Push(1, 0, {0, 0, 0, 0}, other));
+  EXPECT_EQ(retry->Wait(1).size(), 1u);
+  EXPECT_EQ(Weights(), std::vector<float>(4, 0.0f));  // 1 - (2 + 0) / 2
+}
+
+TEST_F(StoreFixture, AsyncAppliesOnArrival) {
+  Make(2, Mode::kAsync);
+  auto sink = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink));
+  EXPECT_EQ(sink->Wait(1)[0].version, 1);
+  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink));
+  EXPECT_EQ(sink->Wait(2)[1].version, 2);
+  EXPECT_EQ(Weights(), std::vector<float>(4, -1.0f));
+  // Retry of rank 1's step 0: answered, not applied.
+  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink));
+  EXPECT_EQ(sink->Wait(3)[2].version, 2);
+  EXPECT_EQ(Weights(), std::vector<float>(4, -1.0f));
+}
+
+// Every rejected push gets its code and leaves weights, version and pending
+// contributions unchanged.
+TEST_F(StoreFixture, RejectedPushesChangeNothing) {
+  Make(2);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    const char* what;
+    uint32_t rank;
+    int64_t step;
+    std::vector<float> grad;
+    uint32_t chunk;
+    uint64_t generation;
+    absl::StatusCode code;
+  };
+  std::vector<Case> cases = {
+      {"unknown chunk", 0, 0, {1, 1, 1, 1}, 7, 0, absl::StatusCode::kNotFound},
+      {"short payload", 0, 0, {1, 1, 1}, 0, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"long payload", 0, 0, {1, 1, 1, 1, 1}, 0, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"nan gradient", 0, 0, {1, nan, 1, 1}, 0, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"rank out of range", 2, 0, {1, 1, 1, 1}, 0, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"future step", 0, 5, {1, 1, 1, 1}, 0, 0, absl::StatusCode::kOutOfRange},
+      {"negative step", 0, -1, {1, 1, 1, 1}, 0, 0,
+       absl::StatusCode::kOutOfRange},
+      {"old generation", 0, 0, {1, 1, 1, 1}, 0, 3, absl::StatusCode::kAborted},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto sink = std::make_shared<CollectingSink>();
+    absl::Status s = Push(c.rank, c.step, c.grad, sink, c.chunk, c.generation);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(sink->count(), 0u);
+  }
+  EXPECT_EQ(Weights(), std::vector<float>(4, 1.0f));
+  // The step is still open for both ranks: a valid step completes normally.
+  auto sink = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {4, 4, 4, 4}, sink));
+  SHARDPS_ASSERT_OK(Push(1, 0, {0, 0, 0, 0}, sink));
+  sink->Wait(2);
+  EXPECT_EQ(Weights(), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(store_->Status().rejected_total(), cases.size());
+}
+
+TEST(ParameterStoreTest, PushBeforeDeclareIsFailedPrecondition) {
+  ParameterStore store{StoreOptions()};
+  std::string payload(16, '\0');
+  PushArgs args;
+  args.payload = &payload;
+  EXPECT_EQ(store.Push(args, std::make_shared<CollectingSink>()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.Read(0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterStoreTest, DeclareIsIdempotentAndRejectsADifferentLayout) {
+  ParameterStore store{StoreOptions()};
+  absl::StatusOr<v1::DeclareResponse> first =
+      store.Declare(SgdDeclaration(10, 0, 1, 0));
+  SHARDPS_ASSERT_OK(first);
+  EXPECT_TRUE(first->created());
+  absl::StatusOr<v1::DeclareResponse> again =
+      store.Declare(SgdDeclaration(10, 0, 1, 0));
+  SHARDPS_ASSERT_OK(again);
+  EXPECT_FALSE(again->created());
+  EXPECT_EQ(again->fingerprint(), first->fingerprint());
+  EXPECT_EQ(store.Declare(SgdDeclaration(11, 0, 1, 0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.Declare(SgdDeclaration(10, 0, 2, 1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterStoreTest, OwnsExactlyItsPartitionOfTheChunks) {
+  StoreOptions o;
+  o.num_shards = 2;
+  o.shard_index = 1;
+  ParameterStore store(o);
+  // 10 chunks of 4 floats.
+  SHARDPS_ASSERT_OK(store.Declare(SgdDeclaration(40, 16, 2, 1)));
+  std::vector<uint32_t> owned = store.OwnedChunks();
+  EXPECT_EQ(owned.size(), 5u);
+  for (uint32_t id = 0; id < 10; ++id) {
+    bool mine = std::find(owned.begin(), owned.end(), id) != owned.end();
+    EXPECT_EQ(store.Read(id).ok(), mine) << id;
+    if (!mine) {
+      EXPECT_EQ(store.Read(id).status().code(), absl::StatusCode::kNotFound);
+    }
+  }
+}
+
+TEST(ParameterStoreTest, BadDeclarationsAreInvalidArgument) {
+  ParameterStore store{StoreOptions()};
+  v1::DeclareRequest no_optimizer = SgdDeclaration(4, 0, 1, 0);
+  no_optimizer.mutable_optimizer()->set_kind(
+      v1::OptimizerSpec::KIND_UNSPECIFIED);
+  EXPECT_EQ(store.Declare(no_optimizer).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::DeclareRequest bad_shape = SgdDeclaration(4, 0, 1, 0);
+  bad_shape.mutable_layout()->mutable_tensors(0)->set_shape(0, 0);
+  EXPECT_EQ(store.Declare(bad_shape).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store.Status().declared());
+}
+
+}  // namespace
+}  // namespace shardps::server

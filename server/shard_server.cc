@@ -1,0 +1,74 @@
+#include "server/shard_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/chunking.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace shardps::server {
+
+absl::Status ValidateStoreOptions(const StoreOptions& o) {
+  if (o.num_shards < 1) {
+    return absl::InvalidArgumentError("--num_shards must be at least 1");
+  }
+  if (o.shard_index >= o.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_index=", o.shard_index,
+                     " must be below --num_shards=", o.num_shards));
+  }
+  if (o.num_workers < 1 || o.num_workers > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_workers=", o.num_workers, " must be in [1, 65536]"));
+  }
+  if (o.update_threads < 1 || o.update_threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--update_threads=", o.update_threads, " must be in [1, 1024]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const ShardServerOptions& options) {
+  SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(options.store));
+  int max_message = options.max_message_bytes;
+  if (max_message <= 0) max_message = kMaxChunkBytes + kMessageOverheadBytes;
+  std::unique_ptr<ShardServer> s(new ShardServer());
+  s->store_ = std::make_unique<ParameterStore>(options.store);
+  s->service_ =
+      std::make_unique<ParameterService>(s->store_.get(), options.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  ConfigureServer(&builder, max_message);
+  const std::string address = absl::StrCat(
+      options.host.find(':') != std::string::npos &&
+              options.host.front() != '['
+          ? absl::StrCat("[", options.host, "]")
+          : options.host,
+      ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return s;
+}
+
+void ShardServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(grace));
+  server_->Wait();
+  server_.reset();
+}
+
+ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace shardps::server
