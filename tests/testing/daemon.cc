@@ -1,0 +1,140 @@
+#include "tests/testing/daemon.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace shardps::testing {
+namespace {
+
+absl::StatusOr<pid_t> Spawn(const std::string& binary,
+                            const std::vector<std::string>& args,
+                            const std::string& log_path) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    // Signals blocked by the test runner must not stay blocked in the child.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* base = getenv("TEST_TMPDIR");
+  std::string templ =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, ".XXXXXX");
+  char* dir = mkdtemp(templ.data());
+  return dir != nullptr ? std::string(dir) : std::string("/tmp");
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartProcess(
+    const std::string& name, const std::string& binary,
+    std::vector<std::string> args) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->log_path_ = absl::StrCat(MakeTempDir("shardps-" + name), "/", name, ".log");
+  absl::StatusOr<pid_t> pid = Spawn(binary, args, d->log_path_);
+  if (!pid.ok()) return pid.status();
+  d->pid_ = *pid;
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
+    const std::string& name, const std::string& binary,
+    std::vector<std::string> args, absl::Duration timeout) {
+  const std::string dir = MakeTempDir("shardps-" + name);
+  const std::string port_file = dir + "/port";
+  args.push_back("--port=0");
+  args.push_back("--port_file=" + port_file);
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->log_path_ = dir + "/" + name + ".log";
+  absl::StatusOr<pid_t> pid = Spawn(binary, args, d->log_path_);
+  if (!pid.ok()) return pid.status();
+  d->pid_ = *pid;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      d->port_ = port;
+      return d;
+    }
+    int status = 0;
+    if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
+      d->exited_ = true;
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, " exited before serving:\n", d->ReadLog()));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(name, " did not report a port:\n", d->ReadLog()));
+}
+
+std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+std::string Daemon::ReadLog() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<int> Daemon::Wait(absl::Duration timeout) {
+  if (exited_) return exit_code_;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
+                                     : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("process ", pid_, " still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+absl::StatusOr<int> Daemon::Stop(int sig, absl::Duration timeout) {
+  if (!exited_) kill(pid_, sig);
+  return Wait(timeout);
+}
+
+Daemon::~Daemon() {
+  if (exited_ || pid_ <= 0) return;
+  if (!Stop(SIGTERM, absl::Seconds(5)).ok()) {
+    kill(pid_, SIGKILL);
+    Wait(absl::Seconds(5)).IgnoreError();
+  }
+}
+
+}  // namespace shardps::testing

@@ -1,0 +1,58 @@
+// Runs a shardps daemon as a child process for end-to-end tests: binds port 0,
+// waits (with a deadline) for the port file, and stops the process (SIGTERM,
+// then SIGKILL) when destroyed. Test-only.
+#ifndef SHARDPS_TESTS_TESTING_DAEMON_H_
+#define SHARDPS_TESTS_TESTING_DAEMON_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardps::testing {
+
+class Daemon {
+ public:
+  // Starts `binary` with `args` plus --port=0 --port_file=<tmp> and waits
+  // up to `timeout` for the port. Output goes to <tmp dir>/<name>.log.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const std::string& name, const std::string& binary,
+      std::vector<std::string> args,
+      absl::Duration timeout = absl::Seconds(30));
+  // Starts a process that does not serve (a worker): no port file.
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartProcess(
+      const std::string& name, const std::string& binary,
+      std::vector<std::string> args);
+  ~Daemon();
+
+  int port() const { return port_; }
+  std::string address() const;
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+  std::string ReadLog() const;
+
+  // Sends `sig`; then waits up to `timeout` for the exit and returns the
+  // exit code (128 + signal if killed), or DeadlineExceeded.
+  absl::StatusOr<int> Stop(int sig, absl::Duration timeout);
+  // Waits for the process to exit by itself.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+
+ private:
+  Daemon() = default;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+  int exit_code_ = 0;
+  std::string log_path_;
+};
+
+// A fresh directory under $TEST_TMPDIR or /tmp.
+std::string MakeTempDir(const std::string& prefix);
+
+}  // namespace shardps::testing
+
+#endif  // SHARDPS_TESTS_TESTING_DAEMON_H_

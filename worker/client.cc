@@ -1,0 +1,360 @@
+#include "worker/client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/encoding.h"
+#include "common/grpc_status.h"
+#include "common/partitioner.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace shardps {
+
+struct Client::Stream {
+  uint32_t shard = 0;
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ParameterServer::Stub> stub;
+  std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
+  // Reused across steps so their payload buffers keep their capacity.
+  v1::PushPullRequest request;
+  v1::PushPullResponse response;
+};
+
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// Runs fn(i) for i in [0, n) on n threads; returns the first error.
+absl::Status RunParallel(size_t n, const std::function<absl::Status(size_t)>& fn) {
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] { statuses[i] = fn(i); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WithAddress(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+}  // namespace
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (options.servers.empty()) {
+    return absl::InvalidArgumentError("no parameter servers given");
+  }
+  if (options.streams_per_shard < 1 || options.streams_per_shard > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "streams_per_shard=", options.streams_per_shard,
+        " must be in [1, 64]"));
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError("max_attempts must be at least 1");
+  }
+  for (const std::string& s : options.servers) {
+    if (s.empty() || s.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server address \"", s, "\" is not host:port"));
+    }
+  }
+  std::unique_ptr<Client> client(new Client(std::move(options)));
+  const int max_message = kMaxChunkBytes + kMessageOverheadBytes;
+  const ClientOptions& o = client->options_;
+  for (uint32_t shard = 0; shard < o.servers.size(); ++shard) {
+    for (int k = 0; k < o.streams_per_shard; ++k) {
+      auto lane = std::make_unique<Stream>();
+      lane->shard = shard;
+      lane->address = o.servers[shard];
+      lane->channel = grpc::CreateCustomChannel(
+          o.servers[shard], grpc::InsecureChannelCredentials(),
+          ClientChannelArguments(max_message, k));
+      lane->stub = v1::ParameterServer::NewStub(lane->channel);
+      client->lanes_.push_back(std::move(lane));
+    }
+  }
+  return client;
+}
+
+absl::Status Client::Declare(const v1::Layout& layout,
+                             const v1::OptimizerSpec& optimizer) {
+  SHARDPS_RETURN_IF_ERROR(ValidateLayout(layout));
+  const uint32_t num_shards = static_cast<uint32_t>(options_.servers.size());
+  std::vector<ChunkSpec> chunks = MakeChunks(layout);
+  std::vector<uint32_t> shard_of = PartitionChunks(chunks, num_shards);
+  const int k = options_.streams_per_shard;
+  SHARDPS_RETURN_IF_ERROR(RunParallel(num_shards, [&](size_t shard) {
+    v1::DeclareRequest req;
+    *req.mutable_layout() = layout;
+    *req.mutable_optimizer() = optimizer;
+    req.set_num_shards(num_shards);
+    req.set_shard_index(static_cast<uint32_t>(shard));
+    v1::DeclareResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(options_.connect_timeout));
+    ctx.set_wait_for_ready(true);  // servers may still be starting
+    Stream& lane = *lanes_[shard * k];
+    absl::Status s =
+        FromGrpcStatus(lane.stub->Declare(&ctx, req, &resp));
+    SHARDPS_RETURN_IF_ERROR(WithAddress(
+        s, absl::StrCat("Declare on shard ", shard, " at ", lane.address)));
+    std::vector<uint32_t> want;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (shard_of[i] == shard) want.push_back(static_cast<uint32_t>(i));
+    }
+    if (std::vector<uint32_t>(resp.chunk_ids().begin(),
+                              resp.chunk_ids().end()) != want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard, " at ", lane.address,
+          " owns other chunks than this worker computed: is it started with "
+          "--shard_index=",
+          shard, " --num_shards=", num_shards, "?"));
+    }
+    return absl::OkStatus();
+  }));
+  // Spread each shard's chunks over its lanes, largest first.
+  for (auto& lane : lanes_) lane->chunk_ids.clear();
+  std::vector<int64_t> lane_bytes(lanes_.size(), 0);
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return chunks[a].num_elements > chunks[b].num_elements;
+  });
+  for (size_t i : order) {
+    const size_t first = shard_of[i] * k;
+    size_t best = first;
+    for (size_t l = first; l < first + k; ++l) {
+      if (lane_bytes[l] < lane_bytes[best]) best = l;
+    }
+    lanes_[best]->chunk_ids.push_back(static_cast<uint32_t>(i));
+    lane_bytes[best] += chunks[i].bytes();
+  }
+  for (auto& lane : lanes_) {
+    std::sort(lane->chunk_ids.begin(), lane->chunk_ids.end());
+  }
+  layout_ = layout;
+  chunks_ = std::move(chunks);
+  shard_of_ = std::move(shard_of);
+  declared_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Client::CheckTensors(const ConstTensors& gradients,
+                                  const Tensors* weights) const {
+  if (!declared_) {
+    return absl::FailedPreconditionError("call Declare before any step");
+  }
+  const int n = layout_.tensors_size();
+  if (static_cast<int>(gradients.size()) != n ||
+      (weights != nullptr && static_cast<int>(weights->size()) != n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", n, " tensors; got ", gradients.size(),
+        " gradients", weights ? absl::StrCat(" and ", weights->size(),
+                                             " weight buffers")
+                              : ""));
+  }
+  for (int t = 0; t < n; ++t) {
+    const int64_t want = NumElements(layout_.tensors(t));
+    if (static_cast<int64_t>(gradients[t].size()) != want ||
+        (weights != nullptr &&
+         static_cast<int64_t>((*weights)[t].size()) != want)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", layout_.tensors(t).name(), " has ", want,
+                       " elements; a buffer given for it has another size"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Attempt(Stream* lane, int64_t step,
+                             const ConstTensors& gradients,
+                             const Tensors* weights,
+                             std::vector<uint32_t>* pending) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(options_.rpc_timeout));
+  std::unique_ptr<grpc::ClientReaderWriter<v1::PushPullRequest,
+                                           v1::PushPullResponse>>
+      stream = lane->stub->PushPull(&ctx);
+  // Writes run beside the reads so replies flow while later chunks upload.
+  std::thread writer([&] {
+    v1::PushPullRequest& req = lane->request;
+    req.set_rank(options_.rank);
+    req.set_generation(options_.generation);
+    req.set_step(step);
+    req.set_encoding(v1::ENCODING_FP32);
+    req.set_push_only(weights == nullptr);
+    for (uint32_t id : *pending) {
+      const ChunkSpec& c = chunks_[id];
+      req.set_chunk_id(id);
+      EncodeFp32(gradients[c.tensor].data() + c.offset, c.num_elements,
+                 req.mutable_payload());
+      if (!stream->Write(req)) return;  // the stream broke: Finish says why
+    }
+    stream->WritesDone();
+  });
+  std::vector<bool> answered(chunks_.size(), false);
+  absl::Status reply_error;
+  v1::PushPullResponse& resp = lane->response;
+  while (stream->Read(&resp)) {
+    const uint32_t id = resp.chunk_id();
+    if (id >= chunks_.size() ||
+        std::find(pending->begin(), pending->end(), id) == pending->end()) {
+      reply_error = absl::InternalError(
+          absl::StrCat("server sent chunk ", id, " which was not pushed"));
+      ctx.TryCancel();
+      break;
+    }
+    const ChunkSpec& c = chunks_[id];
+    if (weights != nullptr) {
+      absl::Status s = CheckPayload(EffectiveEncoding(resp.encoding()),
+                                    resp.payload(), c.num_elements);
+      if (!s.ok()) {
+        reply_error = absl::InternalError(
+            absl::StrCat("reply for chunk ", id, ": ", s.message()));
+        ctx.TryCancel();
+        break;
+      }
+      std::memcpy((*weights)[c.tensor].data() + c.offset,
+                  resp.payload().data(), c.bytes());
+    }
+    answered[id] = true;
+  }
+  writer.join();
+  absl::Status status = FromGrpcStatus(stream->Finish());
+  pending->erase(std::remove_if(pending->begin(), pending->end(),
+                                [&](uint32_t id) { return answered[id]; }),
+                 pending->end());
+  if (!reply_error.ok()) return reply_error;
+  if (status.ok() && !pending->empty()) {
+    return absl::InternalError(absl::StrCat(
+        "stream ended without replies for ", pending->size(), " chunks"));
+  }
+  return status;
+}
+
+absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
+                          const Tensors* weights) {
+  SHARDPS_RETURN_IF_ERROR(CheckTensors(gradients, weights));
+  return RunParallel(lanes_.size(), [&](size_t l) {
+    Stream* lane = lanes_[l].get();
+    std::vector<uint32_t> pending = lane->chunk_ids;
+    absl::Duration backoff = options_.initial_backoff;
+    absl::Status status;
+    for (int attempt = 1; !pending.empty(); ++attempt) {
+      status = Attempt(lane, step, gradients, weights, &pending);
+      if (status.ok() || !IsRetryable(status) ||
+          attempt >= options_.max_attempts) {
+        break;
+      }
+      retries_.fetch_add(1);
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+    return WithAddress(status, absl::StrCat("step ", step, " on shard ",
+                                            lane->shard, " at ",
+                                            lane->address));
+  });
+}
+
+absl::Status Client::PushPull(int64_t step, const ConstTensors& gradients,
+                              const Tensors& weights) {
+  return Step(step, gradients, &weights);
+}
+
+absl::Status Client::Push(int64_t step, const ConstTensors& gradients) {
+  return Step(step, gradients, nullptr);
+}
+
+absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
+  Stream& lane = *lanes_[shard * options_.streams_per_shard];
+  absl::Duration backoff = options_.initial_backoff;
+  absl::Status status;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(options_.rpc_timeout));
+    v1::PullRequest req;
+    req.set_encoding(v1::ENCODING_FP32);
+    auto reader = lane.stub->Pull(&ctx, req);
+    v1::PushPullResponse& resp = lane.response;
+    size_t received = 0;
+    absl::Status reply_error;
+    while (reader->Read(&resp)) {
+      const uint32_t id = resp.chunk_id();
+      absl::Status s =
+          id < chunks_.size() && shard_of_[id] == shard
+              ? CheckPayload(EffectiveEncoding(resp.encoding()),
+                             resp.payload(), chunks_[id].num_elements)
+              : absl::InternalError(absl::StrCat(
+                    "server sent chunk ", id, " which it does not own"));
+      if (!s.ok()) {
+        reply_error = s;
+        ctx.TryCancel();
+        break;
+      }
+      const ChunkSpec& c = chunks_[id];
+      std::memcpy(weights[c.tensor].data() + c.offset, resp.payload().data(),
+                  c.bytes());
+      ++received;
+    }
+    status = FromGrpcStatus(reader->Finish());
+    if (!reply_error.ok()) status = reply_error;
+    const size_t owned = std::count(shard_of_.begin(), shard_of_.end(), shard);
+    if (status.ok() && received != owned) {
+      status = absl::InternalError(absl::StrCat(
+          "Pull returned ", received, " chunks; the shard owns ", owned));
+    }
+    if (status.ok()) break;
+    if (!IsRetryable(status) || attempt >= options_.max_attempts) break;
+    retries_.fetch_add(1);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  return WithAddress(status, absl::StrCat("Pull from shard ", shard, " at ",
+                                          lane.address));
+}
+
+absl::Status Client::Pull(const Tensors& weights) {
+  ConstTensors shapes(weights.begin(), weights.end());
+  SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
+  return RunParallel(options_.servers.size(), [&](size_t shard) {
+    return PullShard(static_cast<uint32_t>(shard), weights);
+  });
+}
+
+absl::StatusOr<std::vector<v1::GetStatusResponse>> Client::ShardStatus() {
+  std::vector<v1::GetStatusResponse> out(options_.servers.size());
+  SHARDPS_RETURN_IF_ERROR(RunParallel(out.size(), [&](size_t shard) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(absl::Seconds(10)));
+    Stream& lane = *lanes_[shard * options_.streams_per_shard];
+    return WithAddress(
+        FromGrpcStatus(
+            lane.stub->GetStatus(&ctx, v1::GetStatusRequest(), &out[shard])),
+        absl::StrCat("GetStatus of shard ", shard, " at ", lane.address));
+  }));
+  return out;
+}
+
+}  // namespace shardps

@@ -1,0 +1,112 @@
+// shardps::Client: a worker's connection to every parameter shard. It
+// declares the model, then each step streams gradient chunks to their shards
+// (all shards and several streams per shard in parallel) and writes the
+// updated weights back into the caller's buffers. Retries with backoff are
+// safe: the servers apply each (rank, step, chunk) once.
+//
+// Thread-compatible: one step at a time per Client; use one Client per
+// worker thread.
+#ifndef SHARDPS_WORKER_CLIENT_H_
+#define SHARDPS_WORKER_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/chunking.h"
+#include "shardps/v1/parameter_server.grpc.pb.h"
+
+namespace shardps {
+
+struct ClientOptions {
+  // Address (host:port) of shard i at index i.
+  std::vector<std::string> servers;
+  uint32_t rank = 0;
+  uint64_t generation = 0;
+  // Parallel streams, each on its own connection, per shard.
+  int streams_per_shard = 2;
+  // Deadline of one attempt of a step, and of Declare while waiting for the
+  // servers to come up.
+  absl::Duration rpc_timeout = absl::Seconds(300);
+  absl::Duration connect_timeout = absl::Seconds(120);
+  // Attempts per step on UNAVAILABLE or DEADLINE_EXCEEDED, with exponential
+  // backoff from initial_backoff up to max_backoff.
+  int max_attempts = 6;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(5);
+};
+
+// A tensor's values, in layout order; the client reads gradients from and
+// writes weights into these.
+using ConstTensors = std::vector<absl::Span<const float>>;
+using Tensors = std::vector<absl::Span<float>>;
+
+class Client {
+ public:
+  // InvalidArgument for bad options. Connects lazily.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+
+  // Declares the model on every shard and computes the chunk map. Waits up
+  // to connect_timeout for servers that are not up yet. InvalidArgument for
+  // a bad layout, FailedPrecondition when a shard holds a different model.
+  absl::Status Declare(const v1::Layout& layout,
+                       const v1::OptimizerSpec& optimizer);
+
+  // One step: pushes `gradients` (computed on the weights of version `step`)
+  // and writes the weights after the step into `weights`. Each span must
+  // hold its tensor's element count. REQUIRES: Declare succeeded.
+  absl::Status PushPull(int64_t step, const ConstTensors& gradients,
+                        const Tensors& weights);
+  // Pushes without waiting for weights (acknowledged per chunk).
+  absl::Status Push(int64_t step, const ConstTensors& gradients);
+  // Reads the current weights of every chunk.
+  absl::Status Pull(const Tensors& weights);
+
+  // Each shard's status, by shard index.
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> ShardStatus();
+
+  // Attempts that failed and were retried, since creation.
+  int64_t retries() const { return retries_.load(); }
+
+  const std::vector<ChunkSpec>& chunks() const { return chunks_; }
+  const v1::Layout& layout() const { return layout_; }
+  uint32_t rank() const { return options_.rank; }
+  // Sets the generation carried by later requests (after a rejoin).
+  void set_generation(uint64_t generation) {
+    options_.generation = generation;
+  }
+
+ private:
+  struct Stream;  // one (shard, stream) lane and its reusable messages
+  explicit Client(ClientOptions options);
+
+  absl::Status CheckTensors(const ConstTensors& gradients,
+                            const Tensors* weights) const;
+  absl::Status Step(int64_t step, const ConstTensors& gradients,
+                    const Tensors* weights);
+  // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
+  // answered.
+  absl::Status Attempt(Stream* lane, int64_t step,
+                       const ConstTensors& gradients, const Tensors* weights,
+                       std::vector<uint32_t>* pending);
+  absl::Status PullShard(uint32_t shard, const Tensors& weights);
+
+  ClientOptions options_;
+  std::vector<std::unique_ptr<Stream>> lanes_;  // shard-major
+  v1::Layout layout_;
+  std::vector<ChunkSpec> chunks_;
+  std::vector<uint32_t> shard_of_;
+  bool declared_ = false;
+  std::atomic<int64_t> retries_{0};
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_WORKER_CLIENT_H_
