@@ -183,8 +183,8 @@ absl::Status ParameterStore::Push(const PushArgs& args,
     if (status.ok()) {
       const uint64_t bytes = args.payload->size();
       status = options_.mode == Mode::kSync
-                   ? PushSync(args, *chunk, std::move(sink))
-                   : PushAsync(args, *chunk, std::move(sink));
+                   ? PushSync(*st, args, *chunk, std::move(sink))
+                   : PushAsync(*st, args, *chunk, std::move(sink));
       if (status.ok()) {
         pushes_.fetch_add(1, std::memory_order_relaxed);
         bytes_in_.fetch_add(bytes, std::memory_order_relaxed);
@@ -195,7 +195,8 @@ absl::Status ParameterStore::Push(const PushArgs& args,
   return status;
 }
 
-absl::Status ParameterStore::PushSync(const PushArgs& args, Chunk* chunk,
+absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
+                                      Chunk* chunk,
                                       std::shared_ptr<ReplySink> sink) {
   ChunkReply retry_reply;
   bool ready = false;
@@ -223,7 +224,9 @@ absl::Status ParameterStore::PushSync(const PushArgs& args, Chunk* chunk,
       // open) only adds a waiter.
       chunk->waiters.push_back({args.rank, args.push_only, std::move(sink)});
       if (ready) {
-        pool_.Schedule([this, chunk] { ApplySync(chunk); });
+        const Optimizer* optimizer = state.optimizer.get();
+        pool_.Schedule(
+            [this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
       }
       return absl::OkStatus();
     }
@@ -234,15 +237,14 @@ absl::Status ParameterStore::PushSync(const PushArgs& args, Chunk* chunk,
 }
 
 std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>
-ParameterStore::ApplyLocked(Chunk* chunk,
+ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
                             const std::vector<const float*>& contributions,
                             std::vector<Waiter> waiters) {
-  const State* st = state_.get();  // published before any chunk exists
   std::vector<float*> slots;
   slots.reserve(chunk->slots.size());
   for (auto& s : chunk->slots) slots.push_back(s.data());
-  st->optimizer->Apply(chunk->version, contributions, chunk->weights.data(),
-                       slots, chunk->spec.num_elements);
+  optimizer.Apply(chunk->version, contributions, chunk->weights.data(), slots,
+                  chunk->spec.num_elements);
   ++chunk->version;
   updates_.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
@@ -264,7 +266,7 @@ ParameterStore::ApplyLocked(Chunk* chunk,
   return replies;
 }
 
-void ParameterStore::ApplySync(Chunk* chunk) {
+void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
   {
     absl::MutexLock lock(&chunk->mu);
@@ -275,7 +277,7 @@ void ParameterStore::ApplySync(Chunk* chunk) {
     }
     std::vector<Waiter> waiters;
     waiters.swap(chunk->waiters);
-    replies = ApplyLocked(chunk, contributions, std::move(waiters));
+    replies = ApplyLocked(optimizer, chunk, contributions, std::move(waiters));
     chunk->contributed.assign(options_.num_workers, false);
     chunk->num_contributed = 0;
   }
@@ -286,7 +288,8 @@ void ParameterStore::ApplySync(Chunk* chunk) {
   }
 }
 
-absl::Status ParameterStore::PushAsync(const PushArgs& args, Chunk* chunk,
+absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
+                                       Chunk* chunk,
                                        std::shared_ptr<ReplySink> sink) {
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
   {
@@ -308,9 +311,9 @@ absl::Status ParameterStore::PushAsync(const PushArgs& args, Chunk* chunk,
       // Applied on arrival, on this thread: async pushes never wait.
       chunk->last_step[args.rank] = args.step;
       std::vector<const float*> contributions = {AsFloats(*args.payload)};
-      replies = ApplyLocked(chunk, contributions,
-                            {Waiter{options_.num_workers, args.push_only,
-                                    std::move(sink)}});
+      replies = ApplyLocked(
+          *state.optimizer, chunk, contributions,
+          {Waiter{options_.num_workers, args.push_only, std::move(sink)}});
     }
   }
   for (auto& [s, reply] : replies) {

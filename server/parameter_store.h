@@ -146,16 +146,18 @@ class ParameterStore {
   absl::StatusOr<Chunk*> FindChunk(const State& state, uint32_t chunk_id) const;
   absl::Status CheckPush(const State& state, const PushArgs& args,
                          const Chunk& chunk) const;
-  absl::Status PushSync(const PushArgs& args, Chunk* chunk,
+  absl::Status PushSync(const State& state, const PushArgs& args, Chunk* chunk,
                         std::shared_ptr<ReplySink> sink);
-  absl::Status PushAsync(const PushArgs& args, Chunk* chunk,
+  absl::Status PushAsync(const State& state, const PushArgs& args, Chunk* chunk,
                          std::shared_ptr<ReplySink> sink);
   // Applies the optimizer with the given contributions (rank order) and
   // returns the replies for `waiters`.
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> ApplyLocked(
-      Chunk* chunk, const std::vector<const float*>& contributions,
+      const Optimizer& optimizer, Chunk* chunk,
+      const std::vector<const float*>& contributions,
       std::vector<Waiter> waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
-  void ApplySync(Chunk* chunk) ABSL_LOCKS_EXCLUDED(chunk->mu);
+  void ApplySync(const Optimizer& optimizer, Chunk* chunk)
+      ABSL_LOCKS_EXCLUDED(chunk->mu);
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;

@@ -38,6 +38,9 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary,
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execv(binary.c_str(), argv.data());
+    const std::string msg = "cannot execute " + binary + "\n";
+    ssize_t ignored = write(2, msg.data(), msg.size());
+    (void)ignored;
     _exit(127);
   }
   return pid;

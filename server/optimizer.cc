@@ -1,0 +1,364 @@
+#include "server/optimizer.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "server/lr_schedule.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+namespace shardps::server {
+namespace {
+
+using Spec = v1::OptimizerSpec;
+
+// ---------------------------------------------------------------------------
+// Validation.
+
+// InvalidArgument("OptimizerSpec.<field> must be <want>, got <value>") unless
+// `ok`. Callers write `ok` so that NaN fails it.
+absl::Status Require(bool ok, absl::string_view field, absl::string_view want,
+                     float value) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "OptimizerSpec.", field, " must be ", want, ", got ", value));
+}
+
+bool InUnitInterval(float x) { return x >= 0 && x < 1; }  // [0, 1)
+bool FiniteNonNegative(float x) { return std::isfinite(x) && x >= 0; }
+
+absl::Status Validate(const Spec& spec) {
+  if (spec.kind() == Spec::KIND_UNSPECIFIED ||
+      !Spec::Kind_IsValid(spec.kind())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OptimizerSpec.kind must be KIND_SGD, KIND_ADAM, KIND_ADAMW or "
+        "KIND_ADAGRAD, got ",
+        Spec::Kind_IsValid(spec.kind()) ? Spec::Kind_Name(spec.kind())
+                                        : absl::StrCat(spec.kind())));
+  }
+  if (spec.nesterov() && spec.momentum() == 0) {
+    return absl::InvalidArgumentError(
+        "OptimizerSpec.nesterov needs momentum > 0");
+  }
+  const float lr = spec.learning_rate();
+  const absl::Status checks[] = {
+      Require(std::isfinite(lr) && lr > 0, "learning_rate", "finite and > 0",
+              lr),
+      Require(InUnitInterval(spec.momentum()), "momentum", "in [0, 1)",
+              spec.momentum()),
+      Require(FiniteNonNegative(spec.weight_decay()), "weight_decay",
+              "finite and >= 0", spec.weight_decay()),
+      Require(InUnitInterval(spec.beta1()), "beta1", "in [0, 1)", spec.beta1()),
+      Require(InUnitInterval(spec.beta2()), "beta2", "in [0, 1)", spec.beta2()),
+      Require(FiniteNonNegative(spec.epsilon()), "epsilon", "finite and >= 0",
+              spec.epsilon()),
+      Require(FiniteNonNegative(spec.initial_accumulator()),
+              "initial_accumulator", "finite and >= 0",
+              spec.initial_accumulator()),
+  };
+  for (const absl::Status& status : checks) {
+    if (!status.ok()) return status;
+  }
+  absl::Status schedule = ValidateLrSchedule(spec.schedule());
+  if (schedule.ok()) return schedule;
+  return absl::InvalidArgumentError(
+      absl::StrCat("OptimizerSpec.schedule: ", schedule.message()));
+}
+
+// ---------------------------------------------------------------------------
+// Per-call constants.
+
+enum class Rule { kSgd, kSgdMomentum, kSgdNesterov, kAdam, kAdamW, kAdagrad };
+
+Rule RuleOf(const Spec& spec) {
+  switch (spec.kind()) {
+    case Spec::KIND_ADAM:
+      return Rule::kAdam;
+    case Spec::KIND_ADAMW:
+      return Rule::kAdamW;
+    case Spec::KIND_ADAGRAD:
+      return Rule::kAdagrad;
+    default:  // KIND_SGD; Create rejects the rest.
+      if (spec.momentum() == 0) return Rule::kSgd;
+      return spec.nesterov() ? Rule::kSgdNesterov : Rule::kSgdMomentum;
+  }
+}
+
+// Everything the update loops need, in float. The loops copy the fields they
+// use into locals, which no store through a weight pointer can change.
+struct Coefficients {
+  Rule rule;
+  float lr;
+  float weight_decay;
+  float momentum;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float step;                   // lr / bc1
+  float bias_correction2_sqrt;  // sqrt(bc2)
+  float epsilon;
+  float decay;  // AdamW: 1 - lr * weight_decay
+};
+
+// learning_rate * LrFactor, in double.
+double ScheduledLr(const Spec& spec, int64_t update) {
+  return static_cast<double>(spec.learning_rate()) *
+         LrFactor(spec.schedule(), update);
+}
+
+// Scalars are combined in double and rounded once, as PyTorch does with its
+// Python-float hyperparameters.
+Coefficients CoefficientsAt(const Spec& spec, int64_t update) {
+  const double lr = ScheduledLr(spec, update);
+  const double beta1 = spec.beta1();
+  const double beta2 = spec.beta2();
+  const double t = static_cast<double>(update + 1);
+  const double bias_correction1 = 1.0 - std::pow(beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(beta2, t);
+  Coefficients k;
+  k.rule = RuleOf(spec);
+  k.lr = static_cast<float>(lr);
+  k.weight_decay = spec.weight_decay();
+  k.momentum = spec.momentum();
+  k.beta1 = spec.beta1();
+  k.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  k.beta2 = spec.beta2();
+  k.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  k.step = static_cast<float>(lr / bias_correction1);
+  k.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  k.epsilon = spec.epsilon();
+  k.decay = static_cast<float>(1.0 - lr * spec.weight_decay());
+  return k;
+}
+
+// ---------------------------------------------------------------------------
+// Update loops over one block. `Len` is either int64_t (the last, partial
+// block) or FullBlock, whose compile-time trip count lets GCC vectorize at
+// -O2 too (its "very cheap" cost model wants a known multiple of the vector
+// width). Every pointer is __restrict: the caller guarantees disjoint arrays,
+// and without it the compiler would add runtime overlap checks (or, at -O2,
+// not vectorize at all).
+
+using FullBlock = std::integral_constant<int64_t, Optimizer::kBlockSize>;
+
+template <typename Len>
+void Copy(Len len, const float* __restrict src, float* __restrict dst) {
+  for (int64_t i = 0; i < len; ++i) dst[i] = src[i];
+}
+template <typename Len>
+void Sum2(Len len, const float* __restrict a, const float* __restrict b,
+          float* __restrict dst) {
+  for (int64_t i = 0; i < len; ++i) dst[i] = a[i] + b[i];
+}
+template <typename Len>
+void AddTo(Len len, const float* __restrict src, float* __restrict dst) {
+  for (int64_t i = 0; i < len; ++i) dst[i] += src[i];
+}
+template <typename Len>
+void DivideBy(Len len, float divisor, float* __restrict dst) {
+  // A division, not a multiplication by 1/N: the mean is a contract.
+  for (int64_t i = 0; i < len; ++i) dst[i] /= divisor;
+}
+
+// g = mean of the contributions at [offset, offset + len), summed in rank
+// order. The first two ranks are added in one pass; (c0 + c1) is the same
+// float as s = c0; s += c1.
+template <typename Len>
+void MeanGradient(Len len, absl::Span<const float* const> contributions,
+                  int64_t offset, float* __restrict g) {
+  const size_t num = contributions.size();
+  if (num == 1) {
+    Copy(len, contributions[0] + offset, g);
+    return;  // s / 1.0f == s.
+  }
+  Sum2(len, contributions[0] + offset, contributions[1] + offset, g);
+  for (size_t r = 2; r < num; ++r) AddTo(len, contributions[r] + offset, g);
+  DivideBy(len, static_cast<float>(num), g);
+}
+
+// g += wd * w (L2 penalty folded into the gradient, as PyTorch does).
+template <typename Len>
+void AddWeightDecay(Len len, float wd, const float* __restrict w,
+                    float* __restrict g) {
+  for (int64_t i = 0; i < len; ++i) g[i] += wd * w[i];
+}
+template <typename Len>
+void Scale(Len len, float factor, float* __restrict w) {
+  for (int64_t i = 0; i < len; ++i) w[i] *= factor;
+}
+
+template <typename Len>
+void Sgd(Len len, float lr, const float* __restrict g, float* __restrict w) {
+  for (int64_t i = 0; i < len; ++i) w[i] -= lr * g[i];
+}
+template <typename Len>
+void SgdMomentum(Len len, float lr, float momentum, const float* __restrict g,
+                 float* __restrict w, float* __restrict buf) {
+  for (int64_t i = 0; i < len; ++i) {
+    const float b = momentum * buf[i] + g[i];
+    buf[i] = b;
+    w[i] -= lr * b;
+  }
+}
+template <typename Len>
+void SgdNesterov(Len len, float lr, float momentum, const float* __restrict g,
+                 float* __restrict w, float* __restrict buf) {
+  for (int64_t i = 0; i < len; ++i) {
+    const float b = momentum * buf[i] + g[i];
+    buf[i] = b;
+    w[i] -= lr * (g[i] + momentum * b);
+  }
+}
+
+// sqrtf may set errno, which keeps GCC and Clang from vectorizing any loop
+// that calls it unless the code is built with -fno-math-errno (no attribute
+// or pragma does it in GCC 12). Taking the square roots in a loop of their
+// own keeps the other Adam and Adagrad loops vectorized either way; this one
+// is vectorized too under -fno-math-errno, which the build should pass.
+template <typename Len>
+void Sqrt(Len len, const float* __restrict x, float* __restrict root) {
+  for (int64_t i = 0; i < len; ++i) root[i] = std::sqrt(x[i]);
+}
+
+template <typename Len>
+void AdamMoments(Len len, const Coefficients& k, const float* __restrict g,
+                 float* __restrict m, float* __restrict v) {
+  const float b1 = k.beta1, c1 = k.one_minus_beta1;
+  const float b2 = k.beta2, c2 = k.one_minus_beta2;
+  for (int64_t i = 0; i < len; ++i) {
+    m[i] = b1 * m[i] + c1 * g[i];
+    v[i] = b2 * v[i] + c2 * g[i] * g[i];
+  }
+}
+// sqrt_v holds sqrt(v).
+template <typename Len>
+void AdamStep(Len len, const Coefficients& k, const float* __restrict m,
+              const float* __restrict sqrt_v, float* __restrict w) {
+  const float step = k.step, bc2_sqrt = k.bias_correction2_sqrt;
+  const float eps = k.epsilon;
+  for (int64_t i = 0; i < len; ++i) {
+    const float denom = sqrt_v[i] / bc2_sqrt + eps;
+    w[i] -= step * (m[i] / denom);
+  }
+}
+
+template <typename Len>
+void AccumulateSquares(Len len, const float* __restrict g,
+                       float* __restrict sum) {
+  for (int64_t i = 0; i < len; ++i) sum[i] += g[i] * g[i];
+}
+// sqrt_sum holds sqrt(sum).
+template <typename Len>
+void AdagradStep(Len len, float lr, float eps, const float* __restrict g,
+                 const float* __restrict sqrt_sum, float* __restrict w) {
+  for (int64_t i = 0; i < len; ++i) w[i] -= lr * (g[i] / (sqrt_sum[i] + eps));
+}
+
+// One block of Apply. `g` and `scratch` are kBlockSize floats each; the slot
+// and weight pointers already point at the block.
+template <typename Len>
+void UpdateBlock(Len len, const Coefficients& k, float* g, float* scratch,
+                 float* w, float* const* slots) {
+  const bool l2 = k.weight_decay != 0 && k.rule != Rule::kAdamW;
+  if (l2) AddWeightDecay(len, k.weight_decay, w, g);
+  switch (k.rule) {
+    case Rule::kSgd:
+      Sgd(len, k.lr, g, w);
+      break;
+    case Rule::kSgdMomentum:
+      SgdMomentum(len, k.lr, k.momentum, g, w, slots[0]);
+      break;
+    case Rule::kSgdNesterov:
+      SgdNesterov(len, k.lr, k.momentum, g, w, slots[0]);
+      break;
+    case Rule::kAdamW:
+      if (k.weight_decay != 0) Scale(len, k.decay, w);
+      [[fallthrough]];
+    case Rule::kAdam:
+      AdamMoments(len, k, g, slots[0], slots[1]);
+      Sqrt(len, slots[1], scratch);
+      AdamStep(len, k, slots[0], scratch, w);
+      break;
+    case Rule::kAdagrad:
+      AccumulateSquares(len, g, slots[0]);
+      Sqrt(len, slots[0], scratch);
+      AdagradStep(len, k.lr, k.epsilon, g, scratch, w);
+      break;
+  }
+}
+
+constexpr int kMaxSlots = 2;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
+    const v1::OptimizerSpec& spec) {
+  Spec filled = spec;
+  if (filled.beta1() == 0) filled.set_beta1(0.9f);
+  if (filled.beta2() == 0) filled.set_beta2(0.999f);
+  if (filled.epsilon() == 0) {
+    filled.set_epsilon(spec.kind() == Spec::KIND_ADAGRAD ? 1e-10f : 1e-8f);
+  }
+  absl::Status status = Validate(filled);
+  if (!status.ok()) return status;
+  return std::unique_ptr<Optimizer>(new Optimizer(std::move(filled)));
+}
+
+int Optimizer::num_slots() const {
+  switch (RuleOf(spec_)) {
+    case Rule::kSgd:
+      return 0;
+    case Rule::kAdam:
+    case Rule::kAdamW:
+      return 2;
+    default:  // SGD with momentum, Adagrad
+      return 1;
+  }
+}
+
+void Optimizer::InitSlots(absl::Span<float* const> slots, int64_t n) const {
+  assert(static_cast<int>(slots.size()) == num_slots());
+  const float initial =
+      spec_.kind() == Spec::KIND_ADAGRAD ? spec_.initial_accumulator() : 0.0f;
+  for (float* slot : slots) std::fill(slot, slot + n, initial);
+}
+
+float Optimizer::LearningRate(int64_t update) const {
+  return static_cast<float>(ScheduledLr(spec_, update));
+}
+
+void Optimizer::Apply(int64_t update,
+                      absl::Span<const float* const> contributions,
+                      float* weights, absl::Span<float* const> slots,
+                      int64_t n) const {
+  assert(!contributions.empty());
+  assert(static_cast<int>(slots.size()) == num_slots());
+  const Coefficients k = CoefficientsAt(spec_, update);
+  alignas(64) float g[kBlockSize];
+  alignas(64) float scratch[kBlockSize];
+  float* block_slots[kMaxSlots] = {};
+  for (int64_t offset = 0; offset < n; offset += kBlockSize) {
+    for (size_t s = 0; s < slots.size(); ++s) {
+      block_slots[s] = slots[s] + offset;
+    }
+    const int64_t len = std::min(kBlockSize, n - offset);
+    if (len == kBlockSize) {
+      MeanGradient(FullBlock(), contributions, offset, g);
+      UpdateBlock(FullBlock(), k, g, scratch, weights + offset, block_slots);
+    } else {
+      MeanGradient(len, contributions, offset, g);
+      UpdateBlock(len, k, g, scratch, weights + offset, block_slots);
+    }
+  }
+}
+
+}  // namespace shardps::server

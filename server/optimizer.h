@@ -1,0 +1,86 @@
+// An Optimizer turns the gradients that N workers pushed for a chunk into an
+// update of the chunk's weights and optimizer slots, following PyTorch's SGD,
+// Adam, AdamW and Adagrad. Immutable after Create: Apply may run concurrently
+// on disjoint arrays.
+#ifndef SHARDPS_SERVER_OPTIMIZER_H_
+#define SHARDPS_SERVER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+namespace shardps::server {
+
+class Optimizer {
+ public:
+  // Elements per block in Apply: the mean gradient of a block is kept in a
+  // stack array (8 KiB) that stays in L1 while the update loop reads it.
+  static constexpr int64_t kBlockSize = 2048;
+
+  // Fills the defaults the proto documents for zero fields (beta1 0.9,
+  // beta2 0.999, epsilon 1e-8, or 1e-10 for Adagrad) and validates. Returns
+  // InvalidArgument naming the field for: KIND_UNSPECIFIED or an unknown
+  // kind, learning_rate <= 0 or non-finite, momentum outside [0, 1),
+  // nesterov without momentum, weight_decay < 0, beta1 or beta2 outside
+  // [0, 1), epsilon < 0, initial_accumulator < 0, any non-finite value, or a
+  // schedule that ValidateLrSchedule rejects. Fields the kind does not use
+  // are ignored but still checked.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const v1::OptimizerSpec& spec);
+
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // The spec with defaults filled in.
+  const v1::OptimizerSpec& spec() const { return spec_; }
+
+  // State arrays per weight array, each as long as the weights:
+  //   SGD without momentum  0
+  //   SGD with momentum     1  [0] momentum buffer
+  //   Adam, AdamW           2  [0] first moment m, [1] second moment v
+  //   Adagrad               1  [0] sum of squared gradients
+  int num_slots() const;
+
+  // Sets the n elements of each slot to its initial value: 0, except
+  // Adagrad's sum, which starts at initial_accumulator.
+  // REQUIRES: slots.size() == num_slots(), each slot has n elements.
+  void InitSlots(absl::Span<float* const> slots, int64_t n) const;
+
+  // learning_rate * LrFactor(schedule, update), for the 0-based update.
+  float LearningRate(int64_t update) const;
+
+  // Applies update number `update` (0-based; it selects the learning rate
+  // and Adam's bias correction t = update + 1) to `weights` and `slots`.
+  // `contributions` are the gradients of N >= 1 workers in rank order. The
+  // gradient used is their mean, computed per element exactly as
+  //   float s = c[0][i]; for r in 1..N-1: s += c[r][i];
+  //   g = s / static_cast<float>(N);
+  // so that callers can reproduce it bitwise. Then, in float32 (PyTorch's
+  // formulas; wd = weight_decay, lr = LearningRate(update)):
+  //   SGD      g += wd*w; with momentum: buf = momentum*buf + g, then
+  //            g = g + momentum*buf (nesterov) or g = buf; w -= lr*g.
+  //   Adam     g += wd*w; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+  //            w -= (lr/bc1) * (m / (sqrt(v)/sqrt(bc2) + eps)), with
+  //            bc1 = 1-b1^t, bc2 = 1-b2^t computed in double.
+  //   AdamW    w *= 1 - lr*wd, then Adam without the g += wd*w term.
+  //   Adagrad  g += wd*w; sum += g*g; w -= lr * (g / (sqrt(sum) + eps)).
+  // Allocation-free. Reads the contributions, writes only weights[0, n) and
+  // slots[k][0, n).
+  // REQUIRES: contributions.size() >= 1, slots.size() == num_slots(), every
+  // array has n elements, and no array overlaps another.
+  void Apply(int64_t update, absl::Span<const float* const> contributions,
+             float* weights, absl::Span<float* const> slots, int64_t n) const;
+
+ private:
+  explicit Optimizer(v1::OptimizerSpec spec) : spec_(std::move(spec)) {}
+
+  const v1::OptimizerSpec spec_;
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_OPTIMIZER_H_
