@@ -11,7 +11,11 @@ v1::Encoding EffectiveEncoding(v1::Encoding e) {
   return e == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : e;
 }
 
-absl::Status CheckPayload(v1::Encoding encoding, absl::string_view payload,
+void StringByteSource::CopyTo(char* dst) const {
+  std::memcpy(dst, bytes_.data(), bytes_.size());
+}
+
+absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
                           int64_t num_elements) {
   if (encoding != v1::ENCODING_FP32) {
     return absl::InvalidArgumentError(
@@ -20,9 +24,9 @@ absl::Status CheckPayload(v1::Encoding encoding, absl::string_view payload,
                      "ENCODING_FP32"));
   }
   const uint64_t want = static_cast<uint64_t>(num_elements) * 4;
-  if (payload.size() != want) {
+  if (payload_bytes != want) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "payload has ", payload.size(), " bytes; ENCODING_FP32 of ",
+        "payload has ", payload_bytes, " bytes; ENCODING_FP32 of ",
         num_elements, " elements needs ", want));
   }
   return absl::OkStatus();

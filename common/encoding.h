@@ -16,12 +16,33 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace shardps {
 
+// Bytes that can be copied out once, wherever they live (a string, or the
+// slices a message arrived in).
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual uint64_t size() const = 0;
+  // Copies all size() bytes to dst.
+  virtual void CopyTo(char* dst) const = 0;
+};
+
+// A ByteSource over a string_view; the bytes must outlive it.
+class StringByteSource final : public ByteSource {
+ public:
+  explicit StringByteSource(absl::string_view bytes) : bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  void CopyTo(char* dst) const override;
+
+ private:
+  absl::string_view bytes_;
+};
+
 // Normalises UNSPECIFIED to FP32 for requests where the field is optional.
 v1::Encoding EffectiveEncoding(v1::Encoding e);
 
 // InvalidArgument when `encoding` is unsupported or `payload` does not hold
 // exactly `num_elements` values of it.
-absl::Status CheckPayload(v1::Encoding encoding, absl::string_view payload,
+absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
                           int64_t num_elements);
 
 // Index of the first non-finite value in x[0, n), or -1 when all are finite.

@@ -10,7 +10,7 @@ namespace shardps {
 namespace {
 
 TEST(EncodingTest, CheckPayloadWantsExactFp32Length) {
-  std::string payload(12, '\0');
+  const uint64_t payload = 12;
   EXPECT_TRUE(CheckPayload(v1::ENCODING_FP32, payload, 3).ok());
   absl::Status s = CheckPayload(v1::ENCODING_FP32, payload, 4);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -36,15 +36,16 @@ struct LoadedTensor {
 // the old file or the whole new one. InvalidArgument for an empty or duplicate
 // name, the reserved name "__metadata__", a negative dimension or null data;
 // Internal for I/O errors (with errno text).
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<SafetensorsTensor>& tensors,
-                              const std::map<std::string, std::string>& metadata);
+absl::Status WriteSafetensors(
+    const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+    const std::map<std::string, std::string>& metadata);
 
 // Reads every tensor of `path`, in data-offset order. Stores the
 // "__metadata__" pairs in `*metadata` when it is not null. NotFound if the file
-// cannot be opened; InvalidArgument (naming the file) for a truncated file, a
-// malformed header, overlapping or out-of-range data offsets, a shape that does
-// not match its byte size, or a dtype other than F32.
+// does not exist (Internal for other open/read errors); InvalidArgument (naming
+// the file) for a truncated file, a malformed header, overlapping or
+// out-of-range data offsets, a shape that does not match its byte size, or a
+// dtype other than F32.
 absl::StatusOr<std::vector<LoadedTensor>> ReadSafetensors(
     const std::string& path,
     std::map<std::string, std::string>* metadata = nullptr);

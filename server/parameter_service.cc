@@ -9,18 +9,28 @@
 #include "absl/synchronization/mutex.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
+#include "common/wire.h"
 
 namespace shardps::server {
 namespace {
 
 using PushPullReactorBase =
-    grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>;
+    grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-void FillResponse(ChunkReply reply, v1::PushPullResponse* resp) {
-  resp->set_chunk_id(reply.chunk_id);
-  resp->set_version(reply.version);
-  resp->set_encoding(v1::ENCODING_FP32);
-  resp->mutable_payload()->swap(reply.payload);
+void ReleaseWeights(void* holder) { delete static_cast<WeightsBuffer*>(holder); }
+
+// A PushPullResponse whose payload references the reply's weights buffer.
+grpc::ByteBuffer EncodeReply(ChunkReply reply) {
+  v1::PushPullResponse header;
+  header.set_chunk_id(reply.chunk_id);
+  header.set_version(reply.version);
+  header.set_encoding(v1::ENCODING_FP32);
+  if (reply.weights == nullptr) return EncodeWithPayload(header, grpc::Slice());
+  const std::vector<float>& w = *reply.weights;
+  // The slice keeps the buffer alive until gRPC has sent it.
+  auto* holder = new WeightsBuffer(std::move(reply.weights));
+  return EncodeWithPayload(
+      header, ReferenceSlice(w.data(), w.size() * 4, ReleaseWeights, holder));
 }
 
 // One PushPull stream. Accepted pushes are answered by the store through
@@ -37,7 +47,7 @@ class PushPullReactor final
                                 ParameterService* service) {
     auto reactor = std::make_shared<PushPullReactor>(store, service);
     reactor->self_ = reactor;
-    reactor->StartRead(&reactor->request_);
+    reactor->StartRead(&reactor->buffer_);
     return reactor.get();
   }
   PushPullReactor(ParameterStore* store, ParameterService* service)
@@ -60,10 +70,13 @@ class PushPullReactor final
   ParameterStore* const store_;
   ParameterService* const service_;
   std::shared_ptr<PushPullReactor> self_;  // gRPC's reference, until OnDone
-  v1::PushPullRequest request_;  // only touched by read reactions
+  // Only touched by read reactions; reused so buffers keep their capacity.
+  grpc::ByteBuffer buffer_;
+  v1::PushPullRequest request_;
+  PayloadView payload_;
 
   absl::Mutex mu_;
-  std::deque<v1::PushPullResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -79,6 +92,11 @@ void PushPullReactor::OnReadDone(bool ok) {
     Pump();
     return;
   }
+  absl::Status decoded = DecodeWithPayload(buffer_, &request_, &payload_);
+  if (!decoded.ok()) {
+    FinishOnce(ToGrpcStatus(decoded));
+    return;
+  }
   PushArgs args;
   args.rank = request_.rank();
   args.generation = request_.generation();
@@ -86,13 +104,14 @@ void PushPullReactor::OnReadDone(bool ok) {
   args.chunk_id = request_.chunk_id();
   args.encoding = request_.encoding();
   args.push_only = request_.push_only();
-  args.payload = request_.mutable_payload();
+  args.payload = &payload_;
   {
     // Counted first: the store may answer before Push returns.
     absl::MutexLock lock(&mu_);
     ++unanswered_;
   }
   absl::Status status = store_->Push(args, shared_from_this());
+  buffer_.Clear();  // the store has copied what it keeps
   if (!status.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -101,15 +120,14 @@ void PushPullReactor::OnReadDone(bool ok) {
     FinishOnce(ToGrpcStatus(status));
     return;
   }
-  StartRead(&request_);
+  StartRead(&buffer_);
 }
 
 void PushPullReactor::Deliver(ChunkReply reply) {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    queue_.emplace_back();
-    FillResponse(std::move(reply), &queue_.back());
+    queue_.push_back(EncodeReply(std::move(reply)));
   }
   Pump();
 }
@@ -130,7 +148,7 @@ void PushPullReactor::OnWriteDone(bool ok) {
 }
 
 void PushPullReactor::Pump() {
-  const v1::PushPullResponse* next = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
   bool finish = false;
   bool drop = false;
   {
@@ -166,7 +184,7 @@ void PushPullReactor::FinishOnce(const grpc::Status& status) {
 }
 
 // Streams the requested chunks one message at a time.
-class PullReactor final : public grpc::ServerWriteReactor<v1::PushPullResponse> {
+class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids)
       : store_(store), chunk_ids_(std::move(chunk_ids)) {
@@ -192,19 +210,18 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PushPullResponse> 
       Finish(ToGrpcStatus(reply.status()));
       return;
     }
-    response_.Clear();
-    FillResponse(*std::move(reply), &response_);
+    response_ = EncodeReply(*std::move(reply));
     StartWrite(&response_);
   }
 
   ParameterStore* const store_;
   const std::vector<uint32_t> chunk_ids_;
   size_t next_ = 0;
-  v1::PushPullResponse response_;
+  grpc::ByteBuffer response_;
 };
 
 // Finishes a streaming RPC at once with an error.
-class FailedPull final : public grpc::ServerWriteReactor<v1::PushPullResponse> {
+class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FailedPull(const absl::Status& status) {
     Finish(ToGrpcStatus(status));
@@ -229,13 +246,21 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   return PushPullReactor::Start(store_, this);
 }
 
-grpc::ServerWriteReactor<v1::PushPullResponse>* ParameterService::Pull(
-    grpc::CallbackServerContext* ctx, const v1::PullRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  v1::PullRequest parsed;
+  grpc::ByteBuffer copy(*request);  // Deserialize consumes its argument
+  if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &parsed)
+           .ok()) {
+    return new FailedPull(
+        absl::InvalidArgumentError("malformed PullRequest"));
+  }
+  const v1::PullRequest* req = &parsed;
   if (EffectiveEncoding(req->encoding()) != v1::ENCODING_FP32) {
     return new FailedPull(absl::InvalidArgumentError(
         absl::StrCat("unsupported encoding ", v1::Encoding_Name(req->encoding()),

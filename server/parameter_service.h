@@ -1,6 +1,7 @@
 // The ParameterServer gRPC service of one shard: thin callback handlers that
-// validate requests and hand them to a ParameterStore. Replies of a PushPull
-// stream are written in completion order, one write in flight at a time.
+// validate requests and hand them to a ParameterStore. PushPull and Pull use
+// raw byte buffers (common/wire.h) so weights are sent without copies. Replies
+// of a PushPull stream are written in completion order, one write at a time.
 #ifndef SHARDPS_SERVER_PARAMETER_SERVICE_H_
 #define SHARDPS_SERVER_PARAMETER_SERVICE_H_
 
@@ -19,7 +20,12 @@ struct ServiceOptions {
 };
 
 // `store` must outlive the service and every RPC it started.
-class ParameterService final : public v1::ParameterServer::CallbackService {
+class ParameterService final
+    : public v1::ParameterServer::WithCallbackMethod_Declare<
+          v1::ParameterServer::WithRawCallbackMethod_PushPull<
+              v1::ParameterServer::WithRawCallbackMethod_Pull<
+                  v1::ParameterServer::WithCallbackMethod_GetStatus<
+                      v1::ParameterServer::Service>>>> {
  public:
   ParameterService(ParameterStore* store, ServiceOptions options)
       : store_(store), options_(options) {}
@@ -27,10 +33,11 @@ class ParameterService final : public v1::ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Declare(grpc::CallbackServerContext* ctx,
                                     const v1::DeclareRequest* req,
                                     v1::DeclareResponse* resp) override;
-  grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>*
-  PushPull(grpc::CallbackServerContext* ctx) override;
-  grpc::ServerWriteReactor<v1::PushPullResponse>* Pull(
-      grpc::CallbackServerContext* ctx, const v1::PullRequest* req) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(
+      grpc::CallbackServerContext* ctx,
+      const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* req,
                                       v1::GetStatusResponse* resp) override;

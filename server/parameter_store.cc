@@ -13,14 +13,6 @@
 namespace shardps::server {
 namespace {
 
-const float* AsFloats(const std::string& bytes) {
-  return reinterpret_cast<const float*>(bytes.data());
-}
-
-// Copies `weights` into `*out`, reusing the buffer's capacity.
-void CopyWeights(const std::vector<float>& weights, std::string* out) {
-  EncodeFp32(weights.data(), static_cast<int64_t>(weights.size()), out);
-}
 
 }  // namespace
 
@@ -51,15 +43,16 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) const {
     auto chunk = std::make_unique<Chunk>();
     chunk->spec = spec;
     absl::MutexLock lock(&chunk->mu);
-    chunk->weights.resize(spec.num_elements);
+    chunk->weights = std::make_shared<std::vector<float>>(spec.num_elements);
     FillInit(req.layout().tensors(spec.tensor).init(), spec.tensor,
-             spec.offset, chunk->weights.data(), spec.num_elements);
+             spec.offset, chunk->weights->data(), spec.num_elements);
     chunk->slots.assign(state->optimizer->num_slots(),
                         std::vector<float>(spec.num_elements));
     std::vector<float*> slot_ptrs;
     for (auto& s : chunk->slots) slot_ptrs.push_back(s.data());
     state->optimizer->InitSlots(slot_ptrs, spec.num_elements);
-    chunk->contributions.resize(n_workers);
+    chunk->contributions.assign(n_workers,
+                                std::vector<float>(spec.num_elements));
     chunk->contributed.assign(n_workers, false);
     chunk->last_step.assign(n_workers, -1);
     state->owned_bytes += spec.bytes();
@@ -134,8 +127,7 @@ absl::StatusOr<ParameterStore::Chunk*> ParameterStore::FindChunk(
   return chunk;
 }
 
-absl::Status ParameterStore::CheckPush(const State& state,
-                                       const PushArgs& args,
+absl::Status ParameterStore::CheckPush(const PushArgs& args,
                                        const Chunk& chunk) const {
   if (args.generation != options_.generation) {
     return absl::AbortedError(absl::StrCat(
@@ -151,22 +143,25 @@ absl::Status ParameterStore::CheckPush(const State& state,
     return absl::OutOfRangeError(
         absl::StrCat("step ", args.step, " is negative"));
   }
-  SHARDPS_RETURN_IF_ERROR(CheckPayload(args.encoding, *args.payload,
-                                       chunk.spec.num_elements));
-  if (!options_.allow_nonfinite) {
-    const int64_t bad =
-        FirstNonFinite(AsFloats(*args.payload), chunk.spec.num_elements);
-    if (bad >= 0) {
-      const ChunkSpec& spec = chunk.spec;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of chunk ", spec.id, " (",
-          state.declaration.layout().tensors(spec.tensor).name(),
-          ") from rank ", args.rank, " has a non-finite value at element ",
-          spec.offset + bad, " (start servers with --allow_nonfinite to "
-          "accept)"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckPayload(args.encoding, args.payload->size(),
+                      chunk.spec.num_elements);
+}
+
+absl::Status ParameterStore::TakeGradient(const State& state,
+                                          const PushArgs& args, Chunk* chunk) {
+  std::vector<float>& buf = chunk->contributions[args.rank];
+  args.payload->CopyTo(reinterpret_cast<char*>(buf.data()));
+  if (options_.allow_nonfinite) return absl::OkStatus();
+  const int64_t bad = FirstNonFinite(buf.data(), chunk->spec.num_elements);
+  if (bad < 0) return absl::OkStatus();
+  // The buffer is scratch until the rank is marked as contributed, so a
+  // rejected push leaves no trace.
+  const ChunkSpec& spec = chunk->spec;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gradient of chunk ", spec.id, " (",
+      state.declaration.layout().tensors(spec.tensor).name(), ") from rank ",
+      args.rank, " has a non-finite value at element ", spec.offset + bad,
+      " (start servers with --allow_nonfinite to accept)"));
 }
 
 absl::Status ParameterStore::Push(const PushArgs& args,
@@ -179,7 +174,7 @@ absl::Status ParameterStore::Push(const PushArgs& args,
   } else {
     absl::StatusOr<Chunk*> chunk = FindChunk(*st, args.chunk_id);
     status = chunk.status();
-    if (status.ok()) status = CheckPush(*st, args, **chunk);
+    if (status.ok()) status = CheckPush(args, **chunk);
     if (status.ok()) {
       const uint64_t bytes = args.payload->size();
       status = options_.mode == Mode::kSync
@@ -207,7 +202,7 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
       // weights. Answer with them and apply nothing.
       retry_reply.chunk_id = chunk->spec.id;
       retry_reply.version = chunk->version;
-      if (!args.push_only) CopyWeights(chunk->weights, &retry_reply.payload);
+      if (!args.push_only) retry_reply.weights = chunk->weights;
     } else if (args.step != chunk->version) {
       return absl::OutOfRangeError(absl::StrCat(
           "step ", args.step, " of chunk ", chunk->spec.id, " is in the ",
@@ -215,7 +210,7 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
           ": the chunk is at step ", chunk->version));
     } else {
       if (!chunk->contributed[args.rank]) {
-        chunk->contributions[args.rank].swap(*args.payload);
+        SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
         chunk->contributed[args.rank] = true;
         ++chunk->num_contributed;
         ready = chunk->num_contributed == options_.num_workers;
@@ -231,8 +226,7 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
       return absl::OkStatus();
     }
   }
-  bytes_out_.fetch_add(retry_reply.payload.size(), std::memory_order_relaxed);
-  sink->Deliver(std::move(retry_reply));
+  Deliver(sink.get(), std::move(retry_reply));
   return absl::OkStatus();
 }
 
@@ -243,8 +237,15 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
   std::vector<float*> slots;
   slots.reserve(chunk->slots.size());
   for (auto& s : chunk->slots) slots.push_back(s.data());
-  optimizer.Apply(chunk->version, contributions, chunk->weights.data(), slots,
-                  chunk->spec.num_elements);
+  if (chunk->weights.use_count() > 1) {
+    // A reply still being sent holds the buffer: update a copy. (use_count
+    // only drops concurrently, and only the store adds holders, so reading
+    // 1 means no one else holds it.)
+    chunk->weights = std::make_shared<std::vector<float>>(*chunk->weights);
+    weight_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  optimizer.Apply(chunk->version, contributions, chunk->weights->data(),
+                  slots, chunk->spec.num_elements);
   ++chunk->version;
   updates_.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
@@ -253,14 +254,7 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
     ChunkReply reply;
     reply.chunk_id = chunk->spec.id;
     reply.version = chunk->version;
-    if (!w.push_only) {
-      // Reuse the rank's gradient buffer for its reply (the first waiter of
-      // a rank takes it; duplicates get a fresh copy).
-      if (w.rank < chunk->contributions.size()) {
-        reply.payload.swap(chunk->contributions[w.rank]);
-      }
-      CopyWeights(chunk->weights, &reply.payload);
-    }
+    if (!w.push_only) reply.weights = chunk->weights;
     replies.emplace_back(std::move(w.sink), std::move(reply));
   }
   return replies;
@@ -273,7 +267,7 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
     // Rank order makes the sum, and so the weights, bitwise deterministic.
     std::vector<const float*> contributions(options_.num_workers);
     for (uint32_t r = 0; r < options_.num_workers; ++r) {
-      contributions[r] = AsFloats(chunk->contributions[r]);
+      contributions[r] = chunk->contributions[r].data();
     }
     std::vector<Waiter> waiters;
     waiters.swap(chunk->waiters);
@@ -282,10 +276,14 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
     chunk->num_contributed = 0;
   }
   // Delivered outside the lock: sinks start gRPC writes.
-  for (auto& [sink, reply] : replies) {
-    bytes_out_.fetch_add(reply.payload.size(), std::memory_order_relaxed);
-    sink->Deliver(std::move(reply));
+  for (auto& [sink, reply] : replies) Deliver(sink.get(), std::move(reply));
+}
+
+void ParameterStore::Deliver(ReplySink* sink, ChunkReply reply) {
+  if (reply.weights != nullptr) {
+    bytes_out_.fetch_add(reply.weights->size() * 4, std::memory_order_relaxed);
   }
+  sink->Deliver(std::move(reply));
 }
 
 absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
@@ -300,7 +298,7 @@ absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
       ChunkReply reply;
       reply.chunk_id = chunk->spec.id;
       reply.version = chunk->version;
-      if (!args.push_only) CopyWeights(chunk->weights, &reply.payload);
+      if (!args.push_only) reply.weights = chunk->weights;
       replies.emplace_back(std::move(sink), std::move(reply));
     } else if (args.step != last + 1) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -309,17 +307,16 @@ absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
           ": the last step applied for this rank is ", last));
     } else {
       // Applied on arrival, on this thread: async pushes never wait.
+      SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
       chunk->last_step[args.rank] = args.step;
-      std::vector<const float*> contributions = {AsFloats(*args.payload)};
+      std::vector<const float*> contributions = {
+          chunk->contributions[args.rank].data()};
       replies = ApplyLocked(
           *state.optimizer, chunk, contributions,
           {Waiter{options_.num_workers, args.push_only, std::move(sink)}});
     }
   }
-  for (auto& [s, reply] : replies) {
-    bytes_out_.fetch_add(reply.payload.size(), std::memory_order_relaxed);
-    s->Deliver(std::move(reply));
-  }
+  for (auto& [s, reply] : replies) Deliver(s.get(), std::move(reply));
   return absl::OkStatus();
 }
 
@@ -334,7 +331,7 @@ absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
   reply.chunk_id = chunk_id;
   absl::MutexLock lock(&chunk->mu);
   reply.version = chunk->version;
-  CopyWeights(chunk->weights, &reply.payload);
+  reply.weights = chunk->weights;
   return reply;
 }
 
@@ -369,6 +366,7 @@ v1::GetStatusResponse ParameterStore::Status() const {
   resp.set_rejected_total(rejected_.load());
   resp.set_bytes_in_total(bytes_in_.load());
   resp.set_bytes_out_total(bytes_out_.load());
+  resp.set_weight_copies_total(weight_copies_.load());
   const State* st = state();
   if (st == nullptr) return resp;
   resp.set_declared(true);

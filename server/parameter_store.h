@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunking.h"
+#include "common/encoding.h"
 #include "common/thread_pool.h"
 #include "server/optimizer.h"
 #include "shardps/v1/parameter_server.pb.h"
@@ -36,11 +37,16 @@ struct StoreOptions {
   int update_threads = 2;
 };
 
+// The weights of one chunk at one version. Shared with the transport, which
+// sends straight from this buffer; the store never writes to a buffer while
+// anyone else holds it (copy on write).
+using WeightsBuffer = std::shared_ptr<const std::vector<float>>;
+
 // The updated weights of one chunk, for one accepted push.
 struct ChunkReply {
   uint32_t chunk_id = 0;
   int64_t version = 0;
-  std::string payload;  // FP32 weights; empty for push-only
+  WeightsBuffer weights;  // null for push-only
 };
 
 // Receives the reply of each accepted push exactly once, from any thread,
@@ -59,9 +65,8 @@ struct PushArgs {
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
   bool push_only = false;
-  // The gradient bytes. On success the store may swap the string out (taking
-  // its buffer and leaving another buffer, or an empty string, behind).
-  std::string* payload = nullptr;
+  // The gradient bytes, copied once into the store when accepted.
+  const ByteSource* payload = nullptr;
 };
 
 struct StoreCounters {
@@ -69,6 +74,7 @@ struct StoreCounters {
   uint64_t updates = 0;
   uint64_t rejected = 0;
 };
+
 
 class ParameterStore {
  public:
@@ -116,12 +122,13 @@ class ParameterStore {
   struct Chunk {
     ChunkSpec spec;
     mutable absl::Mutex mu;
-    std::vector<float> weights ABSL_GUARDED_BY(mu);
+    // Written in place when no reply holds it, else replaced by a copy.
+    std::shared_ptr<std::vector<float>> weights ABSL_GUARDED_BY(mu);
     std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
-    // Sync: per-rank gradient bytes for step `version`; a rank's buffer is
-    // reused for its reply, so memory stays at one buffer per worker.
-    std::vector<std::string> contributions ABSL_GUARDED_BY(mu);
+    // Per-rank gradients: sync keeps them for step `version` until every
+    // rank has pushed; async uses them as scratch. Allocated at Declare.
+    std::vector<std::vector<float>> contributions ABSL_GUARDED_BY(mu);
     std::vector<bool> contributed ABSL_GUARDED_BY(mu);
     uint32_t num_contributed ABSL_GUARDED_BY(mu) = 0;
     std::vector<Waiter> waiters ABSL_GUARDED_BY(mu);
@@ -144,8 +151,11 @@ class ParameterStore {
       const v1::DeclareRequest& req) const;
   // The chunk for `chunk_id`, or NotFound / FailedPrecondition.
   absl::StatusOr<Chunk*> FindChunk(const State& state, uint32_t chunk_id) const;
-  absl::Status CheckPush(const State& state, const PushArgs& args,
-                         const Chunk& chunk) const;
+  absl::Status CheckPush(const PushArgs& args, const Chunk& chunk) const;
+  // Copies the payload into the rank's buffer and checks it is finite.
+  absl::Status TakeGradient(const State& state, const PushArgs& args,
+                            Chunk* chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   absl::Status PushSync(const State& state, const PushArgs& args, Chunk* chunk,
                         std::shared_ptr<ReplySink> sink);
   absl::Status PushAsync(const State& state, const PushArgs& args, Chunk* chunk,
@@ -158,6 +168,8 @@ class ParameterStore {
       std::vector<Waiter> waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   void ApplySync(const Optimizer& optimizer, Chunk* chunk)
       ABSL_LOCKS_EXCLUDED(chunk->mu);
+  // Counts the bytes and hands `reply` to `sink`. Call without locks.
+  void Deliver(ReplySink* sink, ChunkReply reply);
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
@@ -172,6 +184,7 @@ class ParameterStore {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
+  std::atomic<uint64_t> weight_copies_{0};
 };
 
 }  // namespace shardps::server

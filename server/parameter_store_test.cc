@@ -38,10 +38,8 @@ class CollectingSink : public ReplySink {
   std::vector<ChunkReply> replies_ ABSL_GUARDED_BY(mu_);
 };
 
-std::vector<float> Floats(const std::string& bytes) {
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
+std::vector<float> Floats(const WeightsBuffer& weights) {
+  return weights == nullptr ? std::vector<float>() : *weights;
 }
 
 std::string Bytes(const std::vector<float>& v) {
@@ -78,7 +76,8 @@ class StoreFixture : public ::testing::Test {
   absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
                     std::shared_ptr<CollectingSink> sink,
                     uint32_t chunk = 0, uint64_t generation = 0) {
-    std::string payload = Bytes(grad);
+    std::string bytes = Bytes(grad);
+    StringByteSource payload(bytes);
     PushArgs args;
     args.rank = rank;
     args.step = step;
@@ -90,7 +89,7 @@ class StoreFixture : public ::testing::Test {
   std::vector<float> Weights() {
     absl::StatusOr<ChunkReply> r = store_->Read(0);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? Floats(r->payload) : std::vector<float>();
+    return r.ok() ? Floats(r->weights) : std::vector<float>();
   }
 
   std::unique_ptr<ParameterStore> store_;
@@ -108,9 +107,9 @@ TEST_F(StoreFixture, SyncStepWaitsForEveryWorkerThenAppliesTheMean) {
   ASSERT_EQ(r0.size(), 1u);
   ASSERT_EQ(r1.size(), 1u);
   // mean = (2, 2, 2, 2); w = 1 - 2.
-  EXPECT_EQ(Floats(r0[0].payload), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(Floats(r0[0].weights), std::vector<float>(4, -1.0f));
   EXPECT_EQ(r0[0].version, 1);
-  EXPECT_EQ(Floats(r1[0].payload), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(Floats(r1[0].weights), std::vector<float>(4, -1.0f));
 }
 
 TEST_F(StoreFixture, RankOrderMakesTheSumIndependentOfArrivalOrder) {
@@ -148,7 +147,7 @@ TEST_F(StoreFixture, RetryOfAnAppliedStepIsNotAppliedTwice) {
   std::vector<ChunkReply> replies = sink->Wait(2);
   ASSERT_EQ(replies.size(), 2u);
   EXPECT_EQ(replies[1].version, 1);
-  EXPECT_EQ(Floats(replies[1].payload), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(Floats(replies[1].weights), std::vector<float>(4, 0.0f));
   EXPECT_EQ(Weights(), std::vector<float>(4, 0.0f));
 }
 
@@ -226,7 +225,8 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
 
 TEST(ParameterStoreTest, PushBeforeDeclareIsFailedPrecondition) {
   ParameterStore store{StoreOptions()};
-  std::string payload(16, '\0');
+  std::string bytes(16, '\0');
+  StringByteSource payload(bytes);
   PushArgs args;
   args.payload = &payload;
   EXPECT_EQ(store.Push(args, std::make_shared<CollectingSink>()).code(),

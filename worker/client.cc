@@ -15,8 +15,10 @@
 #include "common/partitioner.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/wire.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/sync_stream.h"
 
 namespace shardps {
 
@@ -26,12 +28,30 @@ struct Client::Stream {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ParameterServer::Stub> stub;
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
-  // Reused across steps so their payload buffers keep their capacity.
-  v1::PushPullRequest request;
-  v1::PushPullResponse response;
+  v1::PushPullResponse response;    // header fields of the last reply
+  PayloadView payload;              // payload of the last reply
+
+  // Gradient slices gRPC still references; a step returns only once it is
+  // zero, so the caller's gradient buffers may then be reused.
+  absl::Mutex mu;
+  int64_t slices_in_flight ABSL_GUARDED_BY(mu) = 0;
+  static void ReleaseSlice(void* lane) {
+    Stream* s = static_cast<Stream*>(lane);
+    absl::MutexLock lock(&s->mu);
+    --s->slices_in_flight;
+  }
+  void AwaitSlicesReleased() {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int64_t* n) { return *n == 0; }, &slices_in_flight));
+  }
 };
 
 namespace {
+
+// Raw (byte buffer) forms of the data-path methods; see common/wire.h.
+constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
+constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -194,55 +214,69 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
                              std::vector<uint32_t>* pending) {
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(options_.rpc_timeout));
-  std::unique_ptr<grpc::ClientReaderWriter<v1::PushPullRequest,
-                                           v1::PushPullResponse>>
-      stream = lane->stub->PushPull(&ctx);
+  const grpc::internal::RpcMethod method(
+      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream(grpc::internal::ClientReaderWriterFactory<
+             grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
+                                                         method, &ctx));
   // Writes run beside the reads so replies flow while later chunks upload.
+  // Payload slices point into the caller's gradients: no copy.
   std::thread writer([&] {
-    v1::PushPullRequest& req = lane->request;
-    req.set_rank(options_.rank);
-    req.set_generation(options_.generation);
-    req.set_step(step);
-    req.set_encoding(v1::ENCODING_FP32);
-    req.set_push_only(weights == nullptr);
+    v1::PushPullRequest header;
+    header.set_rank(options_.rank);
+    header.set_generation(options_.generation);
+    header.set_step(step);
+    header.set_encoding(v1::ENCODING_FP32);
+    header.set_push_only(weights == nullptr);
     for (uint32_t id : *pending) {
       const ChunkSpec& c = chunks_[id];
-      req.set_chunk_id(id);
-      EncodeFp32(gradients[c.tensor].data() + c.offset, c.num_elements,
-                 req.mutable_payload());
-      if (!stream->Write(req)) return;  // the stream broke: Finish says why
+      header.set_chunk_id(id);
+      {
+        absl::MutexLock lock(&lane->mu);
+        ++lane->slices_in_flight;
+      }
+      grpc::ByteBuffer message = EncodeWithPayload(
+          header,
+          ReferenceSlice(gradients[c.tensor].data() + c.offset, c.bytes(),
+                         &Stream::ReleaseSlice, lane));
+      if (!stream->Write(message)) return;  // broken: Finish says why
     }
     stream->WritesDone();
   });
   std::vector<bool> answered(chunks_.size(), false);
   absl::Status reply_error;
-  v1::PushPullResponse& resp = lane->response;
-  while (stream->Read(&resp)) {
-    const uint32_t id = resp.chunk_id();
-    if (id >= chunks_.size() ||
-        std::find(pending->begin(), pending->end(), id) == pending->end()) {
+  grpc::ByteBuffer buffer;
+  while (stream->Read(&buffer)) {
+    reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
+    const uint32_t id = lane->response.chunk_id();
+    if (reply_error.ok() &&
+        (id >= chunks_.size() ||
+         std::find(pending->begin(), pending->end(), id) == pending->end())) {
       reply_error = absl::InternalError(
           absl::StrCat("server sent chunk ", id, " which was not pushed"));
+    }
+    if (reply_error.ok() && weights != nullptr) {
+      const ChunkSpec& c = chunks_[id];
+      reply_error = CheckPayload(EffectiveEncoding(lane->response.encoding()),
+                                 lane->payload.size(), c.num_elements);
+      if (reply_error.ok()) {
+        lane->payload.CopyTo(reinterpret_cast<char*>(
+            (*weights)[c.tensor].data() + c.offset));
+      }
+    }
+    if (!reply_error.ok()) {
+      reply_error = absl::InternalError(
+          absl::StrCat("bad reply: ", reply_error.message()));
       ctx.TryCancel();
       break;
-    }
-    const ChunkSpec& c = chunks_[id];
-    if (weights != nullptr) {
-      absl::Status s = CheckPayload(EffectiveEncoding(resp.encoding()),
-                                    resp.payload(), c.num_elements);
-      if (!s.ok()) {
-        reply_error = absl::InternalError(
-            absl::StrCat("reply for chunk ", id, ": ", s.message()));
-        ctx.TryCancel();
-        break;
-      }
-      std::memcpy((*weights)[c.tensor].data() + c.offset,
-                  resp.payload().data(), c.bytes());
     }
     answered[id] = true;
   }
   writer.join();
   absl::Status status = FromGrpcStatus(stream->Finish());
+  stream.reset();
+  lane->AwaitSlicesReleased();
   pending->erase(std::remove_if(pending->begin(), pending->end(),
                                 [&](uint32_t id) { return answered[id]; }),
                  pending->end());
@@ -296,26 +330,37 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     ctx.set_deadline(Deadline(options_.rpc_timeout));
     v1::PullRequest req;
     req.set_encoding(v1::ENCODING_FP32);
-    auto reader = lane.stub->Pull(&ctx, req);
-    v1::PushPullResponse& resp = lane.response;
+    grpc::ByteBuffer request;
+    bool own = false;
+    grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &request, &own)
+        .IgnoreError();
+    const grpc::internal::RpcMethod method(
+        kPullMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+            lane.channel.get(), method, &ctx, request));
+    grpc::ByteBuffer buffer;
     size_t received = 0;
     absl::Status reply_error;
-    while (reader->Read(&resp)) {
-      const uint32_t id = resp.chunk_id();
-      absl::Status s =
-          id < chunks_.size() && shard_of_[id] == shard
-              ? CheckPayload(EffectiveEncoding(resp.encoding()),
-                             resp.payload(), chunks_[id].num_elements)
-              : absl::InternalError(absl::StrCat(
-                    "server sent chunk ", id, " which it does not own"));
-      if (!s.ok()) {
-        reply_error = s;
+    while (reader->Read(&buffer)) {
+      reply_error = DecodeWithPayload(buffer, &lane.response, &lane.payload);
+      const uint32_t id = lane.response.chunk_id();
+      if (reply_error.ok() && (id >= chunks_.size() || shard_of_[id] != shard)) {
+        reply_error = absl::InternalError(
+            absl::StrCat("server sent chunk ", id, " which it does not own"));
+      }
+      if (reply_error.ok()) {
+        reply_error =
+            CheckPayload(EffectiveEncoding(lane.response.encoding()),
+                         lane.payload.size(), chunks_[id].num_elements);
+      }
+      if (!reply_error.ok()) {
         ctx.TryCancel();
         break;
       }
       const ChunkSpec& c = chunks_[id];
-      std::memcpy(weights[c.tensor].data() + c.offset, resp.payload().data(),
-                  c.bytes());
+      lane.payload.CopyTo(
+          reinterpret_cast<char*>(weights[c.tensor].data() + c.offset));
       ++received;
     }
     status = FromGrpcStatus(reader->Finish());
