@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/transport.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on (0.0.0.0 for every interface).");
@@ -26,6 +27,7 @@ namespace shardps {
 
 std::vector<char*> ParseDaemonFlags(int argc, char** argv,
                                     absl::string_view usage) {
+  ConfigureProcessMemory();
   absl::SetProgramUsageMessage(usage);
   // Abseil's --help shows only flags defined in a file named after the
   // binary; show every shardps flag instead (and none of Abseil's own).

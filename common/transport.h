@@ -19,6 +19,10 @@ inline constexpr int kMessageOverheadBytes = 64 << 10;
 // every received message; larger ones fail with RESOURCE_EXHAUSTED.
 void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes);
 
+// Tunes the C allocator for multi-MiB message buffers. Call first thing in
+// main of every process that moves tensors (daemons, benchmarks).
+void ConfigureProcessMemory();
+
 // Channel arguments for a client of the data path. `channel_index` makes
 // channels to the same target distinct connections.
 grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,

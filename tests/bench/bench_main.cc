@@ -18,10 +18,12 @@
 
 ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
-ABSL_FLAG(int32_t, steps, 5, "Measured steps per configuration.");
+ABSL_FLAG(int32_t, steps, 10, "Measured steps per configuration.");
 ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
 ABSL_FLAG(int64_t, chunk_mib, 4, "Chunk size in MiB (transport).");
+ABSL_FLAG(bool, raw_baseline, true,
+          "Measure the raw TCP baseline (off only to profile shardps alone).");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to run (transport).");
 ABSL_FLAG(std::string, workers, "1,2", "Worker counts to run (transport).");
 
@@ -63,6 +65,7 @@ absl::Status Run(const std::string& command) {
     o.server_binary = absl::GetFlag(FLAGS_server_binary);
     if (o.server_binary.empty()) o.server_binary = DefaultServerBinary();
     o.steps = absl::GetFlag(FLAGS_steps);
+    o.raw_baseline = absl::GetFlag(FLAGS_raw_baseline);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
     o.model_bytes = absl::GetFlag(FLAGS_model_mib) << 20;
     o.chunk_bytes = absl::GetFlag(FLAGS_chunk_mib) << 20;

@@ -17,8 +17,10 @@ struct TransportOptions {
   int64_t chunk_bytes = int64_t{4} << 20;
   int streams_per_shard = 2;
   int update_threads = 2;
-  int steps = 5;
+  int steps = 10;
   int warmup_steps = 2;
+  // Off only for profiling shardps alone.
+  bool raw_baseline = true;
   std::vector<uint32_t> shards = {1, 2};
   std::vector<uint32_t> workers = {1, 2};
 };

@@ -1,0 +1,124 @@
+#include "worker/backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace shardps::worker {
+
+absl::Status Backend::Init(const ModelSpec& spec, int max_batch) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch must be >= 1, got ", max_batch));
+  }
+  // Every buffer is at most max_batch x max_width floats; keep indices in int.
+  if (static_cast<double>(max_batch) * spec.max_width() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch ", max_batch, " x width ", spec.max_width(),
+                     " exceeds 2^31 elements"));
+  }
+  spec_.reset();
+  has_params_ = false;
+  SHARDPS_RETURN_IF_ERROR(DoInit(spec, max_batch));
+  spec_ = spec;
+  params_ = spec.Params(/*model_seed=*/0);  // for names and sizes only
+  max_batch_ = max_batch;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::SetParams(
+    absl::Span<const absl::Span<const float>> params) {
+  if (!spec_.has_value()) {
+    return absl::FailedPreconditionError("SetParams before Init");
+  }
+  const std::vector<ParamSpec>& specs = params_;
+  if (params.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", specs.size(), " parameters, got ", params.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (static_cast<int64_t>(params[i].size()) != specs[i].num_elements()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(specs[i].name, " has ", params[i].size(),
+                       " floats, expected ", specs[i].num_elements()));
+    }
+  }
+  SHARDPS_RETURN_IF_ERROR(DoSetParams(params));
+  has_params_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckBatch(absl::Span<const float> x,
+                                 absl::Span<const int32_t> labels) const {
+  if (!has_params_) {
+    return absl::FailedPreconditionError("no parameters: call SetParams");
+  }
+  if (x.size() != labels.size() * spec_->num_features()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("x has ", x.size(), " floats, expected ", labels.size(),
+                     " rows x ", spec_->num_features(), " features"));
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= spec_->num_classes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", labels[i], " of row ", i, " is outside [0, ",
+                       spec_->num_classes(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Backend::Gradients(
+    absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
+    absl::Span<const absl::Span<float>> grads) {
+  SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
+  if (labels.size() > static_cast<size_t>(max_batch_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch of ", labels.size(), " rows exceeds max_batch ", max_batch_));
+  }
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("scale is ", scale));
+  }
+  const std::vector<ParamSpec>& specs = params_;
+  if (grads.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", specs.size(), " gradient buffers, got ", grads.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (static_cast<int64_t>(grads[i].size()) != specs[i].num_elements()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", specs[i].name, " has ", grads[i].size(),
+                       " floats, expected ", specs[i].num_elements()));
+    }
+  }
+  if (labels.empty()) {
+    for (const absl::Span<float> g : grads) std::fill(g.begin(), g.end(), 0.f);
+    return 0.0;
+  }
+  return DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
+                     scale, grads);
+}
+
+absl::StatusOr<EvalResult> Backend::Evaluate(absl::Span<const float> x,
+                                             absl::Span<const int32_t> labels) {
+  SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
+  const int64_t n = static_cast<int64_t>(labels.size());
+  double loss_sum = 0.0;
+  EvalResult total;
+  for (int64_t begin = 0; begin < n; begin += max_batch_) {
+    const int b = static_cast<int>(std::min<int64_t>(max_batch_, n - begin));
+    SHARDPS_ASSIGN_OR_RETURN(
+        const EvalResult part,
+        DoEvaluate(x.data() + begin * spec_->num_features(),
+                   labels.data() + begin, b));
+    loss_sum += part.mean_loss * b;
+    total.correct += part.correct;
+  }
+  total.mean_loss = n > 0 ? loss_sum / n : 0.0;
+  return total;
+}
+
+}  // namespace shardps::worker

@@ -1,0 +1,96 @@
+// A Backend computes a model's loss gradients and evaluation metrics for one
+// batch at a time on some device: the CPU (OpenBLAS, the reference) or a CUDA
+// GPU. Parameters and data stay host floats at this interface. Not
+// thread-safe: one trainer thread owns a backend.
+#ifndef SHARDPS_WORKER_BACKEND_H_
+#define SHARDPS_WORKER_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/model.h"
+
+namespace shardps::worker {
+
+struct EvalResult {
+  double mean_loss = 0.0;  // mean cross-entropy over the rows (0 if none)
+  int64_t correct = 0;  // rows whose argmax (lowest index on ties) is the label
+};
+
+// The public methods validate their arguments once, here, and then call the
+// Do* methods that each device implements.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda:0 (<device name>)".
+  virtual std::string name() const = 0;
+
+  // Sets up buffers for `spec` and batches of at most `max_batch` rows; may be
+  // called again to switch models. InvalidArgument if max_batch < 1;
+  // ResourceExhausted or Internal if buffers cannot be allocated.
+  absl::Status Init(const ModelSpec& spec, int max_batch);
+
+  // Copies in the parameters, host floats in spec.Params() order.
+  // FailedPrecondition before Init; InvalidArgument for a wrong count or size.
+  absl::Status SetParams(absl::Span<const absl::Span<const float>> params);
+
+  // Forward and backward on x (b x num_features, row-major) and labels
+  // (b = labels.size() <= max_batch). Writes d(loss)/d(param) for every
+  // parameter, in Params() order, into grads (caller-owned, exact sizes),
+  // where loss = scale * (sum over the b rows of the cross-entropy): scale
+  // 1/b gives the mean. Returns the mean cross-entropy of the rows (0 and
+  // zero gradients when b = 0). FailedPrecondition before SetParams;
+  // InvalidArgument for bad sizes, labels outside [0, num_classes) or a
+  // non-finite scale; Internal for device failures.
+  absl::StatusOr<double> Gradients(absl::Span<const float> x,
+                                   absl::Span<const int32_t> labels,
+                                   float scale,
+                                   absl::Span<const absl::Span<float>> grads);
+
+  // Forward only, over any number of rows (taken max_batch at a time).
+  // Errors as for Gradients.
+  absl::StatusOr<EvalResult> Evaluate(absl::Span<const float> x,
+                                      absl::Span<const int32_t> labels);
+
+ protected:
+  // Called with validated arguments only; 1 <= b <= max_batch.
+  virtual absl::Status DoInit(const ModelSpec& spec, int max_batch) = 0;
+  virtual absl::Status DoSetParams(
+      absl::Span<const absl::Span<const float>> params) = 0;
+  virtual absl::StatusOr<double> DoGradients(
+      const float* x, const int32_t* labels, int b, float scale,
+      absl::Span<const absl::Span<float>> grads) = 0;
+  virtual absl::StatusOr<EvalResult> DoEvaluate(const float* x,
+                                                const int32_t* labels,
+                                                int b) = 0;
+
+ private:
+  absl::Status CheckBatch(absl::Span<const float> x,
+                          absl::Span<const int32_t> labels) const;
+
+  std::optional<ModelSpec> spec_;
+  std::vector<ParamSpec> params_;  // spec_->Params(), for validation
+  int max_batch_ = 0;
+  bool has_params_ = false;
+};
+
+// The reference backend: OpenBLAS sgemm using `threads` threads (OpenBLAS's
+// setting is process-wide, so the last Init wins) plus plain loops.
+// InvalidArgument if threads < 1.
+absl::StatusOr<std::unique_ptr<Backend>> NewCpuBackend(int threads = 1);
+
+// A backend on CUDA device `device`. Unimplemented in a build without CUDA;
+// FailedPrecondition "no CUDA device: ..." where no usable GPU (or driver)
+// exists; InvalidArgument for a device number out of range.
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device = 0);
+
+}  // namespace shardps::worker
+
+#endif  // SHARDPS_WORKER_BACKEND_H_

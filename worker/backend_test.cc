@@ -1,0 +1,303 @@
+#include "worker/backend.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_matchers.h"
+#include "gtest/gtest.h"
+#include "worker/cuda/bias_relu_cpu.h"
+#include "worker/cuda/softmax_xent_cpu.h"
+#include "worker/model.h"
+
+namespace shardps::worker {
+namespace {
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = u(rng);
+  return v;
+}
+
+// A model, its parameters and a batch, all seeded.
+struct Problem {
+  ModelSpec spec;
+  std::vector<std::vector<float>> params;
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+
+  std::vector<absl::Span<const float>> param_spans() const {
+    return {params.begin(), params.end()};
+  }
+};
+
+Problem MakeProblem(const std::vector<int64_t>& sizes, int b, uint32_t seed) {
+  Problem p{ModelSpec(sizes), {}, {}, {}};
+  for (const ParamSpec& s : p.spec.Params(seed)) {
+    p.params.push_back(RandomFloats(s.num_elements(), seed++, 0.8f));
+  }
+  p.x = RandomFloats(static_cast<size_t>(b) * sizes.front(), seed++, 1.0f);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < b; ++i) {
+    p.labels.push_back(static_cast<int32_t>(rng() % sizes.back()));
+  }
+  return p;
+}
+
+// scale * (sum of the rows' cross-entropy), in double: the independent
+// reference the backend's float gradients are checked against.
+double ReferenceLoss(const Problem& p,
+                     const std::vector<std::vector<double>>& w, double scale) {
+  const std::vector<int64_t>& sizes = p.spec.layer_sizes();
+  const int b = static_cast<int>(p.labels.size());
+  double total = 0.0;
+  for (int r = 0; r < b; ++r) {
+    std::vector<double> a(p.x.begin() + r * sizes[0],
+                          p.x.begin() + (r + 1) * sizes[0]);
+    for (int l = 0; l + 1 < static_cast<int>(sizes.size()); ++l) {
+      std::vector<double> z(sizes[l + 1]);
+      for (int64_t o = 0; o < sizes[l + 1]; ++o) {
+        z[o] = w[2 * l + 1][o];
+        for (int64_t i = 0; i < sizes[l]; ++i) {
+          z[o] += w[2 * l][o * sizes[l] + i] * a[i];
+        }
+        if (l + 2 < static_cast<int>(sizes.size())) z[o] = std::max(z[o], 0.0);
+      }
+      a = z;
+    }
+    double sum = 0.0;
+    for (const double v : a) sum += std::exp(v);
+    total += std::log(sum) - a[p.labels[r]];
+  }
+  return scale * total;
+}
+
+std::vector<std::vector<float>> ZeroGrads(const ModelSpec& spec) {
+  std::vector<std::vector<float>> grads;
+  for (const ParamSpec& s : spec.Params(0)) {
+    grads.emplace_back(s.num_elements(), 0.0f);
+  }
+  return grads;
+}
+
+std::vector<absl::Span<float>> Spans(std::vector<std::vector<float>>& v) {
+  return {v.begin(), v.end()};
+}
+
+std::unique_ptr<Backend> ReadyCpuBackend(const Problem& p, int max_batch) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCpuBackend(1);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  EXPECT_TRUE((*backend)->Init(p.spec, max_batch).ok());
+  EXPECT_TRUE((*backend)->SetParams(p.param_spans()).ok());
+  return std::move(*backend);
+}
+
+TEST(CpuBackendTest, GradientsMatchFiniteDifferences) {
+  for (const std::vector<int64_t>& sizes :
+       std::vector<std::vector<int64_t>>{{6, 5, 4, 3}, {7, 4}}) {
+    SCOPED_TRACE(ModelSpec(sizes).ToString());
+    const int b = 5;
+    const Problem p = MakeProblem(sizes, b, /*seed=*/11);
+    std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);
+    std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+    const float scale = 1.0f / b;
+    absl::StatusOr<double> mean_loss =
+        backend->Gradients(p.x, p.labels, scale, Spans(grads));
+    SHARDPS_ASSERT_OK(mean_loss);
+
+    std::vector<std::vector<double>> w;
+    for (const std::vector<float>& v : p.params)
+      w.emplace_back(v.begin(), v.end());
+    EXPECT_NEAR(*mean_loss, ReferenceLoss(p, w, 1.0 / b), 1e-5);
+    // Central differences in double; eps 1e-6 keeps truncation error near
+    // 1e-12 and is far too small to cross a ReLU kink for these seeds.
+    const double eps = 1e-6;
+    for (size_t t = 0; t < w.size(); ++t) {
+      for (size_t i = 0; i < w[t].size(); ++i) {
+        const double saved = w[t][i];
+        w[t][i] = saved + eps;
+        const double up = ReferenceLoss(p, w, scale);
+        w[t][i] = saved - eps;
+        const double down = ReferenceLoss(p, w, scale);
+        w[t][i] = saved;
+        const double want = (up - down) / (2 * eps);
+        ASSERT_NEAR(grads[t][i], want, 1e-5 + 1e-4 * std::abs(want))
+            << "param " << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, GradientsScaleLinearlyAndEmptyBatchIsZero) {
+  const Problem p = MakeProblem({4, 3, 2}, 3, /*seed=*/5);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 4);
+  std::vector<std::vector<float>> one = ZeroGrads(p.spec);
+  std::vector<std::vector<float>> two = ZeroGrads(p.spec);
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 1.0f, Spans(one)));
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 2.0f, Spans(two)));
+  for (size_t t = 0; t < one.size(); ++t) {
+    for (size_t i = 0; i < one[t].size(); ++i) {
+      EXPECT_FLOAT_EQ(two[t][i], 2.0f * one[t][i]);
+    }
+  }
+  absl::StatusOr<double> loss = backend->Gradients({}, {}, 1.0f, Spans(two));
+  SHARDPS_ASSERT_OK(loss);
+  EXPECT_EQ(*loss, 0.0);
+  for (const std::vector<float>& g : two) {
+    for (const float v : g) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(CpuBackendTest, SgdStepLowersTheLoss) {
+  Problem p = MakeProblem({6, 8, 3}, 16, /*seed=*/3);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 16);
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  absl::StatusOr<double> before =
+      backend->Gradients(p.x, p.labels, 1.0f / 16, Spans(grads));
+  SHARDPS_ASSERT_OK(before);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    for (size_t i = 0; i < grads[t].size(); ++i) {
+      p.params[t][i] -= 0.1f * grads[t][i];
+    }
+  }
+  SHARDPS_ASSERT_OK(backend->SetParams(p.param_spans()));
+  absl::StatusOr<EvalResult> after = backend->Evaluate(p.x, p.labels);
+  SHARDPS_ASSERT_OK(after);
+  EXPECT_LT(after->mean_loss, *before);
+}
+
+TEST(CpuBackendTest, EvaluateCountsCorrectRowsAcrossChunks) {
+  // Identity weights: row r's logits are its one-hot input, so the argmax is
+  // the hot position. Rows 0, 1, 3 are labelled with it; rows 2, 4 are not.
+  const ModelSpec spec({3, 3});
+  const std::vector<float> w = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+  const std::vector<float> bias = {0, 0, 0};
+  const std::vector<float> x = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0};
+  const std::vector<int32_t> labels = {0, 1, 0, 2, 1};
+  const double hit = std::log(std::exp(1.0) + 2.0) - 1.0;
+  const double miss = std::log(std::exp(1.0) + 2.0);
+  for (const int max_batch : {5, 2, 1}) {
+    SCOPED_TRACE(max_batch);
+    absl::StatusOr<std::unique_ptr<Backend>> backend = NewCpuBackend(1);
+    SHARDPS_ASSERT_OK(backend);
+    SHARDPS_ASSERT_OK((*backend)->Init(spec, max_batch));
+    SHARDPS_ASSERT_OK((*backend)->SetParams({w, bias}));
+    absl::StatusOr<EvalResult> r = (*backend)->Evaluate(x, labels);
+    SHARDPS_ASSERT_OK(r);
+    EXPECT_EQ(r->correct, 3);
+    EXPECT_NEAR(r->mean_loss, (3 * hit + 2 * miss) / 5, 1e-6);
+  }
+}
+
+TEST(CpuBackendTest, RejectsBadCallsWithoutChangingState) {
+  const Problem p = MakeProblem({4, 3}, 2, /*seed=*/9);
+  absl::StatusOr<std::unique_ptr<Backend>> fresh = NewCpuBackend(1);
+  SHARDPS_ASSERT_OK(fresh);
+  EXPECT_EQ((*fresh)->name(), "cpu");
+  EXPECT_EQ((*fresh)->SetParams(p.param_spans()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  SHARDPS_ASSERT_OK((*fresh)->Init(p.spec, 2));
+  EXPECT_EQ((*fresh)->Evaluate(p.x, p.labels).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(NewCpuBackend(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*fresh)->Init(p.spec, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 2);
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  const std::vector<int32_t> bad_label = {0, 3};
+  const std::vector<float> long_x(3 * 4, 0.0f);
+  const std::vector<int32_t> three = {0, 1, 2};
+  const std::vector<float> short_bias = {0, 0};
+  struct Case {
+    std::string name;
+    absl::Status status;
+  };
+  const std::vector<Case> cases = {
+      {"label", backend->Gradients(p.x, bad_label, 1, Spans(grads)).status()},
+      {"x_size",
+       backend->Gradients(long_x, p.labels, 1, Spans(grads)).status()},
+      {"batch", backend->Gradients(long_x, three, 1, Spans(grads)).status()},
+      {"scale", backend->Gradients(p.x, p.labels, NAN, Spans(grads)).status()},
+      {"grads", backend->Gradients(p.x, p.labels, 1, {}).status()},
+      {"eval_label", backend->Evaluate(p.x, bad_label).status()},
+      {"param_size", backend->SetParams({p.params[0], short_bias})},
+      {"param_count", backend->SetParams({p.params[0]})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+  }
+  SHARDPS_EXPECT_OK(backend->Gradients(p.x, p.labels, 1, Spans(grads)));
+}
+
+TEST(CpuBackendTest, NoCudaDeviceOrBuildIsAnErrorNotACrash) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = NewCudaBackend(0);
+  if (cuda.ok()) GTEST_SKIP() << "a GPU is present: " << (*cuda)->name();
+  EXPECT_TRUE(cuda.status().code() == absl::StatusCode::kUnimplemented ||
+              cuda.status().code() == absl::StatusCode::kFailedPrecondition)
+      << cuda.status();
+}
+
+TEST(SoftmaxXentCpuTest, MatchesHandComputedValues) {
+  // Row 0: logits (0, 0), label 0: loss ln 2, softmax (1/2, 1/2).
+  // Row 1: logits (1, 3), label 1: loss log(1 + e^-2).
+  // Row 2: logits (1000, 0), label 1: loss 1000, without overflow.
+  const std::vector<float> logits = {0, 0, 1, 3, 1000, 0};
+  const std::vector<int32_t> labels = {0, 1, 1};
+  std::vector<float> dlogits(6), loss(3);
+  std::vector<int32_t> correct(3);
+  SoftmaxXentCpu(logits.data(), labels.data(), 3, 2, 0.5f, dlogits.data(),
+                 loss.data(), correct.data());
+  const double p1 = 1.0 / (1.0 + std::exp(2.0));  // softmax(1, 3)_0
+  EXPECT_NEAR(loss[0], std::log(2.0), 1e-6);
+  EXPECT_NEAR(loss[1], std::log(1.0 + std::exp(-2.0)), 1e-6);
+  EXPECT_NEAR(loss[2], 1000.0, 1e-3);
+  EXPECT_EQ(correct, (std::vector<int32_t>{1, 1, 0}));  // ties: lowest index
+  const std::vector<double> want = {0.5 * (0.5 - 1), 0.5 * 0.5,
+                                    0.5 * p1,        0.5 * (1 - p1 - 1),
+                                    0.5 * 1.0,       0.5 * (0.0 - 1)};
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(dlogits[i], want[i], 1e-6) << i;
+}
+
+TEST(SoftmaxXentCpuTest, ThreeClassLossAndInPlaceGradient) {
+  std::vector<float> z = {1, 2, 3};
+  const int32_t label = 2;
+  float loss = 0;
+  int32_t correct = 0;
+  SoftmaxXentCpu(z.data(), &label, 1, 3, 1.0f, z.data(), &loss, &correct);
+  EXPECT_NEAR(loss, 0.40760596, 1e-6);  // log(e + e^2 + e^3) - 3
+  EXPECT_EQ(correct, 1);
+  EXPECT_NEAR(z[0], 0.09003057, 1e-6);
+  EXPECT_NEAR(z[1], 0.24472847, 1e-6);
+  EXPECT_NEAR(z[2], 0.66524096 - 1, 1e-6);
+}
+
+TEST(BiasReluCpuTest, MatchesHandComputedValues) {
+  std::vector<float> y = {1, -2, 3, -4, 0.5f, -0.5f};
+  const std::vector<float> bias = {1, 1, -1};
+  BiasActivationCpu(y.data(), bias.data(), 2, 3, /*relu=*/true);
+  EXPECT_EQ(y, (std::vector<float>{2, 0, 2, 0, 1.5f, 0}));
+  std::vector<float> linear = {1, -2, 3};
+  BiasActivationCpu(linear.data(), bias.data(), 1, 3, /*relu=*/false);
+  EXPECT_EQ(linear, (std::vector<float>{2, -1, 2}));
+
+  std::vector<float> dy = {1, 2, 3, 4, 5, 6};
+  ReluBackwardCpu(dy.data(), y.data(), 6);
+  EXPECT_EQ(dy, (std::vector<float>{1, 0, 3, 0, 5, 0}));
+
+  std::vector<float> db(3, 99.0f);
+  const std::vector<float> g = {1, 2, 3, 10, 20, 30};
+  BiasGradCpu(g.data(), 2, 3, db.data());
+  EXPECT_EQ(db, (std::vector<float>{11, 22, 33}));
+}
+
+}  // namespace
+}  // namespace shardps::worker

@@ -1,0 +1,89 @@
+# Datasets, models, compute backends (CPU; CUDA when SHARDPS_HAVE_CUDA) and
+# safetensors I/O, with their tests. Included from worker/CMakeLists.txt;
+# paths are relative to this file so that it does not matter who includes it.
+set(_compute_dir ${CMAKE_CURRENT_LIST_DIR})
+cmake_path(GET _compute_dir PARENT_PATH _compute_root)
+
+# Link libopenblas itself when present: Debian's libblas.so.3 alternative
+# forwards cblas_* but not openblas_set_num_threads.
+find_library(SHARDPS_OPENBLAS_LIBRARY NAMES openblas)
+if(SHARDPS_OPENBLAS_LIBRARY)
+  set(_compute_blas ${SHARDPS_OPENBLAS_LIBRARY})
+else()
+  set(_compute_blas BLAS::BLAS)
+endif()
+
+add_library(shardps_data STATIC ${_compute_dir}/dataset.cc)
+target_include_directories(shardps_data PUBLIC ${_compute_root})
+target_link_libraries(shardps_data
+  PUBLIC absl::status absl::statusor absl::strings absl::span
+  PRIVATE ZLIB::ZLIB shardps_copts)
+
+add_library(shardps_model STATIC
+  ${_compute_dir}/backend.cc
+  ${_compute_dir}/cpu_backend.cc
+  ${_compute_dir}/model.cc
+  ${_compute_dir}/cuda/bias_relu_cpu.cc
+  ${_compute_dir}/cuda/softmax_xent_cpu.cc
+)
+target_include_directories(shardps_model PUBLIC ${_compute_root})
+target_include_directories(shardps_model PRIVATE ${CBLAS_INCLUDE_DIR})
+target_link_libraries(shardps_model
+  PUBLIC absl::status absl::statusor absl::strings absl::span
+  PRIVATE ${_compute_blas} shardps_copts)
+if(SHARDPS_HAVE_CUDA)
+  target_sources(shardps_model PRIVATE
+    ${_compute_dir}/cuda/bias_relu.cu
+    ${_compute_dir}/cuda/cuda_backend.cc
+    ${_compute_dir}/cuda/softmax_xent.cu
+  )
+  # The static runtime, which CMake also adds to every executable that links
+  # CUDA objects by default: one runtime per process. libcublas.so does not
+  # need libcudart.so.
+  target_link_libraries(shardps_model PRIVATE CUDA::cudart_static CUDA::cublas)
+  target_compile_options(shardps_model PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+else()
+  target_sources(shardps_model PRIVATE ${_compute_dir}/no_cuda_backend.cc)
+endif()
+
+add_library(shardps_safetensors STATIC
+  ${_compute_root}/common/safetensors.cc
+  ${_compute_root}/common/safetensors_json.cc
+)
+target_include_directories(shardps_safetensors PUBLIC ${_compute_root})
+target_link_libraries(shardps_safetensors
+  PUBLIC absl::status absl::statusor absl::strings
+  PRIVATE shardps_copts)
+
+shardps_cc_test(NAME dataset_test
+  SRCS ${_compute_dir}/dataset_test.cc
+  DEPS shardps_data ZLIB::ZLIB
+  LABEL unit)
+shardps_cc_test(NAME model_test
+  SRCS ${_compute_dir}/model_test.cc
+  DEPS shardps_model
+  LABEL unit)
+shardps_cc_test(NAME backend_test
+  SRCS ${_compute_dir}/backend_test.cc
+  DEPS shardps_model
+  LABEL unit)
+shardps_cc_test(NAME safetensors_test
+  SRCS ${_compute_root}/common/safetensors_test.cc
+  DEPS shardps_safetensors
+  LABEL unit)
+# Built in every configuration; skips where there is no GPU or no CUDA.
+shardps_cc_test(NAME cuda_backend_test
+  SRCS ${_compute_dir}/cuda/cuda_backend_test.cc
+  DEPS shardps_model
+  LABEL gpu)
+if(SHARDPS_HAVE_CUDA AND TARGET cuda_backend_test)
+  # So that a CUDA build that lost its backend fails instead of skipping.
+  target_compile_definitions(cuda_backend_test PRIVATE SHARDPS_HAVE_CUDA=1)
+endif()
+if(SHARDPS_HAVE_CUDA)
+  shardps_cc_test(NAME cuda_kernels_test
+    SRCS ${_compute_dir}/cuda/kernels_test.cc
+    DEPS shardps_model CUDA::cudart_static
+    LABEL gpu)
+endif()
