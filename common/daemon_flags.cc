@@ -48,8 +48,8 @@ absl::Status CheckDaemonFlags() {
   }
   const std::string format = absl::GetFlag(FLAGS_log_format);
   if (format != "text" && format != "json") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log_format=", format, " is not one of: text, json"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format=", format, " is not one of: text, json"));
   }
   if (absl::GetFlag(FLAGS_host).empty()) {
     return absl::InvalidArgumentError("--host is empty");

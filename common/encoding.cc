@@ -18,16 +18,15 @@ void StringByteSource::CopyTo(char* dst) const {
 absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
                           int64_t num_elements) {
   if (encoding != v1::ENCODING_FP32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported encoding ", v1::Encoding_Name(encoding),
-                     " (", static_cast<int>(encoding), "); this server takes ",
-                     "ENCODING_FP32"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported encoding ", v1::Encoding_Name(encoding), " (",
+        static_cast<int>(encoding), "); this server takes ", "ENCODING_FP32"));
   }
   const uint64_t want = static_cast<uint64_t>(num_elements) * 4;
   if (payload_bytes != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "payload has ", payload_bytes, " bytes; ENCODING_FP32 of ",
-        num_elements, " elements needs ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload has ", payload_bytes, " bytes; ENCODING_FP32 of ",
+                     num_elements, " elements needs ", want));
   }
   return absl::OkStatus();
 }

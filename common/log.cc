@@ -83,10 +83,10 @@ void Log(LogLevel level, absl::string_view message) {
     if (id.rank >= 0) absl::StrAppend(&line, ",\"rank\":", id.rank);
     absl::StrAppend(&line, ",\"msg\":\"", JsonEscape(message), "\"}\n");
   } else {
-    std::string who = id.rank >= 0 ? absl::StrCat(id.daemon, "[", id.rank, "]")
-                                   : id.daemon;
-    line = absl::StrCat(time, " ", LevelName(level), " ", who, " ", message,
-                        "\n");
+    std::string who =
+        id.rank >= 0 ? absl::StrCat(id.daemon, "[", id.rank, "]") : id.daemon;
+    line =
+        absl::StrCat(time, " ", LevelName(level), " ", who, " ", message, "\n");
   }
   // One write per line keeps lines whole when threads log at once.
   ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());

@@ -13,15 +13,15 @@
 #define SHARDPS_STATUS_CONCAT_(a, b) SHARDPS_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define SHARDPS_RETURN_IF_ERROR(expr)                           \
-  do {                                                          \
-    ::absl::Status shardps_status_ = (expr);                    \
-    if (!shardps_status_.ok()) return shardps_status_;          \
+#define SHARDPS_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status shardps_status_ = (expr);           \
+    if (!shardps_status_.ok()) return shardps_status_; \
   } while (false)
 
 // `lhs` = value of the StatusOr `rexpr`, or returns its status.
-#define SHARDPS_ASSIGN_OR_RETURN(lhs, rexpr)                              \
-  SHARDPS_ASSIGN_OR_RETURN_IMPL_(                                         \
+#define SHARDPS_ASSIGN_OR_RETURN(lhs, rexpr) \
+  SHARDPS_ASSIGN_OR_RETURN_IMPL_(            \
       SHARDPS_STATUS_CONCAT_(shardps_statusor_, __LINE__), lhs, rexpr)
 #define SHARDPS_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                   \

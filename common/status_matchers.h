@@ -16,17 +16,17 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
 }  // namespace shardps::testing
 
 // Evaluates `expr` once.
-#define SHARDPS_ASSERT_OK(expr)                                     \
-  do {                                                              \
-    const auto& shardps_s_ = (expr);                                \
-    ASSERT_TRUE(::shardps::testing::ToStatus(shardps_s_).ok())      \
-        << ::shardps::testing::ToStatus(shardps_s_);                \
+#define SHARDPS_ASSERT_OK(expr)                                \
+  do {                                                         \
+    const auto& shardps_s_ = (expr);                           \
+    ASSERT_TRUE(::shardps::testing::ToStatus(shardps_s_).ok()) \
+        << ::shardps::testing::ToStatus(shardps_s_);           \
   } while (false)
-#define SHARDPS_EXPECT_OK(expr)                                     \
-  do {                                                              \
-    const auto& shardps_s_ = (expr);                                \
-    EXPECT_TRUE(::shardps::testing::ToStatus(shardps_s_).ok())      \
-        << ::shardps::testing::ToStatus(shardps_s_);                \
+#define SHARDPS_EXPECT_OK(expr)                                \
+  do {                                                         \
+    const auto& shardps_s_ = (expr);                           \
+    EXPECT_TRUE(::shardps::testing::ToStatus(shardps_s_).ok()) \
+        << ::shardps::testing::ToStatus(shardps_s_);           \
   } while (false)
 
 #endif  // SHARDPS_COMMON_STATUS_MATCHERS_H_

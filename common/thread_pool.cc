@@ -6,7 +6,8 @@ namespace shardps {
 
 ThreadPool::ThreadPool(int num_threads) {
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < num_threads; ++i)
+    threads_.emplace_back([this] { Run(); });
 }
 
 ThreadPool::~ThreadPool() {

@@ -16,7 +16,6 @@ constexpr int kLookaheadBytes = 64 << 20;
 }  // namespace
 
 void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes) {
-
   builder->SetMaxReceiveMessageSize(max_message_bytes);
   builder->SetMaxSendMessageSize(max_message_bytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);

@@ -131,9 +131,10 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
       ok = false;
     }
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "malformed message: field ", number, " is truncated or of an "
-          "unknown wire type"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed message: field ", number,
+                       " is truncated or of an "
+                       "unknown wire type"));
     }
     head += field;
   }

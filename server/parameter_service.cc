@@ -17,7 +17,9 @@ namespace {
 using PushPullReactorBase =
     grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-void ReleaseWeights(void* holder) { delete static_cast<WeightsBuffer*>(holder); }
+void ReleaseWeights(void* holder) {
+  delete static_cast<WeightsBuffer*>(holder);
+}
 
 // A PushPullResponse whose payload references the reply's weights buffer.
 grpc::ByteBuffer EncodeReply(ChunkReply reply) {
@@ -257,14 +259,13 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
   grpc::ByteBuffer copy(*request);  // Deserialize consumes its argument
   if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &parsed)
            .ok()) {
-    return new FailedPull(
-        absl::InvalidArgumentError("malformed PullRequest"));
+    return new FailedPull(absl::InvalidArgumentError("malformed PullRequest"));
   }
   const v1::PullRequest* req = &parsed;
   if (EffectiveEncoding(req->encoding()) != v1::ENCODING_FP32) {
-    return new FailedPull(absl::InvalidArgumentError(
-        absl::StrCat("unsupported encoding ", v1::Encoding_Name(req->encoding()),
-                     " for Pull; this server sends ENCODING_FP32")));
+    return new FailedPull(absl::InvalidArgumentError(absl::StrCat(
+        "unsupported encoding ", v1::Encoding_Name(req->encoding()),
+        " for Pull; this server sends ENCODING_FP32")));
   }
   std::vector<uint32_t> ids(req->chunk_ids().begin(), req->chunk_ids().end());
   if (ids.empty()) {

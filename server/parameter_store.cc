@@ -11,10 +11,7 @@
 #include "common/status.h"
 
 namespace shardps::server {
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 ParameterStore::ParameterStore(StoreOptions options)
     : options_(options), pool_(std::max(1, options.update_threads)) {}
@@ -30,7 +27,8 @@ absl::StatusOr<std::unique_ptr<ParameterStore::State>>
 ParameterStore::BuildState(const v1::DeclareRequest& req) const {
   SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
   auto state = std::make_unique<State>();
-  SHARDPS_ASSIGN_OR_RETURN(state->optimizer, Optimizer::Create(req.optimizer()));
+  SHARDPS_ASSIGN_OR_RETURN(state->optimizer,
+                           Optimizer::Create(req.optimizer()));
   state->declaration = req;
   state->fingerprint = Fingerprint(req.layout(), req.optimizer());
   state->all_chunks = MakeChunks(req.layout());
@@ -44,8 +42,8 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) const {
     chunk->spec = spec;
     absl::MutexLock lock(&chunk->mu);
     chunk->weights = std::make_shared<std::vector<float>>(spec.num_elements);
-    FillInit(req.layout().tensors(spec.tensor).init(), spec.tensor,
-             spec.offset, chunk->weights->data(), spec.num_elements);
+    FillInit(req.layout().tensors(spec.tensor).init(), spec.tensor, spec.offset,
+             chunk->weights->data(), spec.num_elements);
     chunk->slots.assign(state->optimizer->num_slots(),
                         std::vector<float>(spec.num_elements));
     std::vector<float*> slot_ptrs;
@@ -65,10 +63,10 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
     const v1::DeclareRequest& req) {
   if (req.num_shards() != options_.num_shards ||
       req.shard_index() != options_.shard_index) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "declaration is for shard ", req.shard_index(), " of ",
-        req.num_shards(), ", but this server is shard ", options_.shard_index,
-        " of ", options_.num_shards));
+    return absl::FailedPreconditionError(
+        absl::StrCat("declaration is for shard ", req.shard_index(), " of ",
+                     req.num_shards(), ", but this server is shard ",
+                     options_.shard_index, " of ", options_.num_shards));
   }
   const State* existing = state();
   bool created = false;
@@ -118,11 +116,11 @@ absl::StatusOr<ParameterStore::Chunk*> ParameterStore::FindChunk(
   Chunk* chunk = state.owned[chunk_id].get();
   if (chunk == nullptr) {
     const ChunkSpec& spec = state.all_chunks[chunk_id];
-    return absl::NotFoundError(absl::StrCat(
-        "chunk ", chunk_id, " (",
-        state.declaration.layout().tensors(spec.tensor).name(),
-        ") belongs to shard ", state.shard_of[chunk_id], ", not ",
-        options_.shard_index));
+    return absl::NotFoundError(
+        absl::StrCat("chunk ", chunk_id, " (",
+                     state.declaration.layout().tensors(spec.tensor).name(),
+                     ") belongs to shard ", state.shard_of[chunk_id], ", not ",
+                     options_.shard_index));
   }
   return chunk;
 }
@@ -135,9 +133,9 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
         options_.generation, ": rejoin, then redo the step"));
   }
   if (args.rank >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", args.rank, " is out of range: the job has ",
-        options_.num_workers, " workers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", args.rank, " is out of range: the job has ",
+                     options_.num_workers, " workers"));
   }
   if (args.step < 0) {
     return absl::OutOfRangeError(
@@ -244,8 +242,8 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
     chunk->weights = std::make_shared<std::vector<float>>(*chunk->weights);
     weight_copies_.fetch_add(1, std::memory_order_relaxed);
   }
-  optimizer.Apply(chunk->version, contributions, chunk->weights->data(),
-                  slots, chunk->spec.num_elements);
+  optimizer.Apply(chunk->version, contributions, chunk->weights->data(), slots,
+                  chunk->spec.num_elements);
   ++chunk->version;
   updates_.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;

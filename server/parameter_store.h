@@ -75,7 +75,6 @@ struct StoreCounters {
   uint64_t rejected = 0;
 };
 
-
 class ParameterStore {
  public:
   explicit ParameterStore(StoreOptions options);

@@ -74,8 +74,8 @@ class StoreFixture : public ::testing::Test {
     ASSERT_TRUE(store_->Declare(SgdDeclaration(4, 0, 1, 0)).ok());
   }
   absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
-                    std::shared_ptr<CollectingSink> sink,
-                    uint32_t chunk = 0, uint64_t generation = 0) {
+                    std::shared_ptr<CollectingSink> sink, uint32_t chunk = 0,
+                    uint64_t generation = 0) {
     std::string bytes = Bytes(grad);
     StringByteSource payload(bytes);
     PushArgs args;
@@ -193,16 +193,41 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
   };
   std::vector<Case> cases = {
       {"unknown chunk", 0, 0, {1, 1, 1, 1}, 7, 0, absl::StatusCode::kNotFound},
-      {"short payload", 0, 0, {1, 1, 1}, 0, 0,
+      {"short payload",
+       0,
+       0,
+       {1, 1, 1},
+       0,
+       0,
        absl::StatusCode::kInvalidArgument},
-      {"long payload", 0, 0, {1, 1, 1, 1, 1}, 0, 0,
+      {"long payload",
+       0,
+       0,
+       {1, 1, 1, 1, 1},
+       0,
+       0,
        absl::StatusCode::kInvalidArgument},
-      {"nan gradient", 0, 0, {1, nan, 1, 1}, 0, 0,
+      {"nan gradient",
+       0,
+       0,
+       {1, nan, 1, 1},
+       0,
+       0,
        absl::StatusCode::kInvalidArgument},
-      {"rank out of range", 2, 0, {1, 1, 1, 1}, 0, 0,
+      {"rank out of range",
+       2,
+       0,
+       {1, 1, 1, 1},
+       0,
+       0,
        absl::StatusCode::kInvalidArgument},
       {"future step", 0, 5, {1, 1, 1, 1}, 0, 0, absl::StatusCode::kOutOfRange},
-      {"negative step", 0, -1, {1, 1, 1, 1}, 0, 0,
+      {"negative step",
+       0,
+       -1,
+       {1, 1, 1, 1},
+       0,
+       0,
        absl::StatusCode::kOutOfRange},
       {"old generation", 0, 0, {1, 1, 1, 1}, 0, 3, absl::StatusCode::kAborted},
   };

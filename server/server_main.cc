@@ -66,8 +66,7 @@ absl::Status Run() {
                            ShardServer::Start(options));
   LogInfo("shard %d of %d listening on %s:%d (mode=%s, workers=%d)",
           options.store.shard_index, options.store.num_shards, options.host,
-          server->port(), absl::GetFlag(FLAGS_mode),
-          options.store.num_workers);
+          server->port(), absl::GetFlag(FLAGS_mode), options.store.num_workers);
   SHARDPS_RETURN_IF_ERROR(
       WritePortFile(absl::GetFlag(FLAGS_port_file), server->port()));
   const int sig = WaitForTerminationSignal();

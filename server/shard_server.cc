@@ -46,8 +46,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::ServerBuilder builder;
   ConfigureServer(&builder, max_message);
   const std::string address = absl::StrCat(
-      options.host.find(':') != std::string::npos &&
-              options.host.front() != '['
+      options.host.find(':') != std::string::npos && options.host.front() != '['
           ? absl::StrCat("[", options.host, "]")
           : options.host,
       ":", options.port);

@@ -58,7 +58,8 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 }
 
 // Runs fn(i) for i in [0, n) on n threads; returns the first error.
-absl::Status RunParallel(size_t n, const std::function<absl::Status(size_t)>& fn) {
+absl::Status RunParallel(size_t n,
+                         const std::function<absl::Status(size_t)>& fn) {
   std::vector<absl::Status> statuses(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
@@ -87,9 +88,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     return absl::InvalidArgumentError("no parameter servers given");
   }
   if (options.streams_per_shard < 1 || options.streams_per_shard > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "streams_per_shard=", options.streams_per_shard,
-        " must be in [1, 64]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams_per_shard=", options.streams_per_shard,
+                     " must be in [1, 64]"));
   }
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("max_attempts must be at least 1");
@@ -136,8 +137,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     ctx.set_deadline(Deadline(options_.connect_timeout));
     ctx.set_wait_for_ready(true);  // servers may still be starting
     Stream& lane = *lanes_[shard * k];
-    absl::Status s =
-        FromGrpcStatus(lane.stub->Declare(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(lane.stub->Declare(&ctx, req, &resp));
     SHARDPS_RETURN_IF_ERROR(WithAddress(
         s, absl::StrCat("Declare on shard ", shard, " at ", lane.address)));
     std::vector<uint32_t> want;
@@ -190,10 +190,9 @@ absl::Status Client::CheckTensors(const ConstTensors& gradients,
   if (static_cast<int>(gradients.size()) != n ||
       (weights != nullptr && static_cast<int>(weights->size()) != n)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", n, " tensors; got ", gradients.size(),
-        " gradients", weights ? absl::StrCat(" and ", weights->size(),
-                                             " weight buffers")
-                              : ""));
+        "the model has ", n, " tensors; got ", gradients.size(), " gradients",
+        weights ? absl::StrCat(" and ", weights->size(), " weight buffers")
+                : ""));
   }
   for (int t = 0; t < n; ++t) {
     const int64_t want = NumElements(layout_.tensors(t));
@@ -237,9 +236,8 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
         ++lane->slices_in_flight;
       }
       grpc::ByteBuffer message = EncodeWithPayload(
-          header,
-          ReferenceSlice(gradients[c.tensor].data() + c.offset, c.bytes(),
-                         &Stream::ReleaseSlice, lane));
+          header, ReferenceSlice(gradients[c.tensor].data() + c.offset,
+                                 c.bytes(), &Stream::ReleaseSlice, lane));
       if (!stream->Write(message)) return;  // broken: Finish says why
     }
     stream->WritesDone();
@@ -261,8 +259,8 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
       reply_error = CheckPayload(EffectiveEncoding(lane->response.encoding()),
                                  lane->payload.size(), c.num_elements);
       if (reply_error.ok()) {
-        lane->payload.CopyTo(reinterpret_cast<char*>(
-            (*weights)[c.tensor].data() + c.offset));
+        lane->payload.CopyTo(
+            reinterpret_cast<char*>((*weights)[c.tensor].data() + c.offset));
       }
     }
     if (!reply_error.ok()) {
@@ -282,8 +280,8 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
                  pending->end());
   if (!reply_error.ok()) return reply_error;
   if (status.ok() && !pending->empty()) {
-    return absl::InternalError(absl::StrCat(
-        "stream ended without replies for ", pending->size(), " chunks"));
+    return absl::InternalError(absl::StrCat("stream ended without replies for ",
+                                            pending->size(), " chunks"));
   }
   return status;
 }
@@ -306,9 +304,9 @@ absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
-    return WithAddress(status, absl::StrCat("step ", step, " on shard ",
-                                            lane->shard, " at ",
-                                            lane->address));
+    return WithAddress(
+        status, absl::StrCat("step ", step, " on shard ", lane->shard, " at ",
+                             lane->address));
   });
 }
 
@@ -345,7 +343,8 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     while (reader->Read(&buffer)) {
       reply_error = DecodeWithPayload(buffer, &lane.response, &lane.payload);
       const uint32_t id = lane.response.chunk_id();
-      if (reply_error.ok() && (id >= chunks_.size() || shard_of_[id] != shard)) {
+      if (reply_error.ok() &&
+          (id >= chunks_.size() || shard_of_[id] != shard)) {
         reply_error = absl::InternalError(
             absl::StrCat("server sent chunk ", id, " which it does not own"));
       }
@@ -376,8 +375,8 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  return WithAddress(status, absl::StrCat("Pull from shard ", shard, " at ",
-                                          lane.address));
+  return WithAddress(
+      status, absl::StrCat("Pull from shard ", shard, " at ", lane.address));
 }
 
 absl::Status Client::Pull(const Tensors& weights) {

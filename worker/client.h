@@ -79,9 +79,7 @@ class Client {
   const v1::Layout& layout() const { return layout_; }
   uint32_t rank() const { return options_.rank; }
   // Sets the generation carried by later requests (after a rejoin).
-  void set_generation(uint64_t generation) {
-    options_.generation = generation;
-  }
+  void set_generation(uint64_t generation) { options_.generation = generation; }
 
  private:
   struct Stream;  // one (shard, stream) lane and its reusable messages

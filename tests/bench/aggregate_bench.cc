@@ -59,14 +59,14 @@ absl::Status RunAggregateBench(const AggregateOptions& o) {
     SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<server::Optimizer> opt,
                              server::Optimizer::Create(spec));
     std::vector<float*> slot_ptrs;
-    for (int s = 0; s < opt->num_slots(); ++s) slot_ptrs.push_back(slots[s].data());
+    for (int s = 0; s < opt->num_slots(); ++s)
+      slot_ptrs.push_back(slots[s].data());
     for (int contributions : {2, 4}) {
       std::vector<const float*> g;
       for (int r = 0; r < contributions; ++r) g.push_back(grads[r].data());
       int64_t update = 0;
-      const absl::Duration d = BestOf(o.repeats, [&] {
-        opt->Apply(update++, g, w.data(), slot_ptrs, n);
-      });
+      const absl::Duration d = BestOf(
+          o.repeats, [&] { opt->Apply(update++, g, w.data(), slot_ptrs, n); });
       const double gbs =
           contributions * o.bytes / 1e9 / absl::ToDoubleSeconds(d);
       absl::PrintF(

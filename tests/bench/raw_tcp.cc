@@ -6,8 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -85,8 +85,8 @@ absl::StatusOr<std::unique_ptr<RawTcpBench>> RawTcpBench::Create(
     setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     b->client_fds_.push_back(fd);
     b->server_fds_.push_back(sfd);
-    b->server_threads_.push_back(
-        std::make_unique<std::thread>([raw = b.get(), sfd] { raw->Serve(sfd); }));
+    b->server_threads_.push_back(std::make_unique<std::thread>(
+        [raw = b.get(), sfd] { raw->Serve(sfd); }));
   }
   return b;
 }

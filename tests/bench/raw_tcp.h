@@ -6,9 +6,8 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
-
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

@@ -153,11 +153,10 @@ absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
       }
       return absl::OkStatus();
     };
-    SHARDPS_ASSIGN_OR_RETURN(
-        std::unique_ptr<RawTcpBench> raw,
-        RawTcpBench::Create(RawPattern(kind, workers, shard_bytes,
-                                       o.streams_per_shard,
-                                       chunks_per_stream)));
+    SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<RawTcpBench> raw,
+                             RawTcpBench::Create(RawPattern(
+                                 kind, workers, shard_bytes,
+                                 o.streams_per_shard, chunks_per_stream)));
     // Alternate the two so both see the same machine load.
     std::vector<absl::Duration> times, raw_times;
     for (int i = 0; i < o.warmup_steps + o.steps; ++i) {
@@ -175,8 +174,8 @@ absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
     if (!o.raw_baseline) raw_times = times;  // profiling runs only
     const double directions = kind == Kind::kPushPull ? 2.0 : 1.0;
     rows->push_back({shards, workers, kind,
-                     directions * workers * o.model_bytes / 1e9,
-                     Median(times), Median(raw_times)});
+                     directions * workers * o.model_bytes / 1e9, Median(times),
+                     Median(raw_times)});
   }
   SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
                            clients[0]->ShardStatus());
@@ -200,8 +199,8 @@ absl::Status RunTransportBench(const TransportOptions& o) {
   absl::PrintF(
       "transport: %.0f MiB fp32 model in %.0f MiB chunks, %d stream(s) per "
       "shard, median of %d steps after %d warmup, loopback\n",
-      o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0,
-      o.streams_per_shard, o.steps, o.warmup_steps);
+      o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
+      o.steps, o.warmup_steps);
   std::vector<Row> rows;
   std::vector<std::string> rss;
   for (uint32_t shards : o.shards) {

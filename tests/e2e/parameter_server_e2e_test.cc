@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/chunking.h"
 #include "common/init.h"
 #include "common/status_matchers.h"
 #include "grpcpp/create_channel.h"
-#include "absl/synchronization/notification.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "server/optimizer.h"
@@ -142,12 +142,13 @@ absl::StatusOr<Cluster> StartCluster(uint32_t shards, uint32_t workers,
                                      std::vector<std::string> extra = {}) {
   Cluster c;
   for (uint32_t s = 0; s < shards; ++s) {
-    std::vector<std::string> args = {
-        absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", shards),
-        absl::StrCat("--num_workers=", workers), "--mode=" + mode};
+    std::vector<std::string> args = {absl::StrCat("--shard_index=", s),
+                                     absl::StrCat("--num_shards=", shards),
+                                     absl::StrCat("--num_workers=", workers),
+                                     "--mode=" + mode};
     args.insert(args.end(), extra.begin(), extra.end());
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(
-        absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args);
+    absl::StatusOr<std::unique_ptr<Daemon>> d =
+        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args);
     if (!d.ok()) return d.status();
     c.addresses.push_back((*d)->address());
     c.servers.push_back(*std::move(d));

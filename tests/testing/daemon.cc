@@ -22,7 +22,8 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary,
                             const std::string& log_path) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -60,7 +61,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartProcess(
     const std::string& name, const std::string& binary,
     std::vector<std::string> args) {
   std::unique_ptr<Daemon> d(new Daemon());
-  d->log_path_ = absl::StrCat(MakeTempDir("shardps-" + name), "/", name, ".log");
+  d->log_path_ =
+      absl::StrCat(MakeTempDir("shardps-" + name), "/", name, ".log");
   absl::StatusOr<pid_t> pid = Spawn(binary, args, d->log_path_);
   if (!pid.ok()) return pid.status();
   d->pid_ = *pid;
@@ -99,7 +101,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       absl::StrCat(name, " did not report a port:\n", d->ReadLog()));
 }
 
-std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string Daemon::address() const {
+  return absl::StrCat("127.0.0.1:", port_);
+}
 
 std::string Daemon::ReadLog() const {
   std::ifstream in(log_path_);
@@ -115,8 +119,8 @@ absl::StatusOr<int> Daemon::Wait(absl::Duration timeout) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       exited_ = true;
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
-                                     : 128 + WTERMSIG(status);
+      exit_code_ =
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       return exit_code_;
     }
     if (absl::Now() > deadline) {
