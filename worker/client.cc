@@ -35,6 +35,7 @@ struct Client::Stream {
   // zero, so the caller's gradient buffers may then be reused.
   absl::Mutex mu;
   int64_t slices_in_flight ABSL_GUARDED_BY(mu) = 0;
+  absl::Time writes_done;  // when the last attempt finished writing
   static void ReleaseSlice(void* lane) {
     Stream* s = static_cast<Stream*>(lane);
     absl::MutexLock lock(&s->mu);
@@ -241,6 +242,7 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
       if (!stream->Write(message)) return;  // broken: Finish says why
     }
     stream->WritesDone();
+    lane->writes_done = absl::Now();
   });
   std::vector<bool> answered(chunks_.size(), false);
   absl::Status reply_error;
@@ -289,14 +291,15 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
 absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
                           const Tensors* weights) {
   SHARDPS_RETURN_IF_ERROR(CheckTensors(gradients, weights));
-  return RunParallel(lanes_.size(), [&](size_t l) {
+  const absl::Time start = absl::Now();
+  absl::Status status = RunParallel(lanes_.size(), [&](size_t l) {
     Stream* lane = lanes_[l].get();
     std::vector<uint32_t> pending = lane->chunk_ids;
     absl::Duration backoff = options_.initial_backoff;
-    absl::Status status;
+    absl::Status lane_status;
     for (int attempt = 1; !pending.empty(); ++attempt) {
-      status = Attempt(lane, step, gradients, weights, &pending);
-      if (status.ok() || !IsRetryable(status) ||
+      lane_status = Attempt(lane, step, gradients, weights, &pending);
+      if (lane_status.ok() || !IsRetryable(lane_status) ||
           attempt >= options_.max_attempts) {
         break;
       }
@@ -304,10 +307,14 @@ absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
-    return WithAddress(
-        status, absl::StrCat("step ", step, " on shard ", lane->shard, " at ",
-                             lane->address));
+    return WithAddress(lane_status,
+                       absl::StrCat("step ", step, " on shard ", lane->shard,
+                                    " at ", lane->address));
   });
+  absl::Time pushed = start;
+  for (const auto& lane : lanes_) pushed = std::max(pushed, lane->writes_done);
+  last_push_time_ = pushed - start;
+  return status;
 }
 
 absl::Status Client::PushPull(int64_t step, const ConstTensors& gradients,

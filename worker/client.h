@@ -72,6 +72,10 @@ class Client {
   // Each shard's status, by shard index.
   absl::StatusOr<std::vector<v1::GetStatusResponse>> ShardStatus();
 
+  // Time the last PushPull/Push took until every gradient chunk was handed
+  // to the transport (the rest of the step is waiting for replies).
+  absl::Duration last_push_time() const { return last_push_time_; }
+
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }
 
@@ -103,6 +107,7 @@ class Client {
   std::vector<uint32_t> shard_of_;
   bool declared_ = false;
   std::atomic<int64_t> retries_{0};
+  absl::Duration last_push_time_;
 };
 
 }  // namespace shardps

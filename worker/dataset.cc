@@ -303,6 +303,32 @@ absl::Status ParseLibsvmLine(absl::string_view text, DatasetShape expect,
 
 // ---- Dataset ----------------------------------------------------------------
 
+void Dataset::Truncate(int64_t n) {
+  if (n < 0 || n >= num_samples()) return;
+  const size_t rows = static_cast<size_t>(n);
+  switch (storage_) {
+    case Storage::kPixels:
+      pixels_.resize(rows * num_features_);
+      pixels_.shrink_to_fit();
+      break;
+    case Storage::kDense:
+      values_.resize(rows * num_features_);
+      values_.shrink_to_fit();
+      break;
+    case Storage::kSparse: {
+      const size_t nnz = static_cast<size_t>(row_begin_[rows]);
+      row_begin_.resize(rows + 1);
+      indices_.resize(nnz);
+      values_.resize(nnz);
+      indices_.shrink_to_fit();
+      values_.shrink_to_fit();
+      break;
+    }
+  }
+  labels_.resize(rows);
+  labels_.shrink_to_fit();
+}
+
 absl::StatusOr<Dataset> Dataset::FromPixels(int64_t num_features,
                                             int num_classes,
                                             std::vector<uint8_t> pixels,

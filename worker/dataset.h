@@ -59,6 +59,10 @@ class Dataset {
   int num_classes() const { return num_classes_; }
   absl::Span<const int32_t> labels() const { return labels_; }
 
+  // Keeps only the first `n` samples (all when n >= num_samples()), freeing
+  // the rest. The number of classes stays as it was.
+  void Truncate(int64_t n);
+
   // Writes sample indices[j] as row j of x (indices.size() x num_features
   // floats, pixels scaled to [0, 1]) and its label as labels[j].
   // REQUIRES: every index in [0, num_samples()).

@@ -1,0 +1,310 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+
+namespace shardps::worker {
+
+// Per-epoch accumulators.
+struct Trainer::EpochStats {
+  double loss_sum = 0.0;
+  int64_t steps = 0;
+  int64_t samples = 0;  // global
+  absl::Duration compute, push, wait;
+  absl::Time start = absl::Now();
+};
+
+absl::StatusOr<v1::OptimizerSpec> MakeOptimizerSpec(const OptimizerFlags& f,
+                                                    int64_t total_steps) {
+  v1::OptimizerSpec spec;
+  static const auto* kinds = new std::map<std::string, v1::OptimizerSpec::Kind>{
+      {"sgd", v1::OptimizerSpec::KIND_SGD},
+      {"adam", v1::OptimizerSpec::KIND_ADAM},
+      {"adamw", v1::OptimizerSpec::KIND_ADAMW},
+      {"adagrad", v1::OptimizerSpec::KIND_ADAGRAD}};
+  auto kind = kinds->find(f.name);
+  if (kind == kinds->end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--optimizer=", f.name, " is not one of: sgd, adam, adamw, adagrad"));
+  }
+  spec.set_kind(kind->second);
+  spec.set_learning_rate(static_cast<float>(f.lr));
+  if (kind->second == v1::OptimizerSpec::KIND_SGD) {
+    spec.set_momentum(static_cast<float>(f.momentum));
+    spec.set_nesterov(f.nesterov);
+  }
+  spec.set_weight_decay(static_cast<float>(f.weight_decay));
+  v1::LrSchedule* schedule = spec.mutable_schedule();
+  schedule->set_warmup_steps(f.warmup_steps);
+  const std::vector<std::string> parts = absl::StrSplit(f.schedule, ':');
+  if (f.schedule == "constant") {
+    schedule->set_kind(v1::LrSchedule::KIND_CONSTANT);
+  } else if (f.schedule == "cosine") {
+    schedule->set_kind(v1::LrSchedule::KIND_COSINE);
+    schedule->set_total_steps(std::max<int64_t>(1, total_steps));
+  } else if (parts.size() == 3 && parts[0] == "step") {
+    int64_t size = 0;
+    float gamma = 0;
+    if (!absl::SimpleAtoi(parts[1], &size) ||
+        !absl::SimpleAtof(parts[2], &gamma)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lr_schedule=", f.schedule, ": want step:SIZE:GAMMA"));
+    }
+    schedule->set_kind(v1::LrSchedule::KIND_STEP);
+    schedule->set_step_size(size);
+    schedule->set_gamma(gamma);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr_schedule=", f.schedule,
+                     " is not one of: constant, cosine, step:SIZE:GAMMA"));
+  }
+  return spec;
+}
+
+absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
+                                      uint32_t num_workers) {
+  if (batch_size < static_cast<int64_t>(num_workers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch_size=", batch_size, " is smaller than the ",
+                     num_workers, " workers: each needs at least one sample"));
+  }
+  if (batch_size % num_workers != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch_size=", batch_size,
+                                                   " is not divisible by the ",
+                                                   num_workers, " workers"));
+  }
+  if (batch_size > num_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch_size=", batch_size,
+                                                   " exceeds the ", num_samples,
+                                                   " training samples"));
+  }
+  return num_samples / batch_size;
+}
+
+v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
+                       uint64_t chunk_bytes) {
+  v1::Layout layout;
+  layout.set_chunk_bytes(chunk_bytes);
+  for (const ParamSpec& p : model.Params(seed)) {
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name(p.name);
+    for (int64_t d : p.shape) t->add_shape(d);
+    if (p.init == ParamSpec::Init::kNormal) {
+      t->mutable_init()->set_kind(v1::InitSpec::KIND_NORMAL);
+      t->mutable_init()->set_value(p.std);
+      t->mutable_init()->set_seed(p.seed);
+    }
+  }
+  return layout;
+}
+
+Trainer::Trainer(TrainerOptions options, ModelSpec model, Dataset train,
+                 std::optional<Dataset> test, std::unique_ptr<Backend> backend,
+                 std::unique_ptr<Client> client, v1::OptimizerSpec optimizer)
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      params_(model_.Params(options_.seed)),
+      train_(std::move(train)),
+      test_(std::move(test)),
+      backend_(std::move(backend)),
+      client_(std::move(client)),
+      optimizer_(std::move(optimizer)) {
+  for (const ParamSpec& p : params_) {
+    weights_.emplace_back(p.num_elements());
+    grads_.emplace_back(p.num_elements());
+  }
+}
+
+Tensors Trainer::WeightViews() {
+  Tensors v;
+  for (auto& w : weights_) v.emplace_back(absl::MakeSpan(w));
+  return v;
+}
+
+ConstTensors Trainer::GradientViews() const {
+  ConstTensors v;
+  for (const auto& g : grads_) v.emplace_back(g);
+  return v;
+}
+
+absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
+                           EpochStats* stats) {
+  const absl::Time start = absl::Now();
+  const int b = static_cast<int>(indices.size());
+  train_.FillBatch(indices, x_.data(), labels_.data());
+  std::vector<absl::Span<const float>> params(weights_.begin(), weights_.end());
+  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(params));
+  std::vector<absl::Span<float>> grads;
+  for (auto& g : grads_) grads.emplace_back(absl::MakeSpan(g));
+  // scale = W / B: the servers average the W contributions, so the update
+  // uses the mean gradient over the whole global batch.
+  const float scale = static_cast<float>(options_.num_workers) /
+                      static_cast<float>(options_.batch_size);
+  SHARDPS_ASSIGN_OR_RETURN(
+      double loss,
+      backend_->Gradients(
+          absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
+          absl::MakeConstSpan(labels_.data(), b), scale, grads));
+  const absl::Time computed = absl::Now();
+  SHARDPS_RETURN_IF_ERROR(
+      client_->PushPull(step, GradientViews(), WeightViews()));
+  const absl::Duration exchange = absl::Now() - computed;
+  stats->compute += computed - start;
+  stats->push += std::min(client_->last_push_time(), exchange);
+  stats->wait += exchange - std::min(client_->last_push_time(), exchange);
+  stats->loss_sum += loss;
+  ++stats->steps;
+  stats->samples += options_.batch_size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> Trainer::Evaluate() {
+  std::vector<absl::Span<const float>> params(weights_.begin(), weights_.end());
+  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(params));
+  EvalResult total;
+  const int64_t n = test_->num_samples();
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < n; begin += eval_batch_) {
+    const int64_t end = std::min(n, begin + eval_batch_);
+    indices.clear();
+    for (int64_t i = begin; i < end; ++i) indices.push_back(i);
+    const int64_t b = end - begin;
+    test_->FillBatch(indices, x_.data(), labels_.data());
+    SHARDPS_ASSIGN_OR_RETURN(
+        EvalResult r,
+        backend_->Evaluate(
+            absl::MakeConstSpan(x_.data(), b * model_.num_features()),
+            absl::MakeConstSpan(labels_.data(), b)));
+    total.mean_loss += r.mean_loss * b;
+    total.correct += r.correct;
+  }
+  total.mean_loss /= std::max<int64_t>(1, n);
+  return total;
+}
+
+absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
+                                      const EpochStats& s,
+                                      absl::Duration epoch_time,
+                                      const EvalResult* eval) {
+  if (options_.metrics_csv.empty()) return absl::OkStatus();
+  const bool first = epoch == 1;
+  std::ofstream out(options_.metrics_csv,
+                    first ? std::ios::trunc : std::ios::app);
+  if (first) {
+    out << "epoch,step,train_loss,test_loss,test_accuracy,samples_per_s,"
+           "epoch_s,compute_share,push_share,wait_share\n";
+  }
+  const double total = absl::ToDoubleSeconds(s.compute + s.push + s.wait);
+  const double n_test = test_.has_value() ? test_->num_samples() : 1;
+  out << absl::StrFormat(
+      "%d,%d,%.6f,%s,%s,%.1f,%.3f,%.3f,%.3f,%.3f\n", epoch, step,
+      s.loss_sum / std::max<int64_t>(1, s.steps),
+      eval ? absl::StrFormat("%.6f", eval->mean_loss) : "",
+      eval ? absl::StrFormat("%.4f", eval->correct / n_test) : "",
+      s.samples / absl::ToDoubleSeconds(epoch_time),
+      absl::ToDoubleSeconds(epoch_time),
+      absl::ToDoubleSeconds(s.compute) / total,
+      absl::ToDoubleSeconds(s.push) / total,
+      absl::ToDoubleSeconds(s.wait) / total);
+  out.close();
+  if (!out) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write metrics to ", options_.metrics_csv));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WriteModel(int64_t step) {
+  if (options_.model_out.empty()) return absl::OkStatus();
+  std::vector<SafetensorsTensor> tensors;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    tensors.push_back({params_[i].name, params_[i].shape, weights_[i].data()});
+  }
+  return WriteSafetensors(options_.model_out, tensors,
+                          {{"format", "pt"},
+                           {"model", model_.ToString()},
+                           {"step", absl::StrCat(step)}});
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  SHARDPS_ASSIGN_OR_RETURN(
+      const int64_t steps_per_epoch,
+      StepsPerEpoch(train_.num_samples(), options_.batch_size,
+                    options_.num_workers));
+  local_batch_ = options_.batch_size / options_.num_workers;
+  const int64_t max_batch = std::max<int64_t>(local_batch_, 1000);
+  eval_batch_ = max_batch;
+  SHARDPS_RETURN_IF_ERROR(backend_->Init(model_, static_cast<int>(max_batch)));
+  x_.resize(max_batch * model_.num_features());
+  labels_.resize(max_batch);
+  const bool lead = options_.rank == 0;
+  SHARDPS_RETURN_IF_ERROR(client_->Declare(
+      ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_));
+  SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
+  LogInfo("model %s (%d parameters) declared; %d steps per epoch, %d epochs",
+          model_.ToString(), model_.num_params(), steps_per_epoch,
+          options_.epochs);
+  TrainResult result;
+  int64_t step = 0;
+  const int64_t n = train_.num_samples();
+  for (int epoch = 1; epoch <= options_.epochs; ++epoch) {
+    const std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
+    EpochStats stats;
+    bool stop = false;
+    for (int64_t s = 0; s < steps_per_epoch && !stop; ++s) {
+      const IndexRange slice =
+          WorkerSlice(s * options_.batch_size, options_.batch_size,
+                      static_cast<int>(options_.rank),
+                      static_cast<int>(options_.num_workers));
+      SHARDPS_RETURN_IF_ERROR(Step(
+          step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
+          &stats));
+      ++step;
+      stop = options_.max_steps > 0 && step >= options_.max_steps;
+    }
+    const bool last = stop || epoch == options_.epochs;
+    const absl::Duration epoch_time = absl::Now() - stats.start;
+    result.epoch = epoch;
+    result.step = step;
+    result.train_loss = stats.loss_sum / std::max<int64_t>(1, stats.steps);
+    if (lead) {
+      std::optional<EvalResult> eval;
+      if (test_.has_value() && test_->num_samples() > 0 &&
+          (last || epoch % options_.eval_every_epochs == 0)) {
+        SHARDPS_ASSIGN_OR_RETURN(eval, Evaluate());
+        result.test_accuracy =
+            static_cast<double>(eval->correct) / test_->num_samples();
+      }
+      const double total =
+          absl::ToDoubleSeconds(stats.compute + stats.push + stats.wait);
+      LogInfo(
+          "epoch %d/%d step %d train_loss %.4f test_accuracy %s samples/s "
+          "%.0f compute %.0f%% push %.0f%% wait %.0f%%",
+          epoch, options_.epochs, step, result.train_loss,
+          eval ? absl::StrFormat("%.4f", result.test_accuracy) : "-",
+          stats.samples / absl::ToDoubleSeconds(epoch_time),
+          100 * absl::ToDoubleSeconds(stats.compute) / total,
+          100 * absl::ToDoubleSeconds(stats.push) / total,
+          100 * absl::ToDoubleSeconds(stats.wait) / total);
+      SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,
+                                              eval ? &*eval : nullptr));
+    }
+    if (stop) break;
+  }
+  if (lead) SHARDPS_RETURN_IF_ERROR(WriteModel(step));
+  return result;
+}
+
+}  // namespace shardps::worker

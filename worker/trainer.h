@@ -1,0 +1,108 @@
+// The data-parallel training loop of one worker: each step it computes the
+// gradient of its slice of the global batch, pushes it to the parameter
+// servers and continues with the weights they return. Rank 0 also evaluates,
+// writes the per-epoch metrics and the final model. Thread-compatible.
+#ifndef SHARDPS_WORKER_TRAINER_H_
+#define SHARDPS_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/backend.h"
+#include "worker/client.h"
+#include "worker/dataset.h"
+#include "worker/model.h"
+
+namespace shardps::worker {
+
+struct TrainerOptions {
+  uint32_t rank = 0;
+  uint32_t num_workers = 1;
+  int64_t batch_size = 256;  // global
+  int epochs = 10;
+  int64_t max_steps = 0;  // 0: no limit
+  uint64_t seed = 1;
+  int eval_every_epochs = 1;
+  uint64_t chunk_bytes = 256 << 10;
+  // Rank 0 only; empty: not written.
+  std::string metrics_csv;
+  std::string model_out;
+};
+
+// Optimizer settings as given on the command line.
+struct OptimizerFlags {
+  std::string name = "sgd";
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  std::string schedule = "cosine";  // constant | cosine | step:SIZE:GAMMA
+  int64_t warmup_steps = 0;
+};
+
+// The server-side optimizer for a run of `total_steps` updates (the cosine
+// schedule decays to 0 over them). InvalidArgument naming the bad flag.
+absl::StatusOr<v1::OptimizerSpec> MakeOptimizerSpec(const OptimizerFlags& f,
+                                                    int64_t total_steps);
+
+// Steps per epoch (the last partial batch is dropped) and checks that the
+// batch suits the data and the workers. InvalidArgument otherwise.
+absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
+                                      uint32_t num_workers);
+
+// The layout the servers hold for `model`, parameters in Params() order.
+v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
+                       uint64_t chunk_bytes);
+
+struct TrainResult {
+  int epoch = 0;
+  int64_t step = 0;
+  double train_loss = 0.0;
+  double test_accuracy = -1.0;  // -1: not evaluated
+};
+
+class Trainer {
+ public:
+  // Takes ownership of everything. `test` may be empty (no evaluation).
+  Trainer(TrainerOptions options, ModelSpec model, Dataset train,
+          std::optional<Dataset> test, std::unique_ptr<Backend> backend,
+          std::unique_ptr<Client> client, v1::OptimizerSpec optimizer);
+
+  // Declares the model, trains, and (rank 0) writes metrics and the model.
+  absl::StatusOr<TrainResult> Run();
+
+ private:
+  struct EpochStats;
+  absl::Status Step(int64_t step, absl::Span<const int64_t> indices,
+                    EpochStats* stats);
+  absl::StatusOr<EvalResult> Evaluate();
+  absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
+                               absl::Duration epoch_time,
+                               const EvalResult* eval);
+  absl::Status WriteModel(int64_t step);
+  Tensors WeightViews();
+  ConstTensors GradientViews() const;
+
+  const TrainerOptions options_;
+  const ModelSpec model_;
+  const std::vector<ParamSpec> params_;
+  Dataset train_;
+  std::optional<Dataset> test_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Client> client_;
+  const v1::OptimizerSpec optimizer_;
+  int64_t local_batch_ = 0;
+  int64_t eval_batch_ = 0;
+  std::vector<std::vector<float>> weights_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<float> x_;  // one batch of inputs, converted from the dataset
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace shardps::worker
+
+#endif  // SHARDPS_WORKER_TRAINER_H_

@@ -1,0 +1,74 @@
+#include "worker/training_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, dataset, "fashion-mnist",
+          "Training data: fashion-mnist (/usr/share/datasets/fashion-mnist), "
+          "idx:DIR, csv:TRAIN[,TEST] or libsvm:TRAIN[,TEST].");
+ABSL_FLAG(std::string, model, "mlp:784-512-256-10",
+          "Model: softmax or mlp:IN-H1-...-OUT.");
+ABSL_FLAG(int64_t, batch_size, 256,
+          "Global batch size; each worker computes a contiguous slice.");
+ABSL_FLAG(int32_t, epochs, 10, "Passes over the training set.");
+ABSL_FLAG(int64_t, max_steps, 0, "Stop after this many steps (0: no limit).");
+ABSL_FLAG(std::string, optimizer, "sgd",
+          "Server-side optimizer: sgd, adam, adamw or adagrad.");
+ABSL_FLAG(double, lr, 0.1, "Base learning rate.");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
+ABSL_FLAG(bool, nesterov, false, "Nesterov momentum (SGD).");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "L2 penalty (SGD, Adam, Adagrad) or decoupled decay (AdamW).");
+ABSL_FLAG(std::string, lr_schedule, "cosine",
+          "Learning-rate schedule: constant, cosine (to 0 over the run) or "
+          "step:SIZE:GAMMA.");
+ABSL_FLAG(int64_t, warmup_steps, 0, "Linear warmup steps.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and data order.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Compute backend: auto (CUDA when a GPU exists), cpu or cuda.");
+ABSL_FLAG(int32_t, eval_every_epochs, 1,
+          "Evaluate on the test set every N epochs (and after the last).");
+ABSL_FLAG(int32_t, threads, 1, "BLAS threads per worker (CPU backend).");
+ABSL_FLAG(int64_t, train_limit, 0,
+          "Use only the first N training samples (0: all).");
+ABSL_FLAG(int64_t, test_limit, 0,
+          "Use only the first N test samples (0: all).");
+ABSL_FLAG(int64_t, chunk_kib, 256, "Largest parameter chunk, in KiB.");
+ABSL_FLAG(int32_t, streams_per_shard, 1,
+          "Parallel gRPC streams from each worker to each shard.");
+
+namespace shardps::worker {
+
+std::vector<std::string> TrainingFlagArgs() {
+  static const char* const kNames[] = {"dataset",
+                                       "model",
+                                       "batch_size",
+                                       "epochs",
+                                       "max_steps",
+                                       "optimizer",
+                                       "lr",
+                                       "momentum",
+                                       "nesterov",
+                                       "weight_decay",
+                                       "lr_schedule",
+                                       "warmup_steps",
+                                       "seed",
+                                       "backend",
+                                       "eval_every_epochs",
+                                       "threads",
+                                       "train_limit",
+                                       "test_limit",
+                                       "chunk_kib",
+                                       "streams_per_shard"};
+  std::vector<std::string> args;
+  for (const char* name : kNames) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr) {
+      args.push_back(absl::StrCat("--", name, "=", flag->CurrentValue()));
+    }
+  }
+  return args;
+}
+
+}  // namespace shardps::worker

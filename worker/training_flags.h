@@ -1,0 +1,43 @@
+// The training flags of a job (--dataset, --model, --lr, ...), defined once
+// and shared by shardps-worker (which trains with them) and shardps-local
+// (which passes them through to every worker). Defaults are the main job:
+// Fashion-MNIST, MLP 784-512-256-10, SGD lr 0.1 momentum 0.9 with cosine
+// decay, global batch 256, 10 epochs.
+#ifndef SHARDPS_WORKER_TRAINING_FLAGS_H_
+#define SHARDPS_WORKER_TRAINING_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, dataset);
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int64_t, batch_size);
+ABSL_DECLARE_FLAG(int32_t, epochs);
+ABSL_DECLARE_FLAG(int64_t, max_steps);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(double, lr);
+ABSL_DECLARE_FLAG(double, momentum);
+ABSL_DECLARE_FLAG(bool, nesterov);
+ABSL_DECLARE_FLAG(double, weight_decay);
+ABSL_DECLARE_FLAG(std::string, lr_schedule);
+ABSL_DECLARE_FLAG(int64_t, warmup_steps);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(int32_t, eval_every_epochs);
+ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(int64_t, train_limit);
+ABSL_DECLARE_FLAG(int64_t, test_limit);
+ABSL_DECLARE_FLAG(int64_t, chunk_kib);
+ABSL_DECLARE_FLAG(int32_t, streams_per_shard);
+
+namespace shardps::worker {
+
+// Every training flag as "--name=value", for passing on to a worker.
+std::vector<std::string> TrainingFlagArgs();
+
+}  // namespace shardps::worker
+
+#endif  // SHARDPS_WORKER_TRAINING_FLAGS_H_
