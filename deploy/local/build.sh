@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages, via apt) and builds shardps.
+# Idempotent and quick when everything is present. Used by the training
+# command (deploy/local/train.sh) and the tests (tests/run.sh).
+#   SHARDPS_BUILD_DIR  build directory (default: build, or build-<sanitizer>)
+#   SHARDPS_SANITIZE   address or thread: a sanitizer build
+#   SHARDPS_JOBS       parallel compile jobs (default: 2)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+packages=(cmake g++ make pkg-config clang clang-format libclang-rt-14-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  zlib1g-dev dataset-fashion-mnist python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -q >&2
+  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+sanitize=${SHARDPS_SANITIZE:-}
+build_dir=${SHARDPS_BUILD_DIR:-build${sanitize:+-$sanitize}}
+log "configure $build_dir${sanitize:+ (sanitizer: $sanitize)}"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
+  -DSHARDPS_SANITIZE="$sanitize" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >&2
+log "build"
+cmake --build "$build_dir" -j "${SHARDPS_JOBS:-2}" >&2
+echo "$build_dir"
