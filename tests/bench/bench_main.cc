@@ -14,10 +14,12 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "tests/bench/aggregate_bench.h"
+#include "tests/bench/train_bench.h"
 #include "tests/bench/transport_bench.h"
 
 ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
+ABSL_FLAG(int32_t, epochs, 10, "Epochs (train).");
 ABSL_FLAG(int32_t, steps, 10, "Measured steps per configuration.");
 ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
@@ -30,15 +32,15 @@ ABSL_FLAG(std::string, workers, "1,2", "Worker counts to run (transport).");
 namespace shardps::bench {
 namespace {
 
-std::string DefaultServerBinary() {
+// A binary of the same build tree: build/tests/shardps-bench ->
+// build/<path>.
+std::string SiblingBinary(const std::string& path) {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   std::string self = n > 0 ? std::string(buf, n) : "";
-  // build/tests/shardps-bench -> build/server/shardps-server
   const size_t pos = self.rfind("/tests/");
-  return pos == std::string::npos
-             ? "shardps-server"
-             : self.substr(0, pos) + "/server/shardps-server";
+  return pos == std::string::npos ? path.substr(path.rfind('/') + 1)
+                                  : self.substr(0, pos) + "/" + path;
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParseCounts(const std::string& flag,
@@ -63,7 +65,9 @@ absl::Status Run(const std::string& command) {
   if (command == "transport") {
     TransportOptions o;
     o.server_binary = absl::GetFlag(FLAGS_server_binary);
-    if (o.server_binary.empty()) o.server_binary = DefaultServerBinary();
+    if (o.server_binary.empty()) {
+      o.server_binary = SiblingBinary("server/shardps-server");
+    }
     o.steps = absl::GetFlag(FLAGS_steps);
     o.raw_baseline = absl::GetFlag(FLAGS_raw_baseline);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
@@ -79,8 +83,16 @@ absl::Status Run(const std::string& command) {
     o.workers = *workers;
     return RunTransportBench(o);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown benchmark \"", command, "\"; one of: transport, aggregate"));
+  if (command == "train") {
+    TrainOptions o;
+    o.local_binary = SiblingBinary("deploy/local/shardps-local");
+    o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch_ddp.py";
+    o.epochs = absl::GetFlag(FLAGS_epochs);
+    return RunTrainBench(o);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown benchmark \"", command,
+                   "\"; one of: transport, aggregate, train"));
 }
 
 }  // namespace
@@ -90,9 +102,9 @@ int main(int argc, char** argv) {
   std::vector<char*> args = shardps::ParseDaemonFlags(
       argc, argv,
       "runs a benchmark against a baseline measured in the same run.\n"
-      "  shardps-bench transport | aggregate [flags]");
+      "  shardps-bench transport | aggregate | train [flags]");
   if (args.size() != 2) {
-    shardps::LogError("give one benchmark: transport or aggregate");
+    shardps::LogError("give one benchmark: transport, aggregate or train");
     return 1;
   }
   return shardps::ExitCode(shardps::bench::Run(args[1]));

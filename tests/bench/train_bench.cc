@@ -1,0 +1,189 @@
+// shardps-bench train: the main job's training speed. One worker computing
+// gradients alone, the 2-server/2-worker local cluster (shardps-local), and,
+// in the same run, PyTorch DistributedDataParallel with the same model,
+// batch and threads when Debian's python3-torch is installed.
+#include "tests/bench/train_bench.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "tests/testing/daemon.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/model.h"
+
+namespace shardps::bench {
+namespace {
+
+constexpr char kModel[] = "mlp:784-512-256-10";
+
+// Runs `command` through the shell; returns its stdout, or an error with
+// the exit code.
+absl::StatusOr<std::string> RunCommand(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    return absl::InternalError(
+        absl::StrCat("`", command, "` exited with ", status, ":\n", out));
+  }
+  return out;
+}
+
+// The number after "key": in a one-line JSON object (first match).
+double JsonNumber(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  double v = -1;
+  const size_t begin = at + key.size() + 4;
+  const size_t end = json.find_first_of(",}", begin);
+  return absl::SimpleAtod(json.substr(begin, end - begin), &v) ? v : -1;
+}
+
+std::string JsonField(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return "?";
+  const size_t begin = at + key.size() + 4;
+  const size_t end = json[begin] == '[' ? json.find(']', begin) + 1
+                                        : json.find_first_of(",}", begin);
+  return json.substr(begin, end - begin);
+}
+
+// Gradients of 128-sample slices (the main job's per-worker batch) on the
+// CPU backend, one thread: the compute a worker does each step.
+absl::StatusOr<double> SoloGradientRate(const worker::Dataset& train) {
+  SHARDPS_ASSIGN_OR_RETURN(worker::ModelSpec spec,
+                           worker::ParseModelSpec(kModel, 784, 10));
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<worker::Backend> backend,
+                           worker::NewCpuBackend(1));
+  constexpr int kBatch = 128;
+  SHARDPS_RETURN_IF_ERROR(backend->Init(spec, kBatch));
+  std::vector<std::vector<float>> params, grads;
+  for (const worker::ParamSpec& p : spec.Params(1)) {
+    params.emplace_back(p.num_elements(), 0.01f);
+    grads.emplace_back(p.num_elements());
+  }
+  std::vector<absl::Span<const float>> pv(params.begin(), params.end());
+  std::vector<absl::Span<float>> gv;
+  for (auto& g : grads) gv.emplace_back(absl::MakeSpan(g));
+  std::vector<float> x(kBatch * 784);
+  std::vector<int32_t> labels(kBatch);
+  std::vector<int64_t> indices(kBatch);
+  constexpr int kSteps = 300;
+  const absl::Time start = absl::Now();
+  for (int s = 0; s < kSteps; ++s) {
+    for (int i = 0; i < kBatch; ++i) {
+      indices[i] = (int64_t{s} * kBatch + i) % train.num_samples();
+    }
+    train.FillBatch(indices, x.data(), labels.data());
+    SHARDPS_RETURN_IF_ERROR(backend->SetParams(pv));
+    SHARDPS_RETURN_IF_ERROR(
+        backend->Gradients(x, labels, 1.0f / kBatch, gv).status());
+  }
+  return kSteps * kBatch / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+struct ClusterRun {
+  double wall_s = 0;
+  double mean_epoch_s = 0;
+  double accuracy = 0;
+  std::string final_line;
+};
+
+absl::StatusOr<ClusterRun> RunCluster(const TrainOptions& o) {
+  const std::string dir = testing::MakeTempDir("shardps-bench-train");
+  SHARDPS_ASSIGN_OR_RETURN(
+      std::string out,
+      RunCommand(absl::StrCat(o.local_binary, " --run_dir=", dir,
+                              " --epochs=", o.epochs, " 2>&1")));
+  ClusterRun run;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::StartsWith(line, "final:")) run.final_line = std::string(line);
+  }
+  std::ifstream csv(dir + "/metrics.csv");
+  std::string line;
+  std::getline(csv, line);  // header
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ',');
+    double epoch_s = 0, acc = 0;
+    if (f.size() < 7 || !absl::SimpleAtod(f[6], &epoch_s)) continue;
+    if (absl::SimpleAtod(f[4], &acc)) run.accuracy = acc;
+    run.mean_epoch_s += epoch_s;
+    ++rows;
+  }
+  if (rows == 0) {
+    return absl::InternalError(
+        absl::StrCat("no metrics from shardps-local:\n", out));
+  }
+  run.mean_epoch_s /= rows;
+  const size_t at = run.final_line.find("wall_s=");
+  if (at != std::string::npos) {
+    (void)absl::SimpleAtod(run.final_line.substr(at + 7), &run.wall_s);
+  }
+  return run;
+}
+
+}  // namespace
+
+absl::Status RunTrainBench(const TrainOptions& o) {
+  absl::PrintF(
+      "train: %s on Fashion-MNIST, global batch 256, SGD 0.1 "
+      "momentum 0.9 cosine, %d epochs\n",
+      kModel, o.epochs);
+  SHARDPS_ASSIGN_OR_RETURN(worker::Dataset train,
+                           worker::LoadFashionMnist(o.data_dir, true));
+  SHARDPS_ASSIGN_OR_RETURN(double solo, SoloGradientRate(train));
+  absl::PrintF(
+      "one worker computing gradients alone (batch 128, 1 thread): "
+      "%.0f samples/s\n",
+      solo);
+  SHARDPS_ASSIGN_OR_RETURN(ClusterRun cluster, RunCluster(o));
+  absl::PrintF(
+      "shardps-local 2 servers x 2 workers: %.1f s wall, %.2f s/epoch "
+      "(%.0f samples/s), test accuracy %.4f\n  %s\n",
+      cluster.wall_s, cluster.mean_epoch_s, 60000 / cluster.mean_epoch_s,
+      cluster.accuracy, cluster.final_line);
+  if (!RunCommand("/usr/bin/python3 -c 'import torch' 2>&1").ok()) {
+    absl::PrintF(
+        "PyTorch: not installed (apt-get install python3-torch); "
+        "no comparison\n");
+    return absl::OkStatus();
+  }
+  for (int procs : {2, 1}) {
+    const int threads = procs == 2 ? 1 : 2;
+    SHARDPS_ASSIGN_OR_RETURN(
+        std::string json,
+        RunCommand(absl::StrCat("/usr/bin/python3 ", o.torch_script,
+                                " --processes=", procs, " --threads=", threads,
+                                " --epochs=", o.epochs, " --data=", o.data_dir,
+                                " 2>&1 | tail -n 1")));
+    const double wall = JsonNumber(json, "wall_s");
+    absl::PrintF(
+        "PyTorch %s %d process(es) x %d thread(s) (BLAS %s): %.1f s wall, "
+        "%.2f s/epoch\n",
+        JsonField(json, "torch"), procs, threads, JsonField(json, "blas"), wall,
+        wall / o.epochs);
+    absl::PrintF("  accuracies %s\n", JsonField(json, "test_accuracy"));
+    absl::PrintF("  ratio = shardps wall / PyTorch wall = %.2f\n",
+                 cluster.wall_s / wall);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardps::bench

@@ -1,0 +1,230 @@
+// shardps-local end to end: a short real job (two server shards, two workers)
+// with everything it leaves in its run directory, a failing worker, SIGTERM to
+// the launcher mid-run, and bad flags.
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
+
+namespace shardps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::shardps::testing::Daemon;
+
+constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
+// A short job keeps the test quick on two cores: 2048 samples an epoch.
+std::vector<std::string> ShortJob(int epochs) {
+  return {"--servers=2",
+          "--workers=2",
+          "--dataset=fashion-mnist",
+          "--model=mlp:784-32-10",
+          absl::StrCat("--epochs=", epochs),
+          "--train_limit=2048",
+          "--test_limit=1000",
+          "--batch_size=128",
+          "--timeout_s=240"};
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::set<std::string> FileNames(const std::string& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    names.insert(e.path().filename().string());
+  }
+  return names;
+}
+
+// Starts shardps-local with `args` (plus --run_dir=`run_dir`); its stdout and
+// stderr go to the Daemon's log.
+std::unique_ptr<Daemon> StartLauncher(const std::string& run_dir,
+                                      std::vector<std::string> args) {
+  args.push_back("--run_dir=" + run_dir);
+  absl::StatusOr<std::unique_ptr<Daemon>> launcher =
+      Daemon::StartProcess("local", SHARDPS_LOCAL_BIN, args);
+  EXPECT_TRUE(launcher.ok()) << launcher.status();
+  return launcher.ok() ? *std::move(launcher) : nullptr;
+}
+
+// The value of `key=` in the launcher's "final:" line; NaN if absent.
+double FinalValue(const std::string& output, absl::string_view key) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::ConsumePrefix(&line, "final:")) continue;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      if (!absl::ConsumePrefix(&field, key) ||
+          !absl::ConsumePrefix(&field, "=")) {
+        continue;
+      }
+      double value = 0;
+      if (absl::SimpleAtod(field, &value)) return value;
+    }
+  }
+  return std::nan("");
+}
+
+TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
+  if (!fs::exists(kFashionMnist)) {
+    GTEST_SKIP() << kFashionMnist
+                 << " is missing: apt-get install dataset-fashion-mnist";
+  }
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, ShortJob(1));
+  ASSERT_NE(launcher, nullptr);
+  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(5));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  const std::string output = launcher->ReadLog();
+  ASSERT_EQ(*code, 0) << output;
+
+  EXPECT_GT(FinalValue(output, "test_accuracy"), 0.5) << output;
+  EXPECT_EQ(FinalValue(output, "epoch"), 1) << output;
+  EXPECT_GT(FinalValue(output, "wall_s"), 0) << output;
+  EXPECT_TRUE(absl::StrContains(output, "peak RSS: server-0 ")) << output;
+  for (const char* name : {"server-1 ", "worker-0 ", "worker-1 "}) {
+    EXPECT_TRUE(absl::StrContains(output, name)) << output;
+  }
+
+  // Worker 0's log was relayed as it was written.
+  const std::vector<std::string> worker_log =
+      ReadLines(run_dir + "/logs/worker-0.log");
+  ASSERT_FALSE(worker_log.empty());
+  EXPECT_TRUE(absl::StrContains(output, worker_log.back())) << output;
+
+  const std::vector<std::string> metrics = ReadLines(run_dir + "/metrics.csv");
+  ASSERT_EQ(metrics.size(), 2u) << absl::StrJoin(metrics, "\n");
+  EXPECT_TRUE(absl::StartsWith(metrics[0], "epoch,step,train_loss,test_loss,"))
+      << metrics[0];
+  std::error_code ec;
+  EXPECT_GT(fs::file_size(run_dir + "/model.safetensors", ec), 0u)
+      << ec.message();
+  const std::set<std::string> logs = {"server-0.log", "server-1.log",
+                                      "worker-0.log", "worker-1.log"};
+  EXPECT_EQ(FileNames(run_dir + "/logs"), logs);
+  const std::set<std::string> pids = {"server-0.pid", "server-1.pid",
+                                      "worker-0.pid", "worker-1.pid"};
+  EXPECT_EQ(FileNames(run_dir + "/pids"), pids);
+}
+
+TEST(LocalLauncherTest, FailingWorkerIsNamedWithItsError) {
+  // Fails while loading data, so this needs no dataset installed.
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  std::unique_ptr<Daemon> launcher = StartLauncher(
+      run_dir, {"--servers=1", "--workers=2", "--dataset=idx:/nonexistent",
+                "--model=mlp:784-10", "--timeout_s=120"});
+  ASSERT_NE(launcher, nullptr);
+  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  const std::string output = launcher->ReadLog();
+  EXPECT_EQ(*code, 1) << output;
+  // Both workers fail; whichever is reaped first is reported with the last
+  // line of its log.
+  bool reported = false;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string name = absl::StrCat("worker-", rank);
+    const std::vector<std::string> log =
+        ReadLines(absl::StrCat(run_dir, "/logs/", name, ".log"));
+    if (log.empty()) continue;
+    if (absl::StrContains(output, name + " failed (exit code") &&
+        absl::StrContains(output, "  " + log.back())) {
+      reported = true;
+    }
+  }
+  EXPECT_TRUE(reported) << output;
+  EXPECT_FALSE(absl::StrContains(output, "final:")) << output;
+}
+
+TEST(LocalLauncherTest, SigtermStopsEveryChild) {
+  if (!fs::exists(kFashionMnist)) {
+    GTEST_SKIP() << kFashionMnist
+                 << " is missing: apt-get install dataset-fashion-mnist";
+  }
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  // Long enough to be running when the signal comes.
+  std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, ShortJob(10000));
+  ASSERT_NE(launcher, nullptr);
+
+  // Mid-run: worker 0 has written the metrics of an epoch, so every process
+  // is up and training.
+  const std::string metrics = run_dir + "/metrics.csv";
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadLines(metrics).size() < 2 && absl::Now() < deadline) {
+    ASSERT_FALSE(launcher->Wait(absl::ZeroDuration()).ok())
+        << "exited early:\n"
+        << launcher->ReadLog();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(ReadLines(metrics).size(), 2u) << launcher->ReadLog();
+
+  absl::StatusOr<int> code = launcher->Stop(SIGTERM, absl::Seconds(30));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  EXPECT_EQ(*code, 128 + SIGTERM) << launcher->ReadLog();
+  for (const char* name : {"server-0", "server-1", "worker-0", "worker-1"}) {
+    const std::vector<std::string> pid_file =
+        ReadLines(absl::StrCat(run_dir, "/pids/", name, ".pid"));
+    ASSERT_EQ(pid_file.size(), 1u) << name;
+    int pid = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(pid_file[0], &pid)) << pid_file[0];
+    errno = 0;
+    EXPECT_EQ(kill(pid, 0), -1) << name << " (pid " << pid << ") is alive";
+    EXPECT_EQ(errno, ESRCH) << name;
+  }
+}
+
+TEST(LocalLauncherTest, BadFlagsExitOneWithOneLine) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--servers=0"}, "--servers=0 must be in [1, "},
+      {{"--workers=0"}, "--workers=0 must be in [1, "},
+      {{"--mode=eventual"}, "--mode=eventual is not one of: sync, async"},
+      {{"--timeout_s=-5"}, "--timeout_s=-5 is negative"},
+      {{"--no_such_flag"}, "no_such_flag"},
+      {{"--worker_binary=/nonexistent/shardps-worker"},
+       "cannot find shardps-worker at /nonexistent/shardps-worker; build it or "
+       "pass --worker_binary"},
+  };
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args[0]);
+    std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, c.args);
+    ASSERT_NE(launcher, nullptr);
+    absl::StatusOr<int> code = launcher->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << code.status();
+    const std::string output = launcher->ReadLog();
+    EXPECT_EQ(*code, 1) << output;
+    EXPECT_TRUE(absl::StrContains(output, c.message)) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
+  // Nothing was started, so nothing was created.
+  EXPECT_FALSE(fs::exists(run_dir));
+}
+
+}  // namespace
+}  // namespace shardps
