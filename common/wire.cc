@@ -103,7 +103,9 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
   while (!cur.done()) {
     uint64_t tag;
     std::string field;
-    if (!cur.ReadVarint(&tag)) break;
+    if (!cur.ReadVarint(&tag)) {
+      return absl::InvalidArgumentError("malformed message: truncated tag");
+    }
     AppendVarint(tag, &field);
     const uint32_t number = static_cast<uint32_t>(tag >> 3);
     const int wire_type = static_cast<int>(tag & 7);

@@ -31,3 +31,7 @@ log "ctest"
 export TSAN_OPTIONS=${TSAN_OPTIONS:-"halt_on_error=1 second_deadlock_stack=1"}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-"detect_leaks=1"}
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${SHARDPS_CTEST_ARGS:-}
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "NOTE: no GPU on this machine: the GPU tests (ctest -L gpu) were skipped;"
+  echo "      run tests/gpu/check.sh on a machine with a GPU."
+fi

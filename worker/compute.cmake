@@ -35,6 +35,7 @@ if(SHARDPS_HAVE_CUDA)
   target_sources(shardps_model PRIVATE
     ${_compute_dir}/cuda/bias_relu.cu
     ${_compute_dir}/cuda/cuda_backend.cc
+    ${_compute_dir}/cuda/gemm_roofline.cc
     ${_compute_dir}/cuda/softmax_xent.cu
   )
   # The static runtime, which CMake also adds to every executable that links

@@ -14,6 +14,7 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "tests/bench/aggregate_bench.h"
+#include "tests/bench/gpu_bench.h"
 #include "tests/bench/train_bench.h"
 #include "tests/bench/transport_bench.h"
 
@@ -83,6 +84,7 @@ absl::Status Run(const std::string& command) {
     o.workers = *workers;
     return RunTransportBench(o);
   }
+  if (command == "gpu") return RunGpuBench();
   if (command == "train") {
     TrainOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
@@ -92,7 +94,7 @@ absl::Status Run(const std::string& command) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown benchmark \"", command,
-                   "\"; one of: transport, aggregate, train"));
+                   "\"; one of: transport, aggregate, train, gpu"));
 }
 
 }  // namespace
@@ -102,9 +104,9 @@ int main(int argc, char** argv) {
   std::vector<char*> args = shardps::ParseDaemonFlags(
       argc, argv,
       "runs a benchmark against a baseline measured in the same run.\n"
-      "  shardps-bench transport | aggregate | train [flags]");
+      "  shardps-bench transport | aggregate | train | gpu [flags]");
   if (args.size() != 2) {
-    shardps::LogError("give one benchmark: transport, aggregate or train");
+    shardps::LogError("give one benchmark: transport, aggregate, train or gpu");
     return 1;
   }
   return shardps::ExitCode(shardps::bench::Run(args[1]));

@@ -31,7 +31,7 @@ if grep -q "(Skipped)" build-gpu/ctest-gpu.log; then
   exit 1
 fi
 
-bench=build-gpu/tests/bench/shardps-bench
+bench=build-gpu/tests/shardps-bench
 if [ -x "$bench" ]; then
   log "shardps-bench gpu"
   "$bench" gpu
