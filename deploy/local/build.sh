@@ -5,6 +5,7 @@
 #   SHARDPS_BUILD_DIR  build directory (default: build, or build-<sanitizer>)
 #   SHARDPS_SANITIZE   address or thread: a sanitizer build
 #   SHARDPS_JOBS       parallel compile jobs (default: 2)
+#   SHARDPS_CMAKE_ARGS extra CMake arguments (e.g. -DSHARDPS_ENABLE_CUDA=OFF)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -32,7 +33,8 @@ sanitize=${SHARDPS_SANITIZE:-}
 build_dir=${SHARDPS_BUILD_DIR:-build${sanitize:+-$sanitize}}
 log "configure $build_dir${sanitize:+ (sanitizer: $sanitize)}"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
-  -DSHARDPS_SANITIZE="$sanitize" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >&2
+  -DSHARDPS_SANITIZE="$sanitize" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  ${SHARDPS_CMAKE_ARGS:-} >&2
 log "build"
 cmake --build "$build_dir" -j "${SHARDPS_JOBS:-2}" >&2
 echo "$build_dir"
