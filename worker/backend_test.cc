@@ -12,18 +12,13 @@
 #include "gtest/gtest.h"
 #include "worker/cuda/bias_relu_cpu.h"
 #include "worker/cuda/softmax_xent_cpu.h"
+#include "worker/backend_testing.h"
 #include "worker/model.h"
 
 namespace shardps::worker {
 namespace {
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = u(rng);
-  return v;
-}
+using ::shardps::worker::testing::RandomFloats;
 
 // A model, its parameters and a batch, all seeded.
 struct Problem {

@@ -1,40 +1,54 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU and the CUDA toolkit: shows
-# the device, builds a Release tree with CUDA into build-gpu, runs the tests
-# labelled gpu (a skipped GPU test fails the check: here it means the GPU was
-# not usable), then `shardps-bench gpu` when the bench is built.
-#   tests/gpu/check.sh
+# The GPU check: shows the device, runs the GPU tests (a skipped GPU test
+# fails the check: on a GPU machine it means the GPU was not usable) and the
+# GPU benchmark (`shardps-bench gpu`).
+#   tests/gpu/check.sh                    # build here with CUDA into build-gpu
+#   tests/gpu/check.sh --bundle DIR       # use binaries packed by
+#                                         # tests/gpu/prepare.sh (for GPU
+#                                         # machines without the -dev packages)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 log() { printf '\n== %s\n' "$*"; }
 
 log "nvidia-smi"
-nvidia-smi
+nvidia-smi || { echo "check.sh: no usable GPU (nvidia-smi failed)" >&2; exit 1; }
 
-log "configure build-gpu (Release, CUDA)"
-mkdir -p build-gpu
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSHARDPS_ENABLE_CUDA=ON |
-  tee build-gpu/configure.log
-if ! grep -q "shardps: CUDA backend ON" build-gpu/configure.log; then
-  echo "check.sh: CMake did not enable CUDA (is nvcc installed?)" >&2
-  exit 1
-fi
-
-log "build"
-cmake --build build-gpu -j "$(nproc)"
-
-log "ctest -L gpu"
-ctest --test-dir build-gpu -L gpu --output-on-failure | tee build-gpu/ctest-gpu.log
-if grep -q "(Skipped)" build-gpu/ctest-gpu.log; then
-  echo "check.sh: GPU tests were skipped on a GPU machine (see above)" >&2
-  exit 1
-fi
-
-bench=build-gpu/tests/shardps-bench
-if [ -x "$bench" ]; then
-  log "shardps-bench gpu"
-  "$bench" gpu
+if [ "${1:-}" = "--bundle" ]; then
+  packed=$(realpath "${2:?--bundle needs a directory}")/gpu-bundle.tar.xz
+  unpack=$(mktemp -d)
+  tar xJf "$packed" -C "$unpack"
+  bundle=$unpack/gpu-bundle
+  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+  tests=("$bundle/bin/cuda_kernels_test" "$bundle/bin/cuda_backend_test")
+  bench="$bundle/bin/shardps-bench"
 else
-  log "no $bench; benchmark skipped"
+  log "configure build-gpu (Release, CUDA)"
+  mkdir -p build-gpu
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSHARDPS_ENABLE_CUDA=ON |
+    tee build-gpu/configure.log
+  if ! grep -q "shardps: CUDA backend ON" build-gpu/configure.log; then
+    echo "check.sh: CMake did not enable CUDA (is nvcc installed?)" >&2
+    exit 1
+  fi
+  log "build"
+  cmake --build build-gpu -j "$(nproc)" --target cuda_kernels_test \
+    cuda_backend_test shardps-bench
+  tests=(build-gpu/worker/cuda_kernels_test build-gpu/worker/cuda_backend_test)
+  bench=build-gpu/tests/shardps-bench
 fi
+
+status=0
+for t in "${tests[@]}"; do
+  log "$(basename "$t")"
+  out=$("$t" 2>&1) || status=1
+  echo "$out"
+  if grep -q "SKIPPED \]" <<<"$out"; then
+    echo "check.sh: $(basename "$t") skipped tests on a GPU machine" >&2
+    status=1
+  fi
+done
+
+log "shardps-bench gpu"
+"$bench" gpu || status=1
+exit $status

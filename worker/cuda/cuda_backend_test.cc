@@ -11,18 +11,13 @@
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "worker/backend.h"
+#include "worker/backend_testing.h"
 #include "worker/model.h"
 
 namespace shardps::worker {
 namespace {
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = u(rng);
-  return v;
-}
+using ::shardps::worker::testing::RandomFloats;
 
 struct Problem {
   ModelSpec spec;

@@ -54,9 +54,9 @@ absl::StatusOr<absl::Duration> CublasStepGemmTime(const ModelSpec& spec,
   }
   std::unique_ptr<float, CudaFree> buf[3];
   for (auto& b : buf) {
-    float* p = nullptr;
+    void* p = nullptr;
     SHARDPS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, largest * sizeof(float)));
-    b.reset(p);
+    b.reset(static_cast<float*>(p));
     SHARDPS_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, largest * sizeof(float)));
   }
   cublasHandle_t handle;

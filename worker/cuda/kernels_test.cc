@@ -16,6 +16,8 @@
 #include "worker/cuda/softmax_xent.cuh"
 #include "worker/cuda/softmax_xent_cpu.h"
 
+#include "worker/backend_testing.h"
+
 namespace shardps::worker {
 namespace {
 
@@ -61,13 +63,7 @@ class DeviceVector {
   std::unique_ptr<T[], DeviceFree> ptr_;
 };
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = u(rng);
-  return v;
-}
+using ::shardps::worker::testing::RandomFloats;
 
 // Float results of different summation orders: tolerance scales with the
 // expected value, 1e-5 relative (well above float rounding over <= 1000 terms
