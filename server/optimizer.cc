@@ -352,13 +352,21 @@ template <typename Len>
 
 constexpr int kMaxSlots = 2;
 
+// ThreadSanitizer's runtime is not up yet when the loader runs ifunc
+// resolvers, so its builds use the baseline version only.
+#if defined(__SANITIZE_THREAD__)
+#define SHARDPS_MULTIVERSIONED
+#else
+#define SHARDPS_MULTIVERSIONED \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 // The whole update (every helper above is forced inline into it), compiled
-// for AVX-512, AVX2 and baseline x86-64 and
-// picked at load time: Adam and Adagrad are bound by the square roots and
-// divisions, which wider vectors speed up. Results are bitwise identical in
-// every version: the operations are IEEE-exact and, in ISO C++ mode, GCC
-// does not contract them into FMAs.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void ApplyBlocks(
+// for AVX-512, AVX2 and baseline x86-64 and picked at load time: Adam and
+// Adagrad are bound by the square roots and divisions, which wider vectors
+// speed up. Results are bitwise identical in every version: the operations
+// are IEEE-exact and the build passes -ffp-contract=off (no FMAs).
+SHARDPS_MULTIVERSIONED void ApplyBlocks(
     const Coefficients& k, absl::Span<const float* const> contributions,
     float* weights, absl::Span<float* const> slots, int64_t n) {
   constexpr int64_t kBlockSize = Optimizer::kBlockSize;

@@ -11,7 +11,13 @@
 #include "common/status.h"
 
 namespace shardps::server {
-namespace {}  // namespace
+namespace {
+
+// Sync updates of chunks up to this size run on the thread that completed
+// the step; larger ones go to the update pool, in parallel across chunks.
+constexpr int64_t kInlineApplyBytes = 256 << 10;
+
+}  // namespace
 
 ParameterStore::ParameterStore(StoreOptions options)
     : options_(options), pool_(std::max(1, options.update_threads)) {}
@@ -191,40 +197,44 @@ absl::Status ParameterStore::Push(const PushArgs& args,
 absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
                                       Chunk* chunk,
                                       std::shared_ptr<ReplySink> sink) {
-  ChunkReply retry_reply;
   bool ready = false;
   {
-    absl::MutexLock lock(&chunk->mu);
+    absl::ReleasableMutexLock lock(&chunk->mu);
     if (args.step == chunk->version - 1) {
       // The reply to this push was lost: its gradient is already in the
       // weights. Answer with them and apply nothing.
-      retry_reply.chunk_id = chunk->spec.id;
-      retry_reply.version = chunk->version;
-      if (!args.push_only) retry_reply.weights = chunk->weights;
-    } else if (args.step != chunk->version) {
+      ChunkReply reply;
+      reply.chunk_id = chunk->spec.id;
+      reply.version = chunk->version;
+      if (!args.push_only) reply.weights = chunk->weights;
+      lock.Release();
+      Deliver(sink.get(), std::move(reply));
+      return absl::OkStatus();
+    }
+    if (args.step != chunk->version) {
       return absl::OutOfRangeError(absl::StrCat(
           "step ", args.step, " of chunk ", chunk->spec.id, " is in the ",
           args.step < chunk->version ? "past" : "future",
           ": the chunk is at step ", chunk->version));
-    } else {
-      if (!chunk->contributed[args.rank]) {
-        SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
-        chunk->contributed[args.rank] = true;
-        ++chunk->num_contributed;
-        ready = chunk->num_contributed == options_.num_workers;
-      }
-      // A duplicate of a pending push (a retry while the step is still
-      // open) only adds a waiter.
-      chunk->waiters.push_back({args.rank, args.push_only, std::move(sink)});
-      if (ready) {
-        const Optimizer* optimizer = state.optimizer.get();
-        pool_.Schedule(
-            [this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
-      }
-      return absl::OkStatus();
     }
+    if (!chunk->contributed[args.rank]) {
+      SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
+      chunk->contributed[args.rank] = true;
+      ++chunk->num_contributed;
+      ready = chunk->num_contributed == options_.num_workers;
+    }
+    // A duplicate of a pending push (a retry while the step is still open)
+    // only adds a waiter.
+    chunk->waiters.push_back({args.rank, args.push_only, std::move(sink)});
   }
-  Deliver(sink.get(), std::move(retry_reply));
+  if (!ready) return absl::OkStatus();
+  if (chunk->spec.bytes() <= kInlineApplyBytes) {
+    // A small chunk: updating it here costs less than a thread hop.
+    ApplySync(*state.optimizer, chunk);
+  } else {
+    const Optimizer* optimizer = state.optimizer.get();
+    pool_.Schedule([this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
+  }
   return absl::OkStatus();
 }
 

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "worker/backend_testing.h"
 #include "worker/cuda/bias_relu_cpu.h"
 #include "worker/cuda/softmax_xent_cpu.h"
-#include "worker/backend_testing.h"
 #include "worker/model.h"
 
 namespace shardps::worker {

@@ -53,6 +53,8 @@ namespace {
 // Raw (byte buffer) forms of the data-path methods; see common/wire.h.
 constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
 constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
+// Uploads up to this size are written before reading replies, on one thread.
+constexpr int64_t kInlineUploadBytes = 1 << 20;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -64,9 +66,11 @@ absl::Status RunParallel(size_t n,
   std::vector<absl::Status> statuses(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
+  // The calling thread takes the last item itself.
+  for (size_t i = 0; i + 1 < n; ++i) {
     threads.emplace_back([&, i] { statuses[i] = fn(i); });
   }
+  if (n > 0) statuses[n - 1] = fn(n - 1);
   for (std::thread& t : threads) t.join();
   for (absl::Status& s : statuses) {
     if (!s.ok()) return s;
@@ -220,9 +224,13 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
       stream(grpc::internal::ClientReaderWriterFactory<
              grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
                                                          method, &ctx));
-  // Writes run beside the reads so replies flow while later chunks upload.
-  // Payload slices point into the caller's gradients: no copy.
-  std::thread writer([&] {
+  // Payload slices point into the caller's gradients: no copy. For large
+  // uploads the writes run beside the reads so replies flow while later
+  // chunks upload; small ones are written first, saving a thread. (Writes
+  // never wait for reads: the server reads every message as it arrives.)
+  int64_t upload_bytes = 0;
+  for (uint32_t id : *pending) upload_bytes += chunks_[id].bytes();
+  auto write_all = [&] {
     v1::PushPullRequest header;
     header.set_rank(options_.rank);
     header.set_generation(options_.generation);
@@ -243,7 +251,13 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
     }
     stream->WritesDone();
     lane->writes_done = absl::Now();
-  });
+  };
+  std::thread writer;
+  if (upload_bytes > kInlineUploadBytes) {
+    writer = std::thread(write_all);
+  } else {
+    write_all();
+  }
   std::vector<bool> answered(chunks_.size(), false);
   absl::Status reply_error;
   grpc::ByteBuffer buffer;
@@ -273,7 +287,7 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
     }
     answered[id] = true;
   }
-  writer.join();
+  if (writer.joinable()) writer.join();
   absl::Status status = FromGrpcStatus(stream->Finish());
   stream.reset();
   lane->AwaitSlicesReleased();

@@ -43,7 +43,8 @@ absl::StatusOr<double> StepRate(worker::Backend* backend,
   SHARDPS_RETURN_IF_ERROR(step());  // warm-up
   const absl::Time start = absl::Now();
   for (int s = 0; s < steps; ++s) SHARDPS_RETURN_IF_ERROR(step());
-  return static_cast<double>(batch) * steps / absl::ToDoubleSeconds(absl::Now() - start);
+  return static_cast<double>(batch) * steps /
+         absl::ToDoubleSeconds(absl::Now() - start);
 }
 
 }  // namespace

@@ -11,12 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/backend_testing.h"
 #include "worker/cuda/bias_relu.cuh"
 #include "worker/cuda/bias_relu_cpu.h"
 #include "worker/cuda/softmax_xent.cuh"
 #include "worker/cuda/softmax_xent_cpu.h"
-
-#include "worker/backend_testing.h"
 
 namespace shardps::worker {
 namespace {

@@ -1,0 +1,158 @@
+// shardps-coordinator: membership, generations and the cluster view of one
+// job (proto/shardps/v1/coordinator.proto).
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/daemon_flags.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/coordinator_service.h"
+#include "server/membership.h"
+
+ABSL_FLAG(std::string, job_id, "shardps",
+          "Job this coordinator runs; joins naming another job are refused.");
+ABSL_FLAG(uint32_t, num_servers, 1,
+          "Parameter shards the job expects (shard indices 0..n-1).");
+ABSL_FLAG(uint32_t, num_workers, 1, "Workers the job expects (ranks 0..n-1).");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000,
+          "A member without a heartbeat for this long is expired.");
+
+namespace shardps::server {
+namespace {
+
+constexpr char kServiceName[] = "shardps.v1.Coordinator";
+
+absl::StatusOr<MembershipOptions> OptionsFromFlags() {
+  SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
+  MembershipOptions o;
+  o.job_id = absl::GetFlag(FLAGS_job_id);
+  o.num_servers = absl::GetFlag(FLAGS_num_servers);
+  o.num_workers = absl::GetFlag(FLAGS_num_workers);
+  o.heartbeat_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  std::random_device random;
+  o.incarnation = (uint64_t{random()} << 32) | random();
+  return o;
+}
+
+std::string ListenAddress(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return absl::StrCat(ipv6 ? absl::StrCat("[", host, "]") : host, ":", port);
+}
+
+// Logs membership events and expires silent members, on its own thread,
+// until destroyed.
+class Keeper {
+ public:
+  explicit Keeper(Membership* membership, absl::Duration timeout)
+      : membership_(membership),
+        // Expiry lags the timeout by at most a tenth of it (and 250 ms).
+        tick_(std::clamp(timeout / 10, absl::Milliseconds(10),
+                         absl::Milliseconds(250))),
+        thread_([this] { Loop(); }) {}
+  ~Keeper() {
+    stop_.Notify();
+    thread_.join();
+    LogEvents(absl::Now());  // the last ones
+  }
+
+ private:
+  void Loop() {
+    while (!stop_.HasBeenNotified()) {
+      LogEvents(absl::Now() + tick_);
+      membership_->Expire();
+    }
+  }
+  void LogEvents(absl::Time deadline) {
+    for (const MembershipEvent& e : membership_->AwaitEvents(deadline)) {
+      if (e.kind == MembershipEvent::Kind::kRejected) {
+        LogWarning("%s", DescribeEvent(e));
+      } else {
+        LogInfo("%s", DescribeEvent(e));
+      }
+    }
+  }
+
+  Membership* const membership_;
+  const absl::Duration tick_;
+  absl::Notification stop_;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+// Builds and starts the gRPC server: the service, health and reflection.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
+    CoordinatorService* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address =
+      ListenAddress(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+absl::Status Run() {
+  SHARDPS_ASSIGN_OR_RETURN(MembershipOptions options, OptionsFromFlags());
+  InitLog("coordinator", -1, absl::GetFlag(FLAGS_log_format) == "json");
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Membership> membership,
+                           Membership::Create(options));
+  // Declared before the server: it must outlive it.
+  CoordinatorService service(membership.get());
+  int port = 0;
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
+                           StartServer(&service, &port));
+  Keeper keeper(membership.get(), options.heartbeat_timeout);
+  LogInfo(
+      "job %s: coordinator listening on %s:%d (servers=%d, workers=%d, "
+      "heartbeat timeout %d ms)",
+      options.job_id, absl::GetFlag(FLAGS_host), port, options.num_servers,
+      options.num_workers,
+      absl::ToInt64Milliseconds(options.heartbeat_timeout));
+  absl::Status status = WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+  if (status.ok()) {
+    const int sig = WaitForTerminationSignal();
+    LogInfo("signal %d: shutting down", sig);
+  }
+  // Probes see NOT_SERVING from here on; watch streams end with UNAVAILABLE,
+  // so the server need not wait for them.
+  server->GetHealthCheckService()->Shutdown();
+  service.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  const v1::ClusterView view = membership->View();
+  LogInfo("stopped at generation %d, global step %d, epoch %d",
+          view.generation(), view.global_step(), view.epoch());
+  return status;
+}
+
+}  // namespace
+}  // namespace shardps::server
+
+int main(int argc, char** argv) {
+  shardps::BlockTerminationSignals();
+  shardps::ParseDaemonFlags(
+      argc, argv,
+      "tracks the membership of a shardps job: servers and workers join, "
+      "heartbeat and watch the cluster view.\n"
+      "  shardps-coordinator --job_id=mnist --num_servers=2 --num_workers=2 "
+      "--port=0 --port_file=/tmp/coordinator.port");
+  return shardps::ExitCode(shardps::server::Run());
+}

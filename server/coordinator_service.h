@@ -1,0 +1,78 @@
+// The Coordinator gRPC service: thin callback handlers over a Membership, and
+// WatchCluster streams fed by a notifier thread that wakes every open stream
+// when the generation changes, so no callback thread ever blocks.
+#ifndef SHARDPS_SERVER_COORDINATOR_SERVICE_H_
+#define SHARDPS_SERVER_COORDINATOR_SERVICE_H_
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "server/membership.h"
+#include "shardps/v1/coordinator.grpc.pb.h"
+
+namespace shardps::server {
+
+class WatchReactor;
+
+// `membership` must outlive the service. The service must outlive the
+// grpc::Server it is registered with (watch streams call back into it until
+// their OnDone).
+class CoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  // Starts the notifier thread.
+  explicit CoordinatorService(Membership* membership);
+  // Calls Shutdown().
+  ~CoordinatorService() override;
+
+  // Ends every open WatchCluster stream with UNAVAILABLE (later ones end at
+  // once) and stops the notifier. Call before grpc::Server::Shutdown, which
+  // would otherwise wait for the streams until its deadline. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  grpc::ServerWriteReactor<v1::ClusterView>* WatchCluster(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchRequest* request) override;
+  grpc::ServerUnaryReactor* ReportProgress(
+      grpc::CallbackServerContext* ctx, const v1::ProgressRequest* request,
+      v1::ProgressResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobStatus(grpc::CallbackServerContext* ctx,
+                                         const v1::JobStatusRequest* request,
+                                         v1::JobStatus* response) override;
+
+  // For WatchReactor::OnDone: forgets a finished stream.
+  void Unregister(WatchReactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Offers each new view to every registered stream until Shutdown.
+  void NotifyLoop();
+  std::vector<std::shared_ptr<WatchReactor>> Watchers() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  Membership* const membership_;
+  absl::Notification stop_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<WatchReactor*, std::shared_ptr<WatchReactor>> watchers_
+      ABSL_GUARDED_BY(mu_);
+  // Last member: started once everything it reads is constructed.
+  std::thread notifier_;
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,115 @@
+// shardps-ctl: inspects a running shardps job from the shell. Exit code 0 on
+// success, 1 on any failure (with a one-line reason on stderr).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "server/ctl.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "status: host:port of the shardps-coordinator.");
+ABSL_FLAG(std::string, addr, "", "health: host:port of the daemon to check.");
+ABSL_FLAG(std::string, service, "",
+          "health: service name to check, e.g. shardps.v1.Coordinator; "
+          "empty checks the whole server.");
+ABSL_FLAG(std::vector<std::string>, servers, {},
+          "shards: comma-separated host:port of the parameter shards.");
+ABSL_FLAG(int32_t, timeout_ms, 5000, "Deadline of every RPC in milliseconds.");
+
+namespace shardps::ctl {
+namespace {
+
+constexpr char kUsage[] =
+    "inspects a running shardps job.\n"
+    "usage: shardps-ctl <subcommand> [flags]\n"
+    "  status --coordinator=host:port           job view: generation, "
+    "servers, workers, progress\n"
+    "  health --addr=host:port [--service=NAME]  exit 0 only when SERVING\n"
+    "  shards --servers=host:port,...           each parameter shard's "
+    "status\n"
+    "every RPC has a deadline: --timeout_ms (default 5000)";
+
+int Fail(const std::string& reason) {
+  absl::FPrintF(stderr, "shardps-ctl: %s\n", reason);
+  return 1;
+}
+
+int Status(absl::Duration timeout) {
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) return Fail("status needs --coordinator=host:port");
+  absl::StatusOr<v1::JobStatus> status = FetchJobStatus(coordinator, timeout);
+  if (!status.ok()) return Fail(status.status().ToString());
+  absl::PrintF("%s", FormatJobStatus(*status));
+  return 0;
+}
+
+int Health(absl::Duration timeout) {
+  const std::string addr = absl::GetFlag(FLAGS_addr);
+  if (addr.empty()) return Fail("health needs --addr=host:port");
+  const std::string service = absl::GetFlag(FLAGS_service);
+  absl::StatusOr<HealthState> state = CheckHealth(addr, service, timeout);
+  if (!state.ok()) return Fail(state.status().ToString());
+  const std::string what =
+      service.empty() ? addr : absl::StrFormat("%s (%s)", addr, service);
+  if (*state != HealthState::kServing) {
+    return Fail(absl::StrFormat("%s is %s", what, HealthStateName(*state)));
+  }
+  absl::PrintF("%s: SERVING\n", what);
+  return 0;
+}
+
+int Shards(absl::Duration timeout) {
+  const std::vector<std::string> servers = absl::GetFlag(FLAGS_servers);
+  if (servers.empty()) return Fail("shards needs --servers=host:port,...");
+  const std::vector<ShardReport> reports = FetchShardReports(servers, timeout);
+  absl::PrintF("%s", FormatShardReports(reports));
+  int failed = 0;
+  for (const ShardReport& r : reports) failed += r.status.ok() ? 0 : 1;
+  if (failed > 0) {
+    return Fail(absl::StrFormat("%d of %d shards did not answer", failed,
+                                reports.size()));
+  }
+  return 0;
+}
+
+int Main(const std::vector<char*>& args) {
+  if (args.size() != 2) {
+    return Fail(absl::StrFormat(
+        "%s\n%s",
+        args.size() < 2 ? "missing subcommand" : "one subcommand at a time",
+        kUsage));
+  }
+  const int32_t timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  if (timeout_ms <= 0) {
+    return Fail(
+        absl::StrFormat("--timeout_ms=%d must be positive", timeout_ms));
+  }
+  const absl::Duration timeout = absl::Milliseconds(timeout_ms);
+  const std::string command = args[1];
+  if (command == "status") return Status(timeout);
+  if (command == "health") return Health(timeout);
+  if (command == "shards") return Shards(timeout);
+  return Fail(
+      absl::StrFormat("unknown subcommand \"%s\"\n%s", command, kUsage));
+}
+
+}  // namespace
+}  // namespace shardps::ctl
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(shardps::ctl::kUsage);
+  // Abseil's --help lists flags of a file named after the binary; list ours.
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "ctl_main");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+  return shardps::ctl::Main(absl::ParseCommandLine(argc, argv));
+}

@@ -1,0 +1,407 @@
+#include "server/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/coordinator_protocol.h"
+#include "common/status.h"
+
+namespace shardps::server {
+namespace {
+
+constexpr uint32_t kMaxMembersPerRole = 65536;
+
+const char* RoleName(v1::Role role) {
+  return role == v1::ROLE_SERVER ? "server" : "worker";
+}
+const char* IndexName(v1::Role role) {
+  return role == v1::ROLE_SERVER ? "shard index" : "rank";
+}
+
+const char* KindText(MembershipEvent::Kind kind) {
+  switch (kind) {
+    case MembershipEvent::Kind::kJoined:
+      return "joined";
+    case MembershipEvent::Kind::kReplaced:
+      return "joined again from the same address, replacing its old membership";
+    case MembershipEvent::Kind::kLeft:
+      return "left";
+    case MembershipEvent::Kind::kExpired:
+      return "expired (no heartbeat within the timeout)";
+    case MembershipEvent::Kind::kRejected:
+      return "rejected";
+  }
+  return "changed";
+}
+
+absl::Status CheckProgress(int64_t step, int64_t epoch) {
+  if (step < 0 || epoch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " and epoch ", epoch, " must not be negative"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DescribeEvent(const MembershipEvent& e) {
+  if (e.kind == MembershipEvent::Kind::kRejected) {
+    return absl::StrCat("rejected join: ", e.detail, "; generation ",
+                        e.generation, " unchanged");
+  }
+  return absl::StrCat(
+      RoleName(e.role), " ", e.index,
+      e.address.empty() ? "" : absl::StrCat(" (", e.address, ")"), " ",
+      KindText(e.kind), "; generation ", e.generation);
+}
+
+absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(
+    MembershipOptions options) {
+  if (options.job_id.empty()) {
+    return absl::InvalidArgumentError("--job_id is empty");
+  }
+  if (options.num_servers < 1 || options.num_servers > kMaxMembersPerRole) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_servers=", options.num_servers, " must be in [1, 65536]"));
+  }
+  if (options.num_workers < 1 || options.num_workers > kMaxMembersPerRole) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_workers=", options.num_workers, " must be in [1, 65536]"));
+  }
+  if (options.heartbeat_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_timeout_ms=",
+                     absl::ToInt64Milliseconds(options.heartbeat_timeout),
+                     " must be positive"));
+  }
+  if (!options.clock) options.clock = [] { return absl::Now(); };
+  return std::unique_ptr<Membership>(new Membership(std::move(options)));
+}
+
+Membership::Membership(MembershipOptions options)
+    : options_(std::move(options)), start_(options_.clock()) {
+  absl::MutexLock lock(&mu_);
+  servers_.resize(options_.num_servers);
+  workers_.resize(options_.num_workers);
+}
+
+absl::Status Membership::ValidateJoin(const v1::JoinRequest& r) const {
+  if (r.protocol_version() != kCoordinatorProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "protocol version ", r.protocol_version(),
+        ", this coordinator speaks version ", kCoordinatorProtocolVersion));
+  }
+  if (r.job_id() != options_.job_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job id \"", r.job_id(), "\", this coordinator runs job \"",
+        options_.job_id, "\""));
+  }
+  if (r.role() != v1::ROLE_SERVER && r.role() != v1::ROLE_WORKER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role ", v1::Role_Name(r.role()),
+                     ": join as ROLE_SERVER or ROLE_WORKER"));
+  }
+  const std::string& a = r.address();
+  const size_t colon = a.rfind(':');
+  if (r.role() == v1::ROLE_SERVER &&
+      (colon == std::string::npos || colon == 0 || colon + 1 == a.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a server joins with its host:port address, got \"", a, "\""));
+  }
+  const uint32_t count =
+      r.role() == v1::ROLE_SERVER ? options_.num_servers : options_.num_workers;
+  if (r.requested_index() >= 0 &&
+      static_cast<uint32_t>(r.requested_index()) >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        IndexName(r.role()), " ", r.requested_index(), " is outside [0, ",
+        count, "): this job has ", count, " ", RoleName(r.role()), "s"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Membership::PickIndex(const v1::JoinRequest& r) const {
+  const std::vector<Slot>& slots = Slots(r.role());
+  const int32_t requested = r.requested_index();
+  const char* what = IndexName(r.role());
+  if (r.role() == v1::ROLE_SERVER) {
+    // A server joining from an address it held before is a restart: it gets
+    // its old index back (replacing itself when the old lease is still live).
+    // Prefer the live slot; a dead one with that address is free anyway.
+    std::optional<uint32_t> own;
+    for (uint32_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].address != r.address()) continue;
+      if (!own.has_value() || slots[i].alive()) own = i;
+      if (slots[i].alive()) break;
+    }
+    if (own.has_value() &&
+        (requested < 0 || requested == static_cast<int32_t>(*own))) {
+      return *own;
+    }
+    if (own.has_value() && slots[*own].alive()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("address ", r.address(), " already holds shard index ",
+                       *own, "; it cannot also take shard index ", requested));
+    }
+  }
+  if (requested >= 0) {
+    const Slot& slot = slots[requested];
+    if (!slot.alive()) return static_cast<uint32_t>(requested);
+    return absl::AlreadyExistsError(absl::StrCat(
+        what, " ", requested, " is held by ",
+        slot.address.empty() ? "another live member" : slot.address,
+        " (generation ", generation_, ")"));
+  }
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    if (!slots[i].alive()) return i;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("all ", slots.size(), " ", RoleName(r.role()),
+                   " slots are held by live members (", what, "s 0 to ",
+                   slots.size() - 1, ")"));
+}
+
+absl::StatusOr<v1::JoinResponse> Membership::Join(const v1::JoinRequest& r) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::JoinResponse> result = JoinLocked(r);
+  if (!result.ok()) {
+    MembershipEvent e;
+    e.kind = MembershipEvent::Kind::kRejected;
+    e.role = r.role();
+    e.address = r.address();
+    e.generation = generation_;
+    e.detail = absl::StrCat(
+        v1::Role_Name(r.role()), " from \"", r.address(), "\" asking for ",
+        r.requested_index() < 0 ? "any index"
+                                : absl::StrCat("index ", r.requested_index()),
+        " in job \"", r.job_id(), "\": ", result.status().ToString());
+    AddEvent(std::move(e));
+  }
+  return result;
+}
+
+absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
+    const v1::JoinRequest& r) {
+  SHARDPS_RETURN_IF_ERROR(ValidateJoin(r));
+  ExpireLocked();
+  SHARDPS_ASSIGN_OR_RETURN(const uint32_t index, PickIndex(r));
+  const SlotRef ref(r.role(), index);
+  Slot& slot = Slots(r.role())[index];
+  MembershipEvent::Kind kind = MembershipEvent::Kind::kJoined;
+  if (slot.alive()) {
+    members_.erase(slot.member_id);
+    kind = MembershipEvent::Kind::kReplaced;
+  }
+  slot.member_id = absl::StrFormat("%s%u-%016x-%u", RoleName(r.role()), index,
+                                   options_.incarnation, next_member_++);
+  slot.address = r.address();
+  slot.last_heartbeat = options_.clock();
+  slot.step = 0;
+  slot.epoch = 0;
+  members_[slot.member_id] = ref;
+  ++generation_;
+  Record(kind, ref);
+
+  v1::JoinResponse response;
+  response.set_member_id(slot.member_id);
+  response.set_index(index);
+  *response.mutable_view() = ViewLocked();
+  response.set_heartbeat_timeout_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  return response;
+}
+
+absl::StatusOr<Membership::Slot*> Membership::FindLive(
+    const std::string& member_id) {
+  ExpireLocked();
+  auto it = members_.find(member_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("member \"", member_id, "\" is not part of generation ",
+                     generation_, " (unknown, left, or expired after ",
+                     absl::FormatDuration(options_.heartbeat_timeout),
+                     " without a heartbeat): join again"));
+  }
+  return &Slots(it->second.first)[it->second.second];
+}
+
+void Membership::RecordProgress(Slot* slot, int64_t step, int64_t epoch) {
+  slot->last_heartbeat = options_.clock();
+  slot->step = step;
+  slot->epoch = epoch;
+  global_step_ = std::max(global_step_, step);
+  epoch_ = std::max(epoch_, epoch);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(
+    const v1::HeartbeatRequest& r) {
+  SHARDPS_RETURN_IF_ERROR(CheckProgress(r.step(), r.epoch()));
+  absl::MutexLock lock(&mu_);
+  SHARDPS_ASSIGN_OR_RETURN(Slot * slot, FindLive(r.member_id()));
+  RecordProgress(slot, r.step(), r.epoch());
+  v1::HeartbeatResponse response;
+  response.set_generation(generation_);
+  response.set_complete(CompleteLocked());
+  return response;
+}
+
+absl::StatusOr<v1::ProgressResponse> Membership::ReportProgress(
+    const v1::ProgressRequest& r) {
+  SHARDPS_RETURN_IF_ERROR(CheckProgress(r.step(), r.epoch()));
+  absl::MutexLock lock(&mu_);
+  SHARDPS_ASSIGN_OR_RETURN(Slot * slot, FindLive(r.member_id()));
+  RecordProgress(slot, r.step(), r.epoch());
+  v1::ProgressResponse response;
+  response.set_global_step(global_step_);
+  response.set_epoch(epoch_);
+  response.set_generation(generation_);
+  return response;
+}
+
+absl::StatusOr<v1::LeaveResponse> Membership::Leave(const v1::LeaveRequest& r) {
+  absl::MutexLock lock(&mu_);
+  SHARDPS_RETURN_IF_ERROR(FindLive(r.member_id()).status());
+  Remove(members_.at(r.member_id()), MembershipEvent::Kind::kLeft);
+  v1::LeaveResponse response;
+  response.set_generation(generation_);
+  return response;
+}
+
+void Membership::Remove(const SlotRef& ref, MembershipEvent::Kind kind) {
+  Slot& slot = Slots(ref.first)[ref.second];
+  members_.erase(slot.member_id);
+  slot.member_id.clear();
+  ++generation_;
+  Record(kind, ref);
+}
+
+int Membership::Expire() {
+  absl::MutexLock lock(&mu_);
+  return ExpireLocked();
+}
+
+int Membership::ExpireLocked() {
+  const absl::Time now = options_.clock();
+  int expired = 0;
+  for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
+    const std::vector<Slot>& slots = Slots(role);
+    for (uint32_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].alive() &&
+          now - slots[i].last_heartbeat > options_.heartbeat_timeout) {
+        Remove(SlotRef(role, i), MembershipEvent::Kind::kExpired);
+        ++expired;
+      }
+    }
+  }
+  return expired;
+}
+
+void Membership::Record(MembershipEvent::Kind kind, const SlotRef& ref) {
+  MembershipEvent e;
+  e.kind = kind;
+  e.role = ref.first;
+  e.index = ref.second;
+  e.address = Slots(ref.first)[ref.second].address;
+  e.generation = generation_;
+  AddEvent(std::move(e));
+}
+
+void Membership::AddEvent(MembershipEvent e) {
+  events_.push_back(std::move(e));
+  // Nobody may be draining (tests, a stuck logger): keep memory bounded.
+  if (events_.size() > kMaxPendingEvents) events_.pop_front();
+}
+
+bool Membership::CompleteLocked() const {
+  auto alive = [](const Slot& s) { return s.alive(); };
+  return std::all_of(servers_.begin(), servers_.end(), alive) &&
+         std::all_of(workers_.begin(), workers_.end(), alive);
+}
+
+v1::ClusterView Membership::ViewLocked() const {
+  v1::ClusterView view;
+  view.set_generation(generation_);
+  view.set_job_id(options_.job_id);
+  view.set_num_shards(options_.num_servers);
+  view.set_num_workers(options_.num_workers);
+  for (uint32_t i = 0; i < servers_.size(); ++i) {
+    v1::ServerSlot* s = view.add_servers();
+    s->set_shard_index(i);
+    s->set_address(servers_[i].address);
+    s->set_alive(servers_[i].alive());
+  }
+  for (uint32_t i = 0; i < workers_.size(); ++i) {
+    v1::WorkerSlot* w = view.add_workers();
+    w->set_rank(i);
+    w->set_address(workers_[i].address);
+    w->set_alive(workers_[i].alive());
+  }
+  view.set_complete(CompleteLocked());
+  view.set_global_step(global_step_);
+  view.set_epoch(epoch_);
+  return view;
+}
+
+v1::ClusterView Membership::View() const {
+  absl::MutexLock lock(&mu_);
+  return ViewLocked();
+}
+
+uint64_t Membership::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+v1::JobStatus Membership::Status() const {
+  absl::MutexLock lock(&mu_);
+  // Read under the lock, so no heartbeat recorded so far is in the future.
+  const absl::Time now = options_.clock();
+  v1::JobStatus status;
+  *status.mutable_view() = ViewLocked();
+  for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
+    const std::vector<Slot>& slots = Slots(role);
+    for (uint32_t i = 0; i < slots.size(); ++i) {
+      v1::MemberStatus* m = status.add_members();
+      m->set_role(role);
+      m->set_index(i);
+      m->set_address(slots[i].address);
+      m->set_alive(slots[i].alive());
+      m->set_heartbeat_age_ms(
+          slots[i].last_heartbeat == absl::InfinitePast()
+              ? -1
+              : absl::ToInt64Milliseconds(now - slots[i].last_heartbeat));
+      m->set_step(slots[i].step);
+      m->set_epoch(slots[i].epoch);
+    }
+  }
+  status.set_heartbeat_timeout_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  status.set_uptime_ms(absl::ToInt64Milliseconds(now - start_));
+  status.set_protocol_version(kCoordinatorProtocolVersion);
+  return status;
+}
+
+std::optional<v1::ClusterView> Membership::AwaitViewAfter(
+    uint64_t generation, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return generation_ != generation;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
+    return std::nullopt;
+  }
+  return ViewLocked();
+}
+
+std::vector<MembershipEvent> Membership::AwaitEvents(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !events_.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&pending), deadline);
+  std::vector<MembershipEvent> events(events_.begin(), events_.end());
+  events_.clear();
+  return events;
+}
+
+}  // namespace shardps::server
