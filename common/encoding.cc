@@ -11,8 +11,10 @@ v1::Encoding EffectiveEncoding(v1::Encoding e) {
   return e == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : e;
 }
 
-void StringByteSource::CopyTo(char* dst) const {
+void StringByteSource::CopyTo(
+    char* dst, const std::function<void(uint64_t)>& copied) const {
   std::memcpy(dst, bytes_.data(), bytes_.size());
+  if (copied) copied(bytes_.size());
 }
 
 absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,

@@ -5,6 +5,7 @@
 #define SHARDPS_COMMON_ENCODING_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,8 +23,12 @@ class ByteSource {
  public:
   virtual ~ByteSource() = default;
   virtual uint64_t size() const = 0;
-  // Copies all size() bytes to dst.
-  virtual void CopyTo(char* dst) const = 0;
+  // Copies all size() bytes to dst. After each contiguous piece, calls
+  // copied(n) with the number of bytes copied so far (when not null), so the
+  // caller can inspect the data while it is still in cache.
+  virtual void CopyTo(char* dst,
+                      const std::function<void(uint64_t)>& copied) const = 0;
+  void CopyTo(char* dst) const { CopyTo(dst, nullptr); }
 };
 
 // A ByteSource over a string_view; the bytes must outlive it.
@@ -31,7 +36,9 @@ class StringByteSource final : public ByteSource {
  public:
   explicit StringByteSource(absl::string_view bytes) : bytes_(bytes) {}
   uint64_t size() const override { return bytes_.size(); }
-  void CopyTo(char* dst) const override;
+  using ByteSource::CopyTo;
+  void CopyTo(char* dst,
+              const std::function<void(uint64_t)>& copied) const override;
 
  private:
   absl::string_view bytes_;

@@ -146,7 +146,8 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
   return absl::OkStatus();
 }
 
-void PayloadView::CopyTo(char* dst) const {
+void PayloadView::CopyTo(char* dst,
+                         const std::function<void(uint64_t)>& copied) const {
   uint64_t left = size_;
   size_t s = first_slice_;
   size_t off = first_offset_;
@@ -156,6 +157,7 @@ void PayloadView::CopyTo(char* dst) const {
     std::memcpy(dst, slices_[s].begin() + off, k);
     dst += k;
     left -= k;
+    if (copied) copied(size_ - left);
     ++s;
     off = 0;
   }

@@ -29,8 +29,10 @@ grpc::ByteBuffer EncodeWithPayload(const google::protobuf::MessageLite& header,
 class PayloadView final : public ByteSource {
  public:
   uint64_t size() const override { return size_; }
-  // Copies the payload to dst[0, size()).
-  void CopyTo(char* dst) const override;
+  // Copies the payload to dst[0, size()), one received slice at a time.
+  using ByteSource::CopyTo;
+  void CopyTo(char* dst,
+              const std::function<void(uint64_t)>& copied) const override;
 
  private:
   friend absl::Status DecodeWithPayload(const grpc::ByteBuffer&,

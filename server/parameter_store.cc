@@ -154,9 +154,23 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
 absl::Status ParameterStore::TakeGradient(const State& state,
                                           const PushArgs& args, Chunk* chunk) {
   std::vector<float>& buf = chunk->contributions[args.rank];
-  args.payload->CopyTo(reinterpret_cast<char*>(buf.data()));
-  if (options_.allow_nonfinite) return absl::OkStatus();
-  const int64_t bad = FirstNonFinite(buf.data(), chunk->spec.num_elements);
+  if (options_.allow_nonfinite) {
+    args.payload->CopyTo(reinterpret_cast<char*>(buf.data()));
+    return absl::OkStatus();
+  }
+  // Checked piece by piece as it is copied, while the piece is in cache.
+  int64_t checked = 0;
+  int64_t bad = -1;
+  args.payload->CopyTo(
+      reinterpret_cast<char*>(buf.data()), [&](uint64_t bytes) {
+        const int64_t complete = bytes / 4;
+        if (bad < 0 && complete > checked) {
+          const int64_t at =
+              FirstNonFinite(buf.data() + checked, complete - checked);
+          if (at >= 0) bad = checked + at;
+          checked = complete;
+        }
+      });
   if (bad < 0) return absl::OkStatus();
   // The buffer is scratch until the rank is marked as contributed, so a
   // rejected push leaves no trace.
