@@ -308,6 +308,30 @@ void ParameterStore::Deliver(ReplySink* sink, ChunkReply reply) {
   sink->Deliver(std::move(reply));
 }
 
+bool ParameterStore::StalenessAllows(const Chunk& chunk, int64_t step) const {
+  if (options_.mode != Mode::kSsp) return true;
+  // A rank's clock is the number of steps it has pushed.
+  const int64_t slowest_clock =
+      *std::min_element(chunk.last_step.begin(), chunk.last_step.end()) + 1;
+  return slowest_clock >= step + 1 - options_.staleness;
+}
+
+void ParameterStore::ReleaseHeld(
+    Chunk* chunk,
+    std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>* replies) {
+  auto still_held = std::partition(
+      chunk->held.begin(), chunk->held.end(),
+      [&](const Waiter& w) { return !StalenessAllows(*chunk, w.step); });
+  for (auto it = still_held; it != chunk->held.end(); ++it) {
+    ChunkReply reply;
+    reply.chunk_id = chunk->spec.id;
+    reply.version = chunk->version;
+    if (!it->push_only) reply.weights = chunk->weights;
+    replies->emplace_back(std::move(it->sink), std::move(reply));
+  }
+  chunk->held.erase(still_held, chunk->held.end());
+}
+
 absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
                                        Chunk* chunk,
                                        std::shared_ptr<ReplySink> sink) {
@@ -315,28 +339,24 @@ absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
   {
     absl::MutexLock lock(&chunk->mu);
     const int64_t last = chunk->last_step[args.rank];
-    if (args.step == last) {
-      // A retry: already applied; answer with the current weights.
-      ChunkReply reply;
-      reply.chunk_id = chunk->spec.id;
-      reply.version = chunk->version;
-      if (!args.push_only) reply.weights = chunk->weights;
-      replies.emplace_back(std::move(sink), std::move(reply));
-    } else if (args.step != last + 1) {
+    if (args.step != last && args.step != last + 1) {
       return absl::OutOfRangeError(absl::StrCat(
           "step ", args.step, " of chunk ", chunk->spec.id, " from rank ",
           args.rank, " is in the ", args.step < last ? "past" : "future",
           ": the last step applied for this rank is ", last));
-    } else {
-      // Applied on arrival, on this thread: async pushes never wait.
+    }
+    if (args.step == last + 1) {
+      // Applied on arrival, on this thread. (A push of `last` is a retry:
+      // already applied, it only gets the current weights.)
       SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
       chunk->last_step[args.rank] = args.step;
       std::vector<const float*> contributions = {
           chunk->contributions[args.rank].data()};
-      replies = ApplyLocked(
-          *state.optimizer, chunk, contributions,
-          {Waiter{options_.num_workers, args.push_only, std::move(sink)}});
+      ApplyLocked(*state.optimizer, chunk, contributions, {});
     }
+    chunk->held.push_back(
+        {args.rank, args.push_only, std::move(sink), args.step});
+    ReleaseHeld(chunk, &replies);
   }
   for (auto& [s, reply] : replies) Deliver(s.get(), std::move(reply));
   return absl::OkStatus();
@@ -381,7 +401,10 @@ v1::GetStatusResponse ParameterStore::Status() const {
   resp.set_shard_index(options_.shard_index);
   resp.set_num_shards(options_.num_shards);
   resp.set_num_workers(options_.num_workers);
-  resp.set_mode(options_.mode == Mode::kSync ? "sync" : "async");
+  resp.set_mode(options_.mode == Mode::kSync ? "sync"
+                : options_.mode == Mode::kAsync
+                    ? "async"
+                    : absl::StrCat("ssp:", options_.staleness));
   resp.set_generation(options_.generation);
   resp.set_pushes_total(pushes_.load());
   resp.set_updates_total(updates_.load());

@@ -23,13 +23,18 @@
 
 namespace shardps::server {
 
-enum class Mode { kSync, kAsync };
+// sync: a step's update waits for every worker. async: each push is applied
+// on arrival. ssp (stale synchronous parallel): applied on arrival, but the
+// reply to a worker's push of step t waits until every worker has pushed
+// step t - staleness, so no worker runs more than `staleness` steps ahead.
+enum class Mode { kSync, kAsync, kSsp };
 
 struct StoreOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   uint32_t num_workers = 1;
   Mode mode = Mode::kSync;
+  int64_t staleness = 0;  // ssp only
   uint64_t generation = 0;
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;
@@ -117,6 +122,7 @@ class ParameterStore {
     uint32_t rank = 0;
     bool push_only = false;
     std::shared_ptr<ReplySink> sink;
+    int64_t step = 0;  // ssp: the step whose reply waits
   };
   struct Chunk {
     ChunkSpec spec;
@@ -131,8 +137,10 @@ class ParameterStore {
     std::vector<bool> contributed ABSL_GUARDED_BY(mu);
     uint32_t num_contributed ABSL_GUARDED_BY(mu) = 0;
     std::vector<Waiter> waiters ABSL_GUARDED_BY(mu);
-    // Async: the last step applied for each rank (-1: none).
+    // Async and ssp: the last step applied for each rank (-1: none).
     std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+    // Ssp: replies held back until the slowest rank catches up.
+    std::vector<Waiter> held ABSL_GUARDED_BY(mu);
   };
   // Constant once Declare has published it.
   struct State {
@@ -167,6 +175,14 @@ class ParameterStore {
       std::vector<Waiter> waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   void ApplySync(const Optimizer& optimizer, Chunk* chunk)
       ABSL_LOCKS_EXCLUDED(chunk->mu);
+  // Ssp: true when the reply to `step` may go out (always in async mode).
+  bool StalenessAllows(const Chunk& chunk, int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Ssp: moves the held replies that may now go out into `replies`.
+  void ReleaseHeld(
+      Chunk* chunk,
+      std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>* replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   // Counts the bytes and hands `reply` to `sink`. Call without locks.
   void Deliver(ReplySink* sink, ChunkReply reply);
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);

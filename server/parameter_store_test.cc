@@ -66,10 +66,11 @@ v1::DeclareRequest SgdDeclaration(int64_t n, uint64_t chunk_bytes,
 
 class StoreFixture : public ::testing::Test {
  protected:
-  void Make(uint32_t workers, Mode mode = Mode::kSync) {
+  void Make(uint32_t workers, Mode mode = Mode::kSync, int64_t staleness = 0) {
     StoreOptions o;
     o.num_workers = workers;
     o.mode = mode;
+    o.staleness = staleness;
     store_ = std::make_unique<ParameterStore>(o);
     ASSERT_TRUE(store_->Declare(SgdDeclaration(4, 0, 1, 0)).ok());
   }
@@ -175,6 +176,44 @@ TEST_F(StoreFixture, AsyncAppliesOnArrival) {
   SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink));
   EXPECT_EQ(sink->Wait(3)[2].version, 2);
   EXPECT_EQ(Weights(), std::vector<float>(4, -1.0f));
+}
+
+TEST_F(StoreFixture, SyncWaitsAsyncDoesNotSspBoundsTheGap) {
+  constexpr int64_t kSteps = 6;
+  struct Case {
+    const char* what;
+    Mode mode;
+    int64_t staleness;
+    size_t completed;  // of rank 0's steps, while rank 1 is stalled
+  };
+  for (const Case& c :
+       {Case{"sync", Mode::kSync, 0, 0}, Case{"async", Mode::kAsync, 0, kSteps},
+        Case{"ssp:0", Mode::kSsp, 0, 0}, Case{"ssp:2", Mode::kSsp, 2, 2},
+        Case{"ssp:4", Mode::kSsp, 4, 4}}) {
+    SCOPED_TRACE(c.what);
+    Make(2, c.mode, c.staleness);
+    auto fast = std::make_shared<CollectingSink>();
+    int64_t pushed = 0;
+    // Rank 0 pushes its next step as soon as its previous one completed.
+    auto run_fast = [&] {
+      while (pushed < kSteps && fast->count() == static_cast<size_t>(pushed)) {
+        ASSERT_TRUE(Push(0, pushed++, {1, 1, 1, 1}, fast).ok());
+      }
+    };
+    run_fast();
+    EXPECT_EQ(fast->count(), c.completed);
+    if (c.mode != Mode::kSsp) continue;
+    // The stalled worker catches up one step at a time; each time rank 0
+    // gets exactly `staleness` steps ahead of it, never more.
+    auto slow = std::make_shared<CollectingSink>();
+    for (int64_t step = 0; step < kSteps; ++step) {
+      SHARDPS_ASSERT_OK(Push(1, step, {1, 1, 1, 1}, slow));
+      run_fast();
+      const size_t want = std::min<size_t>(kSteps, step + 1 + c.staleness);
+      EXPECT_EQ(fast->count(), want) << "after rank 1's step " << step;
+    }
+    EXPECT_EQ(slow->Wait(kSteps).size(), static_cast<size_t>(kSteps));
+  }
 }
 
 // Every rejected push gets its code and leaves weights, version and pending

@@ -2,6 +2,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
@@ -13,8 +15,9 @@ ABSL_FLAG(uint32_t, num_shards, 1, "Number of parameter shards in the job.");
 ABSL_FLAG(uint32_t, num_workers, 1,
           "Number of workers; sync steps wait for all of them.");
 ABSL_FLAG(std::string, mode, "sync",
-          "Consistency: sync (every step waits for every worker) or async "
-          "(pushes applied on arrival).");
+          "Consistency: sync (every step waits for every worker), async "
+          "(pushes applied on arrival) or ssp:K (applied on arrival, but no "
+          "worker gets more than K steps ahead of the slowest).");
 ABSL_FLAG(uint64_t, generation, 0, "Cluster generation requests must carry.");
 ABSL_FLAG(bool, allow_nonfinite, false,
           "Accept gradients holding NaN or infinity (rejected by default).");
@@ -42,9 +45,13 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
     o.store.mode = Mode::kSync;
   } else if (mode == "async") {
     o.store.mode = Mode::kAsync;
+  } else if (absl::StartsWith(mode, "ssp:") &&
+             absl::SimpleAtoi(mode.substr(4), &o.store.staleness) &&
+             o.store.staleness >= 0) {
+    o.store.mode = Mode::kSsp;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", mode, " is not one of: sync, async"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mode=", mode, " is not one of: sync, async, ssp:K (K >= 0)"));
   }
   o.store.generation = absl::GetFlag(FLAGS_generation);
   o.store.allow_nonfinite = absl::GetFlag(FLAGS_allow_nonfinite);

@@ -300,6 +300,45 @@ TEST(ParameterServerE2ETest, AsyncAppliesEveryPushOnArrival) {
   }
 }
 
+TEST(ParameterServerE2ETest, SspNeverLetsAWorkerRunMoreThanKStepsAhead) {
+  constexpr int64_t kStaleness = 2;
+  constexpr int64_t kSteps = 12;
+  absl::StatusOr<Cluster> cluster =
+      StartCluster(2, 2, absl::StrCat("ssp:", kStaleness));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const v1::Layout layout = TestLayout();
+  std::atomic<int64_t> completed[2] = {0, 0};
+  std::atomic<int64_t> max_gap{0};
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Client>> client = Connect(*cluster, r);
+      ASSERT_TRUE(client.ok());
+      SHARDPS_ASSERT_OK((*client)->Declare(layout, Sgd()));
+      Model w(layout);
+      for (int64_t step = 0; step < kSteps; ++step) {
+        // Rank 1 is artificially slow.
+        if (r == 1) absl::SleepFor(absl::Milliseconds(20));
+        Model g = Gradient(layout, r, step);
+        SHARDPS_ASSERT_OK((*client)->PushPull(step, g.ConstViews(), w.Views()));
+        const int64_t mine = ++completed[r];
+        const int64_t gap = mine - completed[1 - r].load();
+        int64_t seen = max_gap.load();
+        while (gap > seen && !max_gap.compare_exchange_weak(seen, gap)) {
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(completed[0].load(), kSteps);
+  EXPECT_EQ(completed[1].load(), kSteps);
+  // A reply for step t needs the slowest worker to have pushed t - K; the
+  // other worker has completed at most that many steps plus the one in
+  // flight when this worker counts.
+  EXPECT_LE(max_gap.load(), kStaleness + 1);
+  EXPECT_GE(max_gap.load(), 1);  // the fast worker did run ahead
+}
+
 TEST(ParameterServerE2ETest, ServesHealthAndStopsCleanlyOnSigterm) {
   absl::StatusOr<Cluster> cluster = StartCluster(1, 1, "sync");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
