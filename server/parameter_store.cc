@@ -60,6 +60,7 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) const {
     chunk->contributed.assign(n_workers, false);
     chunk->last_step.assign(n_workers, -1);
     state->owned_bytes += spec.bytes();
+    ++state->num_owned;
     state->owned[i] = std::move(chunk);
   }
   return state;
@@ -110,6 +111,48 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
   }
   resp.set_version(std::max<int64_t>(min_version, 0));
   return resp;
+}
+
+absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
+                                     std::vector<ChunkState> chunks) {
+  v1::DeclareRequest req = declaration;
+  req.set_num_shards(options_.num_shards);
+  req.set_shard_index(options_.shard_index);
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
+  if (chunks.size() != built->num_owned) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint holds ", chunks.size(), " chunks for shard ",
+        options_.shard_index, ", which owns ", built->num_owned));
+  }
+  for (ChunkState& saved : chunks) {
+    Chunk* chunk = saved.chunk_id < built->owned.size()
+                       ? built->owned[saved.chunk_id].get()
+                       : nullptr;
+    if (chunk == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint chunk ", saved.chunk_id, " is not owned by shard ",
+          options_.shard_index));
+    }
+    absl::MutexLock lock(&chunk->mu);
+    if (saved.weights.size() != chunk->weights->size() ||
+        saved.slots.size() != chunk->slots.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint chunk ", saved.chunk_id, " has another size or "
+          "optimizer state than the declaration"));
+    }
+    *chunk->weights = std::move(saved.weights);
+    chunk->slots = std::move(saved.slots);
+    chunk->version = saved.version;
+    // Async and ssp clocks restart from the checkpoint's step.
+    chunk->last_step.assign(options_.num_workers, saved.version - 1);
+  }
+  absl::MutexLock lock(&mu_);
+  if (state_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "this shard is already declared; restore before any Declare");
+  }
+  state_ = std::move(built);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ParameterStore::Chunk*> ParameterStore::FindChunk(
@@ -270,6 +313,7 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
                   chunk->spec.num_elements);
   ++chunk->version;
   updates_.fetch_add(1, std::memory_order_relaxed);
+  MaybeSnapshot(chunk);
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
   replies.reserve(waiters.size());
   for (Waiter& w : waiters) {
@@ -306,6 +350,39 @@ void ParameterStore::Deliver(ReplySink* sink, ChunkReply reply) {
     bytes_out_.fetch_add(reply.weights->size() * 4, std::memory_order_relaxed);
   }
   sink->Deliver(std::move(reply));
+}
+
+void ParameterStore::MaybeSnapshot(Chunk* chunk) {
+  const int64_t every = options_.checkpoint_every;
+  if (every <= 0 || chunk->version % every != 0) return;
+  ChunkState copy;
+  copy.chunk_id = chunk->spec.id;
+  copy.version = chunk->version;
+  copy.weights = *chunk->weights;
+  copy.slots = chunk->slots;
+  chunk->snapshots.push_back(std::move(copy));
+  const size_t owned = state()->num_owned;
+  absl::MutexLock lock(&snapshot_mu_);
+  if (++snapshot_counts_[chunk->version] == owned) {
+    snapshot_counts_.erase(chunk->version);
+    const int64_t version = chunk->version;
+    pool_.Schedule([this, version] { HandOverCheckpoint(version); });
+  }
+}
+
+void ParameterStore::HandOverCheckpoint(int64_t version) {
+  std::vector<ChunkState> states;
+  for (const auto& chunk : state()->owned) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    auto it = std::find_if(
+        chunk->snapshots.begin(), chunk->snapshots.end(),
+        [&](const ChunkState& s) { return s.version == version; });
+    if (it == chunk->snapshots.end()) return;  // cannot happen: counted
+    states.push_back(std::move(*it));
+    chunk->snapshots.erase(it);
+  }
+  if (options_.on_checkpoint) options_.on_checkpoint(version, std::move(states));
 }
 
 bool ParameterStore::StalenessAllows(const Chunk& chunk, int64_t step) const {

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "common/chunking.h"
 #include "common/encoding.h"
 #include "common/thread_pool.h"
+#include "server/checkpoint.h"
 #include "server/optimizer.h"
 #include "shardps/v1/parameter_server.pb.h"
 
@@ -40,6 +43,13 @@ struct StoreOptions {
   bool allow_nonfinite = false;
   // Threads that run optimizer updates, in parallel across chunks.
   int update_threads = 2;
+  // Checkpoints: when > 0, each chunk's state is copied when its version
+  // reaches a multiple of this, and once every owned chunk has its copy of
+  // version V, on_checkpoint(V, states) runs on an update thread (it may
+  // block to write them; other updates go on).
+  int64_t checkpoint_every = 0;
+  std::function<void(int64_t step, std::vector<ChunkState> chunks)>
+      on_checkpoint;
 };
 
 // The weights of one chunk at one version. Shared with the transport, which
@@ -104,6 +114,13 @@ class ParameterStore {
   absl::Status Push(const PushArgs& args, std::shared_ptr<ReplySink> sink)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Creates the shard's state from a checkpoint instead of initial values:
+  // `chunks` must hold exactly the chunks this shard owns under
+  // `declaration`. FailedPrecondition if the shard is already declared or
+  // the chunks do not match; InvalidArgument for a bad declaration.
+  absl::Status Restore(const v1::DeclareRequest& declaration,
+                       std::vector<ChunkState> chunks) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Copies out the weights of `chunk_id` with their version. NotFound if the
   // chunk is not declared on this shard; FailedPrecondition before Declare.
   absl::StatusOr<ChunkReply> Read(uint32_t chunk_id) const
@@ -141,6 +158,8 @@ class ParameterStore {
     std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
     // Ssp: replies held back until the slowest rank catches up.
     std::vector<Waiter> held ABSL_GUARDED_BY(mu);
+    // Checkpoint copies not yet handed to on_checkpoint.
+    std::vector<ChunkState> snapshots ABSL_GUARDED_BY(mu);
   };
   // Constant once Declare has published it.
   struct State {
@@ -152,6 +171,7 @@ class ParameterStore {
     std::vector<std::unique_ptr<Chunk>> owned;  // indexed by chunk id; null
                                                 // when another shard owns it
     uint64_t owned_bytes = 0;
+    size_t num_owned = 0;
   };
 
   absl::StatusOr<std::unique_ptr<State>> BuildState(
@@ -175,6 +195,10 @@ class ParameterStore {
       std::vector<Waiter> waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   void ApplySync(const Optimizer& optimizer, Chunk* chunk)
       ABSL_LOCKS_EXCLUDED(chunk->mu);
+  // Checkpoints: copies the chunk's state when its version is due, and
+  // schedules the hand-over once every owned chunk has its copy.
+  void MaybeSnapshot(Chunk* chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+  void HandOverCheckpoint(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // Ssp: true when the reply to `step` may go out (always in async mode).
   bool StalenessAllows(const Chunk& chunk, int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
@@ -200,6 +224,9 @@ class ParameterStore {
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> weight_copies_{0};
+
+  absl::Mutex snapshot_mu_;  // acquired after a chunk's mu, never before
+  std::map<int64_t, size_t> snapshot_counts_ ABSL_GUARDED_BY(snapshot_mu_);
 };
 
 }  // namespace shardps::server

@@ -350,3 +350,118 @@ TEST(ParameterStoreTest, BadDeclarationsAreInvalidArgument) {
 
 }  // namespace
 }  // namespace shardps::server
+
+namespace shardps::server {
+namespace {
+
+// Trains a 2-worker sync store for `steps` steps of deterministic gradients.
+void TrainSync(ParameterStore* store, int64_t from, int64_t to) {
+  for (int64_t step = from; step < to; ++step) {
+    auto sink = std::make_shared<CollectingSink>();
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      std::vector<float> g(40);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * (i + rank + step);
+      for (uint32_t chunk = 0; chunk < 10; ++chunk) {
+        std::string bytes = Bytes(std::vector<float>(
+            g.begin() + chunk * 4, g.begin() + chunk * 4 + 4));
+        StringByteSource payload(bytes);
+        PushArgs args;
+        args.rank = rank;
+        args.step = step;
+        args.chunk_id = chunk;
+        args.payload = &payload;
+        ASSERT_TRUE(store->Push(args, sink).ok());
+      }
+    }
+    ASSERT_EQ(sink->Wait(20).size(), 20u);
+  }
+}
+
+v1::DeclareRequest MomentumDeclaration() {
+  v1::DeclareRequest req = SgdDeclaration(40, 16, 1, 0);  // 10 chunks
+  req.mutable_optimizer()->set_momentum(0.9f);
+  req.mutable_optimizer()->set_learning_rate(0.1f);
+  return req;
+}
+
+TEST(ParameterStoreCheckpointTest, HandsOverEveryChunkAtEachMultipleOfK) {
+  absl::Mutex mu;
+  std::vector<std::pair<int64_t, std::vector<ChunkState>>> taken;
+  StoreOptions o;
+  o.num_workers = 2;
+  o.checkpoint_every = 3;
+  o.on_checkpoint = [&](int64_t step, std::vector<ChunkState> chunks) {
+    absl::MutexLock lock(&mu);
+    taken.emplace_back(step, std::move(chunks));
+  };
+  ParameterStore store(o);
+  SHARDPS_ASSERT_OK(store.Declare(MomentumDeclaration()));
+  TrainSync(&store, 0, 7);
+  absl::MutexLock lock(&mu);
+  mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](decltype(taken)* t) { return t->size() >= 2; }, &taken),
+      absl::Seconds(30));
+  ASSERT_EQ(taken.size(), 2u);
+  std::sort(taken.begin(), taken.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  EXPECT_EQ(taken[0].first, 3);
+  EXPECT_EQ(taken[1].first, 6);
+  for (const auto& [step, chunks] : taken) {
+    EXPECT_EQ(chunks.size(), 10u);
+    for (const ChunkState& c : chunks) {
+      EXPECT_EQ(c.version, step);
+      EXPECT_EQ(c.weights.size(), 4u);
+      EXPECT_EQ(c.slots.size(), 1u);  // momentum
+    }
+  }
+}
+
+TEST(ParameterStoreCheckpointTest,
+     RestoredStoreContinuesBitwiseLikeTheOriginal) {
+  absl::Mutex mu;
+  std::vector<ChunkState> at_step_4;
+  StoreOptions o;
+  o.num_workers = 2;
+  o.checkpoint_every = 4;
+  o.on_checkpoint = [&](int64_t step, std::vector<ChunkState> chunks) {
+    absl::MutexLock lock(&mu);
+    if (step == 4) at_step_4 = std::move(chunks);
+  };
+  ParameterStore original(o);
+  SHARDPS_ASSERT_OK(original.Declare(MomentumDeclaration()));
+  TrainSync(&original, 0, 7);
+  {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::vector<ChunkState>* v) { return !v->empty(); },
+            &at_step_4),
+        absl::Seconds(30));
+    ASSERT_EQ(at_step_4.size(), 10u);
+  }
+  StoreOptions plain;
+  plain.num_workers = 2;
+  ParameterStore restored(plain);
+  SHARDPS_ASSERT_OK(restored.Restore(MomentumDeclaration(), at_step_4));
+  absl::StatusOr<v1::DeclareResponse> again =
+      restored.Declare(MomentumDeclaration());
+  SHARDPS_ASSERT_OK(again);
+  EXPECT_FALSE(again->created());
+  EXPECT_EQ(again->version(), 4);
+  TrainSync(&restored, 4, 7);
+  for (uint32_t chunk = 0; chunk < 10; ++chunk) {
+    EXPECT_EQ(*restored.Read(chunk)->weights, *original.Read(chunk)->weights)
+        << chunk;
+  }
+  // Restoring over a declared store, or with missing chunks, is refused.
+  EXPECT_EQ(restored.Restore(MomentumDeclaration(), at_step_4).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ParameterStore partial(plain);
+  std::vector<ChunkState> some(at_step_4.begin(), at_step_4.begin() + 3);
+  EXPECT_EQ(partial.Restore(MomentumDeclaration(), some).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace shardps::server
