@@ -120,25 +120,26 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
   req.set_shard_index(options_.shard_index);
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
   if (chunks.size() != built->num_owned) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint holds ", chunks.size(), " chunks for shard ",
-        options_.shard_index, ", which owns ", built->num_owned));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint holds ", chunks.size(), " chunks for shard ",
+                     options_.shard_index, ", which owns ", built->num_owned));
   }
   for (ChunkState& saved : chunks) {
     Chunk* chunk = saved.chunk_id < built->owned.size()
                        ? built->owned[saved.chunk_id].get()
                        : nullptr;
     if (chunk == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint chunk ", saved.chunk_id, " is not owned by shard ",
-          options_.shard_index));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint chunk ", saved.chunk_id,
+                       " is not owned by shard ", options_.shard_index));
     }
     absl::MutexLock lock(&chunk->mu);
     if (saved.weights.size() != chunk->weights->size() ||
         saved.slots.size() != chunk->slots.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint chunk ", saved.chunk_id, " has another size or "
-          "optimizer state than the declaration"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint chunk ", saved.chunk_id,
+                       " has another size or "
+                       "optimizer state than the declaration"));
     }
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
@@ -375,14 +376,15 @@ void ParameterStore::HandOverCheckpoint(int64_t version) {
   for (const auto& chunk : state()->owned) {
     if (chunk == nullptr) continue;
     absl::MutexLock lock(&chunk->mu);
-    auto it = std::find_if(
-        chunk->snapshots.begin(), chunk->snapshots.end(),
-        [&](const ChunkState& s) { return s.version == version; });
+    auto it =
+        std::find_if(chunk->snapshots.begin(), chunk->snapshots.end(),
+                     [&](const ChunkState& s) { return s.version == version; });
     if (it == chunk->snapshots.end()) return;  // cannot happen: counted
     states.push_back(std::move(*it));
     chunk->snapshots.erase(it);
   }
-  if (options_.on_checkpoint) options_.on_checkpoint(version, std::move(states));
+  if (options_.on_checkpoint)
+    options_.on_checkpoint(version, std::move(states));
 }
 
 bool ParameterStore::StalenessAllows(const Chunk& chunk, int64_t step) const {
@@ -396,17 +398,19 @@ bool ParameterStore::StalenessAllows(const Chunk& chunk, int64_t step) const {
 void ParameterStore::ReleaseHeld(
     Chunk* chunk,
     std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>* replies) {
-  auto still_held = std::partition(
-      chunk->held.begin(), chunk->held.end(),
-      [&](const Waiter& w) { return !StalenessAllows(*chunk, w.step); });
-  for (auto it = still_held; it != chunk->held.end(); ++it) {
+  std::vector<Waiter> still_held;
+  for (Waiter& w : chunk->held) {
+    if (!StalenessAllows(*chunk, w.step)) {
+      still_held.push_back(std::move(w));
+      continue;
+    }
     ChunkReply reply;
     reply.chunk_id = chunk->spec.id;
     reply.version = chunk->version;
-    if (!it->push_only) reply.weights = chunk->weights;
-    replies->emplace_back(std::move(it->sink), std::move(reply));
+    if (!w.push_only) reply.weights = chunk->weights;
+    replies->emplace_back(std::move(w.sink), std::move(reply));
   }
-  chunk->held.erase(still_held, chunk->held.end());
+  chunk->held.swap(still_held);
 }
 
 absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
