@@ -131,6 +131,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
   std::vector<ChunkSpec> chunks = MakeChunks(layout);
   std::vector<uint32_t> shard_of = PartitionChunks(chunks, num_shards);
   const int k = options_.streams_per_shard;
+  std::vector<int64_t> versions(num_shards, 0);
   SHARDPS_RETURN_IF_ERROR(RunParallel(num_shards, [&](size_t shard) {
     v1::DeclareRequest req;
     *req.mutable_layout() = layout;
@@ -149,6 +150,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (shard_of[i] == shard) want.push_back(static_cast<uint32_t>(i));
     }
+    versions[shard] = resp.version();
     if (std::vector<uint32_t>(resp.chunk_ids().begin(),
                               resp.chunk_ids().end()) != want) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -159,6 +161,15 @@ absl::Status Client::Declare(const v1::Layout& layout,
     }
     return absl::OkStatus();
   }));
+  // Shards restored from a checkpoint resume at its step; all must agree.
+  for (uint32_t shard = 1; shard < num_shards; ++shard) {
+    if (versions[shard] != versions[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard 0 is at step ", versions[0], " but shard ", shard, " at ",
+          versions[shard], ": restore every shard from the same checkpoint"));
+    }
+  }
+  start_step_ = versions[0];
   // Spread each shard's chunks over its lanes, largest first.
   for (auto& lane : lanes_) lane->chunk_ids.clear();
   std::vector<int64_t> lane_bytes(lanes_.size(), 0);

@@ -55,7 +55,9 @@ class Client {
 
   // Declares the model on every shard and computes the chunk map. Waits up
   // to connect_timeout for servers that are not up yet. InvalidArgument for
-  // a bad layout, FailedPrecondition when a shard holds a different model.
+  // a bad layout, FailedPrecondition when a shard holds a different model or
+  // the shards are at different steps. start_step() then tells where the
+  // servers are (0 for a new model, the step of a restored checkpoint).
   absl::Status Declare(const v1::Layout& layout,
                        const v1::OptimizerSpec& optimizer);
 
@@ -79,6 +81,7 @@ class Client {
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }
 
+  int64_t start_step() const { return start_step_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
   const v1::Layout& layout() const { return layout_; }
   uint32_t rank() const { return options_.rank; }
@@ -106,6 +109,7 @@ class Client {
   std::vector<ChunkSpec> chunks_;
   std::vector<uint32_t> shard_of_;
   bool declared_ = false;
+  int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};
   absl::Duration last_push_time_;
 };

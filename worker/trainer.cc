@@ -257,13 +257,20 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           model_.ToString(), model_.num_params(), steps_per_epoch,
           options_.epochs);
   TrainResult result;
-  int64_t step = 0;
+  // Servers restored from a checkpoint are at its step: resume there, at
+  // the same place in the same epoch's data order.
+  int64_t step = client_->start_step();
+  if (step > 0) {
+    LogInfo("resuming at step %d (epoch %d)", step, step / steps_per_epoch + 1);
+  }
   const int64_t n = train_.num_samples();
-  for (int epoch = 1; epoch <= options_.epochs; ++epoch) {
+  const int first_epoch = static_cast<int>(step / steps_per_epoch) + 1;
+  for (int epoch = first_epoch; epoch <= options_.epochs; ++epoch) {
     const std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
     EpochStats stats;
-    bool stop = false;
-    for (int64_t s = 0; s < steps_per_epoch && !stop; ++s) {
+    bool stop = options_.max_steps > 0 && step >= options_.max_steps;
+    for (int64_t s = step - (epoch - 1) * steps_per_epoch;
+         s < steps_per_epoch && !stop; ++s) {
       const IndexRange slice =
           WorkerSlice(s * options_.batch_size, options_.batch_size,
                       static_cast<int>(options_.rank),
