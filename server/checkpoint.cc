@@ -174,7 +174,7 @@ absl::StatusOr<FileScan> ScanFile(const std::string& path, size_t limit) {
   return scan;
 }
 
-std::string ShardFileName(uint32_t shard_index, uint32_t num_shards) {
+std::string ShardFileNameImpl(uint32_t shard_index, uint32_t num_shards) {
   return absl::StrCat("shard-", shard_index, "-of-", num_shards,
                       ".safetensors");
 }
@@ -337,7 +337,7 @@ absl::StatusOr<CheckpointInfo> ParseManifest(absl::string_view text) {
   for (uint32_t i = 0; i < info.num_shards; ++i) {
     const std::vector<absl::string_view> f = absl::StrSplit(lines[4 + i], ' ');
     ShardFile file{info.step, i, info.num_shards, info.fingerprint,
-                   ShardFileName(i, info.num_shards)};
+                   ShardFileNameImpl(i, info.num_shards)};
     uint32_t index = 0;
     // The name must be the expected one, which also keeps paths inside the
     // step directory.
@@ -507,6 +507,60 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t n) {
   return ~crc;
 }
 
+std::string ShardFileName(uint32_t shard_index, uint32_t num_shards) {
+  return ShardFileNameImpl(shard_index, num_shards);
+}
+
+absl::StatusOr<v1::DeclareRequest> CheckpointDeclaration(
+    const CheckpointInfo& ckpt) {
+  if (ckpt.files.empty()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", ckpt.step_dir, " lists no files"));
+  }
+  const std::string path = absl::StrCat(ckpt.step_dir, "/", ckpt.files[0].name);
+  std::map<std::string, std::string> md;
+  absl::StatusOr<std::vector<LoadedTensor>> read = ReadSafetensors(path, &md);
+  if (!read.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", read.status().message()));
+  }
+  std::string bytes;
+  v1::DeclareRequest declaration;
+  if (!absl::Base64Unescape(md["declaration"], &bytes) ||
+      !declaration.ParseFromString(bytes)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": no readable model declaration in its metadata"));
+  }
+  return declaration;
+}
+
+absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
+                                            int64_t step, uint32_t shard_index,
+                                            uint32_t num_shards) {
+  ShardFile f;
+  f.step = step;
+  f.shard_index = shard_index;
+  f.num_shards = num_shards;
+  f.name = ShardFileNameImpl(shard_index, num_shards);
+  const std::string path = absl::StrCat(StepDirectory(dir, step), "/", f.name);
+  if (::access(path.c_str(), F_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  }
+  std::map<std::string, std::string> md;
+  absl::StatusOr<std::vector<LoadedTensor>> read = ReadSafetensors(path, &md);
+  if (!read.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", read.status().message()));
+  }
+  if (!ParseHex(md["fingerprint"], 16, &f.fingerprint)) {
+    return absl::DataLossError(absl::StrCat(path, ": bad fingerprint"));
+  }
+  SHARDPS_ASSIGN_OR_RETURN(FileScan scan, ScanFile(path, 0));
+  f.bytes = scan.bytes;
+  f.crc32c = scan.crc32c;
+  return f;
+}
+
 std::string StepDirectory(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%012d", dir, step);
 }
@@ -553,7 +607,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
       {"versions", absl::StrJoin(versions, ",")},
       {"crc32c", absl::StrFormat("%08x", data_crc)}};
   ShardFile file{step, shard_index, num_shards, plan.fingerprint,
-                 ShardFileName(shard_index, num_shards)};
+                 ShardFileNameImpl(shard_index, num_shards)};
   const std::string path = absl::StrCat(step_dir, "/", file.name);
   SHARDPS_RETURN_IF_ERROR(WriteSafetensors(path, tensors, metadata));
   SHARDPS_RETURN_IF_ERROR(FinishShardFile(path, data_crc, data_bytes, &file));
@@ -574,7 +628,7 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
     if (f.step != step || f.num_shards != num_shards ||
         f.shard_index >= num_shards || by_index[f.shard_index] != nullptr ||
         f.fingerprint != files[0].fingerprint ||
-        f.name != ShardFileName(f.shard_index, num_shards)) {
+        f.name != ShardFileNameImpl(f.shard_index, num_shards)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shard file ", f.name, " (step ", f.step, ", shard ", f.shard_index,
           " of ", f.num_shards, ") does not fit step ", step, " of ",

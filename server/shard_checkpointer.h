@@ -1,0 +1,65 @@
+// Checkpoints of one running shard: writes the shard's file for a step and,
+// when every shard's file of that step is on disk, commits the step (the
+// last shard to finish does it; two finishing at once write the same
+// manifest), then prunes old ones. Also loads the newest committed
+// checkpoint at start-up. Thread-safe: Write may run on any thread.
+#ifndef SHARDPS_SERVER_SHARD_CHECKPOINTER_H_
+#define SHARDPS_SERVER_SHARD_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/checkpoint.h"
+
+namespace shardps::server {
+
+// What a shard restores from: the model and its chunks at `step`.
+struct RestoredShard {
+  int64_t step = 0;
+  v1::DeclareRequest declaration;
+  std::vector<ChunkState> chunks;
+  std::vector<std::string> skipped;  // torn checkpoints passed over
+};
+
+// The outcome of one Write, for the daemon's log.
+struct CheckpointWrite {
+  int64_t step = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;      // writing this shard's file, fsync included
+  bool committed = false;  // this call committed the step
+};
+
+class ShardCheckpointer {
+ public:
+  // `dir` is shared by every shard of the job. REQUIRES: keep >= 1.
+  ShardCheckpointer(std::string dir, uint32_t shard_index, uint32_t num_shards,
+                    int keep);
+
+  // The newest committed checkpoint's state for this shard (any number of
+  // shards may have written it), or nullopt when `dir` holds none. Errors
+  // from a checkpoint that exists but cannot be loaded.
+  absl::StatusOr<std::optional<RestoredShard>> LoadLatest() const;
+
+  // Writes this shard's file of `step`, then commits the step if every
+  // shard's file is there. FailedPrecondition for an unwritable directory.
+  absl::StatusOr<CheckpointWrite> Write(int64_t step,
+                                        const v1::DeclareRequest& declaration,
+                                        const std::vector<ChunkState>& chunks);
+
+ private:
+  // Commits `step` when all its shard files exist; returns whether it did.
+  absl::StatusOr<bool> TryCommit(int64_t step, const ShardFile& mine);
+
+  const std::string dir_;
+  const uint32_t shard_index_;
+  const uint32_t num_shards_;
+  const int keep_;
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_SHARD_CHECKPOINTER_H_
