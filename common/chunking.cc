@@ -68,6 +68,8 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
   }
   absl::flat_hash_set<std::string> names;
   int64_t total = 0;
+  int64_t num_chunks = 0;
+  const int64_t max_elements = static_cast<int64_t>(ChunkBytes(layout) / 4);
   for (int i = 0; i < layout.tensors_size(); ++i) {
     const v1::TensorSpec& t = layout.tensors(i);
     if (absl::Status s = ValidateTensor(t, i); !s.ok()) return s;
@@ -79,6 +81,12 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
     if (total > kMaxModelElements) {
       return absl::InvalidArgumentError(
           absl::StrCat("model has over ", kMaxModelElements, " elements"));
+    }
+    num_chunks += (NumElements(t) + max_elements - 1) / max_elements;
+    if (num_chunks > kMaxChunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layout splits into over ", kMaxChunks,
+          " chunks: raise chunk_bytes (now ", ChunkBytes(layout), ")"));
     }
   }
   return absl::OkStatus();

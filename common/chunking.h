@@ -17,6 +17,9 @@ inline constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
 // Largest chunk accepted: keeps every message well under gRPC's 2 GiB limit
 // and bounds per-chunk memory on the servers.
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
+// Most chunks a layout may have: bounds the per-chunk state a Declare
+// allocates.
+inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
 // Largest model accepted, in elements (1 TiB of fp32 would not fit anyway).
 inline constexpr int64_t kMaxModelElements = int64_t{1} << 38;
 
@@ -35,7 +38,8 @@ int64_t NumElements(const v1::TensorSpec& tensor);
 
 // InvalidArgument naming the problem: no tensors, empty or duplicate names,
 // dimensions < 1, chunk_bytes not a multiple of 4 or over kMaxChunkBytes,
-// a model over kMaxModelElements, or a bad init spec.
+// a model over kMaxModelElements or over kMaxChunks chunks, or a bad init
+// spec.
 absl::Status ValidateLayout(const v1::Layout& layout);
 
 // The layout's chunk size in bytes (chunk_bytes, or the default for 0).

@@ -10,8 +10,9 @@ namespace {
 // HTTP/2 tuning for large messages on fast links: a 16 MiB frame limit and
 // large flow-control windows let one stream carry a 4 MiB chunk without
 // stalling for window updates every 64 KiB.
-constexpr int kMaxFrameBytes = 16 << 20;
+constexpr int kMaxFrameBytes = (16 << 20) - 1;  // the HTTP/2 maximum
 constexpr int kLookaheadBytes = 64 << 20;
+constexpr int kKeepaliveMs = 10000;
 
 }  // namespace
 
@@ -23,6 +24,10 @@ void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes) {
                               kLookaheadBytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE,
                               kLookaheadBytes);
+  // Let clients ping every few seconds to detect dead peers.
+  builder->AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
 void ConfigureProcessMemory() {
@@ -50,6 +55,12 @@ grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
   // subchannel, i.e. one TCP connection.
   args.SetInt("shardps.channel_index", channel_index);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // A peer that stops answering (a dead host, a stopped process) is noticed
+  // within seconds, not at the kernel's TCP timeout.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Data-path RPCs fail fast while a peer is down; the client retries.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   return args;

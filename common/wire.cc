@@ -107,6 +107,11 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
       return absl::InvalidArgumentError("malformed message: truncated tag");
     }
     AppendVarint(tag, &field);
+    // Protobuf field numbers are 1 .. 2^29 - 1.
+    if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) {
+      return absl::InvalidArgumentError(
+          "malformed message: field number out of range");
+    }
     const uint32_t number = static_cast<uint32_t>(tag >> 3);
     const int wire_type = static_cast<int>(tag & 7);
     bool ok = true;

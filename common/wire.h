@@ -33,6 +33,11 @@ class PayloadView final : public ByteSource {
   using ByteSource::CopyTo;
   void CopyTo(char* dst,
               const std::function<void(uint64_t)>& copied) const override;
+  // Releases the referenced slices.
+  void Clear() {
+    slices_.clear();
+    size_ = 0;
+  }
 
  private:
   friend absl::Status DecodeWithPayload(const grpc::ByteBuffer&,

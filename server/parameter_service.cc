@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -57,22 +58,27 @@ class PushPullReactor final
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
-  void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
+  void OnCancel() override {
+    RequestFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
   void OnDone() override { self_.reset(); }  // may delete this
 
   // Queues a reply; called by the store from any thread.
   void Deliver(ChunkReply reply) override;
 
  private:
-  // Starts the next write or finishes, as the state allows. Called without
-  // mu_: gRPC may run reactions inline.
+  // Every StartRead, StartWrite and Finish is decided under mu_ and issued
+  // outside it (gRPC may run reactions inline). Finish is issued only when
+  // no write is in flight and no StartRead is being issued: once Finish
+  // completes, gRPC may free the call, so nothing may start after it.
   void Pump();
-  void FinishOnce(const grpc::Status& status);
+  void RequestFinish(grpc::Status status);
+  void ReadNext();
 
   ParameterStore* const store_;
   ParameterService* const service_;
   std::shared_ptr<PushPullReactor> self_;  // gRPC's reference, until OnDone
-  // Only touched by read reactions; reused so buffers keep their capacity.
+  // Only touched by read reactions.
   grpc::ByteBuffer buffer_;
   v1::PushPullRequest request_;
   PayloadView payload_;
@@ -80,55 +86,72 @@ class PushPullReactor final
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int starting_read_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> finish_wanted_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 void PushPullReactor::OnReadDone(bool ok) {
-  if (!ok) {
-    {
-      absl::MutexLock lock(&mu_);
-      reads_done_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ok) reads_done_ = true;
+    // A stream being finished takes no more pushes.
+    if (!ok || finish_wanted_.has_value() || finished_) {
+      ok = false;
+    } else {
+      ++unanswered_;  // counted first: the store may answer before Push returns
     }
+  }
+  if (!ok) {
     Pump();
     return;
   }
-  absl::Status decoded = DecodeWithPayload(buffer_, &request_, &payload_);
-  if (!decoded.ok()) {
-    FinishOnce(ToGrpcStatus(decoded));
-    return;
+  absl::Status status = DecodeWithPayload(buffer_, &request_, &payload_);
+  if (status.ok()) {
+    PushArgs args;
+    args.rank = request_.rank();
+    args.generation = request_.generation();
+    args.step = request_.step();
+    args.chunk_id = request_.chunk_id();
+    args.encoding = request_.encoding();
+    args.push_only = request_.push_only();
+    args.payload = &payload_;
+    status = store_->Push(args, shared_from_this());
   }
-  PushArgs args;
-  args.rank = request_.rank();
-  args.generation = request_.generation();
-  args.step = request_.step();
-  args.chunk_id = request_.chunk_id();
-  args.encoding = request_.encoding();
-  args.push_only = request_.push_only();
-  args.payload = &payload_;
-  {
-    // Counted first: the store may answer before Push returns.
-    absl::MutexLock lock(&mu_);
-    ++unanswered_;
-  }
-  absl::Status status = store_->Push(args, shared_from_this());
-  buffer_.Clear();  // the store has copied what it keeps
+  // The store has copied what it keeps: let go of the received slices.
+  payload_.Clear();
+  buffer_.Clear();
   if (!status.ok()) {
     {
       absl::MutexLock lock(&mu_);
       --unanswered_;
     }
-    FinishOnce(ToGrpcStatus(status));
+    RequestFinish(ToGrpcStatus(status));
     return;
   }
+  ReadNext();
+}
+
+void PushPullReactor::ReadNext() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_wanted_.has_value() || finished_) return;
+    ++starting_read_;
+  }
   StartRead(&buffer_);
+  {
+    absl::MutexLock lock(&mu_);
+    --starting_read_;
+  }
+  Pump();  // a finish may have been requested meanwhile
 }
 
 void PushPullReactor::Deliver(ChunkReply reply) {
   {
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
+    if (finished_ || finish_wanted_.has_value()) return;
     queue_.push_back(EncodeReply(std::move(reply)));
   }
   Pump();
@@ -142,47 +165,51 @@ void PushPullReactor::OnWriteDone(bool ok) {
     --unanswered_;
   }
   if (!ok) {
-    FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "stream broke while writing a reply"));
+    RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "stream broke while writing a reply"));
     return;
+  }
+  Pump();
+}
+
+void PushPullReactor::RequestFinish(grpc::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finish_wanted_.has_value()) finish_wanted_ = std::move(status);
   }
   Pump();
 }
 
 void PushPullReactor::Pump() {
   const grpc::ByteBuffer* next = nullptr;
-  bool finish = false;
+  std::optional<grpc::Status> finish;
   bool drop = false;
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || writing_) return;
-    if (!queue_.empty()) {
+    if (finish_wanted_.has_value()) {
+      if (starting_read_ > 0) return;  // ReadNext pumps again
+      finished_ = true;
+      finish = *finish_wanted_;
+    } else if (!queue_.empty()) {
       drop = service_->DropNextReply();
       if (!drop) {
         writing_ = true;
         next = &queue_.front();  // deque references survive push_back
       }
     } else if (reads_done_ && unanswered_ == 0) {
-      finish = true;
+      finished_ = true;
+      finish = grpc::Status::OK;
     }
   }
   if (drop) {
-    FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "injected fault: reply dropped"));
+    RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "injected fault: reply dropped"));
   } else if (next != nullptr) {
     StartWrite(next);
-  } else if (finish) {
-    FinishOnce(grpc::Status::OK);
+  } else if (finish.has_value()) {
+    Finish(*finish);
   }
-}
-
-void PushPullReactor::FinishOnce(const grpc::Status& status) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-  }
-  Finish(status);
 }
 
 // Streams the requested chunks one message at a time.

@@ -20,9 +20,13 @@ constexpr int64_t kInlineApplyBytes = 256 << 10;
 }  // namespace
 
 ParameterStore::ParameterStore(StoreOptions options)
-    : options_(options), pool_(std::max(1, options.update_threads)) {}
+    : options_(options),
+      pool_(std::make_unique<ThreadPool>(std::max(1, options.update_threads))) {
+}
 
-ParameterStore::~ParameterStore() = default;
+ParameterStore::~ParameterStore() {
+  pool_.reset();  // runs what is queued while the chunks still exist
+}
 
 const ParameterStore::State* ParameterStore::state() const {
   absl::MutexLock lock(&mu_);
@@ -75,6 +79,9 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
                      req.num_shards(), ", but this server is shard ",
                      options_.shard_index, " of ", options_.num_shards));
   }
+  // One declaration is built at a time: concurrent first Declares from every
+  // worker must not each allocate a whole shard.
+  absl::MutexLock declare_lock(&declare_mu_);
   const State* existing = state();
   bool created = false;
   if (existing == nullptr) {
@@ -110,7 +117,23 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
     }
   }
   resp.set_version(std::max<int64_t>(min_version, 0));
+  resp.set_next_step(NextStep(*existing, req.rank()));
   return resp;
+}
+
+int64_t ParameterStore::NextStep(const State& state, uint32_t rank) const {
+  // Sync: the step every chunk is at. Async and ssp count steps per rank.
+  int64_t next = -1;
+  for (const auto& chunk : state.owned) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    const int64_t n =
+        options_.mode == Mode::kSync
+            ? chunk->version
+            : (rank < chunk->last_step.size() ? chunk->last_step[rank] + 1 : 0);
+    if (next < 0 || n < next) next = n;
+  }
+  return std::max<int64_t>(next, 0);
 }
 
 absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
@@ -124,18 +147,30 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
         absl::StrCat("checkpoint holds ", chunks.size(), " chunks for shard ",
                      options_.shard_index, ", which owns ", built->num_owned));
   }
+  std::vector<bool> seen(built->owned.size(), false);
   for (ChunkState& saved : chunks) {
     Chunk* chunk = saved.chunk_id < built->owned.size()
                        ? built->owned[saved.chunk_id].get()
                        : nullptr;
+    if (chunk != nullptr && seen[saved.chunk_id]) chunk = nullptr;
+    if (chunk != nullptr) seen[saved.chunk_id] = true;
+    if (saved.version < 0 || saved.version != chunks.front().version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint chunk ", saved.chunk_id, " is at step ", saved.version,
+          ", not at the checkpoint's step ", chunks.front().version));
+    }
     if (chunk == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint chunk ", saved.chunk_id,
                        " is not owned by shard ", options_.shard_index));
     }
     absl::MutexLock lock(&chunk->mu);
-    if (saved.weights.size() != chunk->weights->size() ||
-        saved.slots.size() != chunk->slots.size()) {
+    bool sizes_ok = saved.weights.size() == chunk->weights->size() &&
+                    saved.slots.size() == chunk->slots.size();
+    for (const std::vector<float>& slot : saved.slots) {
+      sizes_ok = sizes_ok && slot.size() == saved.weights.size();
+    }
+    if (!sizes_ok) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint chunk ", saved.chunk_id,
                        " has another size or "
@@ -177,18 +212,13 @@ absl::StatusOr<ParameterStore::Chunk*> ParameterStore::FindChunk(
 
 absl::Status ParameterStore::CheckPush(const PushArgs& args,
                                        const Chunk& chunk) const {
-  if (args.generation != options_.generation) {
-    return absl::AbortedError(absl::StrCat(
-        "request is from generation ", args.generation, ", the cluster is at ",
-        options_.generation, ": rejoin, then redo the step"));
-  }
   if (args.rank >= options_.num_workers) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", args.rank, " is out of range: the job has ",
                      options_.num_workers, " workers"));
   }
   if (args.step < 0) {
-    return absl::OutOfRangeError(
+    return absl::InvalidArgumentError(
         absl::StrCat("step ", args.step, " is negative"));
   }
   return CheckPayload(args.encoding, args.payload->size(),
@@ -233,6 +263,10 @@ absl::Status ParameterStore::Push(const PushArgs& args,
   if (st == nullptr) {
     status = absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
+  } else if (args.generation != options_.generation) {
+    status = absl::AbortedError(absl::StrCat(
+        "request is from generation ", args.generation, ", the cluster is at ",
+        options_.generation, ": rejoin, then redo the step"));
   } else {
     absl::StatusOr<Chunk*> chunk = FindChunk(*st, args.chunk_id);
     status = chunk.status();
@@ -291,7 +325,7 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
     ApplySync(*state.optimizer, chunk);
   } else {
     const Optimizer* optimizer = state.optimizer.get();
-    pool_.Schedule([this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
+    pool_->Schedule([this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
   }
   return absl::OkStatus();
 }
@@ -303,7 +337,11 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
   std::vector<float*> slots;
   slots.reserve(chunk->slots.size());
   for (auto& s : chunk->slots) slots.push_back(s.data());
-  if (chunk->weights.use_count() > 1) {
+  const bool shared = chunk->weights.use_count() > 1;
+  // use_count() is a relaxed load: order the senders' reads of the buffer
+  // (before they dropped it) before the writes below.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (shared) {
     // A reply still being sent holds the buffer: update a copy. (use_count
     // only drops concurrently, and only the store adds holders, so reading
     // 1 means no one else holds it.)
@@ -367,7 +405,7 @@ void ParameterStore::MaybeSnapshot(Chunk* chunk) {
   if (++snapshot_counts_[chunk->version] == owned) {
     snapshot_counts_.erase(chunk->version);
     const int64_t version = chunk->version;
-    pool_.Schedule([this, version] { HandOverCheckpoint(version); });
+    pool_->Schedule([this, version] { HandOverCheckpoint(version); });
   }
 }
 

@@ -210,9 +210,14 @@ class ParameterStore {
   // Counts the bytes and hands `reply` to `sink`. Call without locks.
   void Deliver(ReplySink* sink, ChunkReply reply);
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The step `rank` continues from (see DeclareResponse.next_step).
+  int64_t NextStep(const State& state, uint32_t rank) const;
 
   const StoreOptions options_;
-  ThreadPool pool_;
+  // Destroyed first (in ~ParameterStore): queued updates still use chunks.
+  std::unique_ptr<ThreadPool> pool_;
+  // Serialises building a declaration's state (which may be large).
+  absl::Mutex declare_mu_;
 
   mutable absl::Mutex mu_;
   // Written once by the first successful Declare, then read-only.

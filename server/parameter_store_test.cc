@@ -267,7 +267,7 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
        {1, 1, 1, 1},
        0,
        0,
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kInvalidArgument},
       {"old generation", 0, 0, {1, 1, 1, 1}, 0, 3, absl::StatusCode::kAborted},
   };
   for (const Case& c : cases) {
@@ -332,6 +332,42 @@ TEST(ParameterStoreTest, OwnsExactlyItsPartitionOfTheChunks) {
       EXPECT_EQ(store.Read(id).status().code(), absl::StatusCode::kNotFound);
     }
   }
+}
+
+TEST(ParameterStoreTest, NextStepIsPerRankInAsyncMode) {
+  StoreOptions o;
+  o.num_workers = 2;
+  o.mode = Mode::kAsync;
+  ParameterStore store(o);
+  SHARDPS_ASSERT_OK(store.Declare(SgdDeclaration(4, 0, 1, 0)));
+  auto sink = std::make_shared<CollectingSink>();
+  for (int64_t step = 0; step < 3; ++step) {
+    std::string bytes = Bytes({1, 1, 1, 1});
+    StringByteSource payload(bytes);
+    PushArgs args;
+    args.rank = 0;
+    args.step = step;
+    args.payload = &payload;
+    SHARDPS_ASSERT_OK(store.Push(args, sink));
+  }
+  v1::DeclareRequest late = SgdDeclaration(4, 0, 1, 0);
+  late.set_rank(1);
+  absl::StatusOr<v1::DeclareResponse> r1 = store.Declare(late);
+  SHARDPS_ASSERT_OK(r1);
+  EXPECT_EQ(r1->next_step(), 0);  // rank 1 has pushed nothing
+  late.set_rank(0);
+  absl::StatusOr<v1::DeclareResponse> r0 = store.Declare(late);
+  SHARDPS_ASSERT_OK(r0);
+  EXPECT_EQ(r0->next_step(), 3);
+}
+
+TEST(ParameterStoreTest, LayoutsWithTooManyChunksAreRefused) {
+  ParameterStore store{StoreOptions()};
+  // 2^22 floats in 4-byte chunks: 4M chunks, over the limit.
+  v1::DeclareRequest req = SgdDeclaration(int64_t{1} << 22, 4, 1, 0);
+  absl::Status s = store.Declare(req).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chunks"), absl::string_view::npos) << s;
 }
 
 TEST(ParameterStoreTest, BadDeclarationsAreInvalidArgument) {

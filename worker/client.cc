@@ -41,10 +41,13 @@ struct Client::Stream {
     absl::MutexLock lock(&s->mu);
     --s->slices_in_flight;
   }
-  void AwaitSlicesReleased() {
+  // True once gRPC released every gradient slice (false after `timeout`).
+  bool AwaitSlicesReleased(absl::Duration timeout) {
     absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](int64_t* n) { return *n == 0; }, &slices_in_flight));
+    return mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](int64_t* n) { return *n == 0; }, &slices_in_flight),
+        timeout);
   }
 };
 
@@ -138,6 +141,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     *req.mutable_optimizer() = optimizer;
     req.set_num_shards(num_shards);
     req.set_shard_index(static_cast<uint32_t>(shard));
+    req.set_rank(options_.rank);
     v1::DeclareResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(options_.connect_timeout));
@@ -150,7 +154,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (shard_of[i] == shard) want.push_back(static_cast<uint32_t>(i));
     }
-    versions[shard] = resp.version();
+    versions[shard] = resp.next_step();
     if (std::vector<uint32_t>(resp.chunk_ids().begin(),
                               resp.chunk_ids().end()) != want) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -161,15 +165,16 @@ absl::Status Client::Declare(const v1::Layout& layout,
     }
     return absl::OkStatus();
   }));
-  // Shards restored from a checkpoint resume at its step; all must agree.
-  for (uint32_t shard = 1; shard < num_shards; ++shard) {
-    if (versions[shard] != versions[0]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard 0 is at step ", versions[0], " but shard ", shard, " at ",
-          versions[shard], ": restore every shard from the same checkpoint"));
-    }
+  // Resume where the servers are (a restored checkpoint's step). A worker
+  // that died mid-step may have left one shard a step ahead: start from the
+  // lowest, which that shard answers as a retry.
+  const auto [lo, hi] = std::minmax_element(versions.begin(), versions.end());
+  if (*hi - *lo > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shards are at steps ", *lo, " to ", *hi,
+                     ": restore every shard from the same checkpoint"));
   }
-  start_step_ = versions[0];
+  start_step_ = *lo;
   // Spread each shard's chunks over its lanes, largest first.
   for (auto& lane : lanes_) lane->chunk_ids.clear();
   std::vector<int64_t> lane_bytes(lanes_.size(), 0);
@@ -227,81 +232,88 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
                              const ConstTensors& gradients,
                              const Tensors* weights,
                              std::vector<uint32_t>* pending) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(options_.rpc_timeout));
-  const grpc::internal::RpcMethod method(
-      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-      stream(grpc::internal::ClientReaderWriterFactory<
-             grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
-                                                         method, &ctx));
-  // Payload slices point into the caller's gradients: no copy. For large
-  // uploads the writes run beside the reads so replies flow while later
-  // chunks upload; small ones are written first, saving a thread. (Writes
-  // never wait for reads: the server reads every message as it arrives.)
-  int64_t upload_bytes = 0;
-  for (uint32_t id : *pending) upload_bytes += chunks_[id].bytes();
-  auto write_all = [&] {
-    v1::PushPullRequest header;
-    header.set_rank(options_.rank);
-    header.set_generation(options_.generation);
-    header.set_step(step);
-    header.set_encoding(v1::ENCODING_FP32);
-    header.set_push_only(weights == nullptr);
-    for (uint32_t id : *pending) {
-      const ChunkSpec& c = chunks_[id];
-      header.set_chunk_id(id);
-      {
-        absl::MutexLock lock(&lane->mu);
-        ++lane->slices_in_flight;
-      }
-      grpc::ByteBuffer message = EncodeWithPayload(
-          header, ReferenceSlice(gradients[c.tensor].data() + c.offset,
-                                 c.bytes(), &Stream::ReleaseSlice, lane));
-      if (!stream->Write(message)) return;  // broken: Finish says why
-    }
-    stream->WritesDone();
-    lane->writes_done = absl::Now();
-  };
-  std::thread writer;
-  if (upload_bytes > kInlineUploadBytes) {
-    writer = std::thread(write_all);
-  } else {
-    write_all();
-  }
   std::vector<bool> answered(chunks_.size(), false);
   absl::Status reply_error;
-  grpc::ByteBuffer buffer;
-  while (stream->Read(&buffer)) {
-    reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
-    const uint32_t id = lane->response.chunk_id();
-    if (reply_error.ok() &&
-        (id >= chunks_.size() ||
-         std::find(pending->begin(), pending->end(), id) == pending->end())) {
-      reply_error = absl::InternalError(
-          absl::StrCat("server sent chunk ", id, " which was not pushed"));
-    }
-    if (reply_error.ok() && weights != nullptr) {
-      const ChunkSpec& c = chunks_[id];
-      reply_error = CheckPayload(EffectiveEncoding(lane->response.encoding()),
-                                 lane->payload.size(), c.num_elements);
-      if (reply_error.ok()) {
-        lane->payload.CopyTo(
-            reinterpret_cast<char*>((*weights)[c.tensor].data() + c.offset));
+  absl::Status status;
+  {  // The call lives in this scope; its end drops gRPC's slice references.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(options_.rpc_timeout));
+    const grpc::internal::RpcMethod method(
+        kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+    std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+        stream(grpc::internal::ClientReaderWriterFactory<
+               grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
+                                                           method, &ctx));
+    // Payload slices point into the caller's gradients: no copy. For large
+    // uploads the writes run beside the reads so replies flow while later
+    // chunks upload; small ones are written first, saving a thread. (Writes
+    // never wait for reads: the server reads every message as it arrives.)
+    int64_t upload_bytes = 0;
+    for (uint32_t id : *pending) upload_bytes += chunks_[id].bytes();
+    auto write_all = [&] {
+      v1::PushPullRequest header;
+      header.set_rank(options_.rank);
+      header.set_generation(options_.generation);
+      header.set_step(step);
+      header.set_encoding(v1::ENCODING_FP32);
+      header.set_push_only(weights == nullptr);
+      for (uint32_t id : *pending) {
+        const ChunkSpec& c = chunks_[id];
+        header.set_chunk_id(id);
+        {
+          absl::MutexLock lock(&lane->mu);
+          ++lane->slices_in_flight;
+        }
+        grpc::ByteBuffer message = EncodeWithPayload(
+            header, ReferenceSlice(gradients[c.tensor].data() + c.offset,
+                                   c.bytes(), &Stream::ReleaseSlice, lane));
+        if (!stream->Write(message)) return;  // broken: Finish says why
       }
+      stream->WritesDone();
+      lane->writes_done = absl::Now();
+    };
+    std::thread writer;
+    if (upload_bytes > kInlineUploadBytes) {
+      writer = std::thread(write_all);
+    } else {
+      write_all();
     }
-    if (!reply_error.ok()) {
-      reply_error = absl::InternalError(
-          absl::StrCat("bad reply: ", reply_error.message()));
-      ctx.TryCancel();
-      break;
+    grpc::ByteBuffer buffer;
+    while (stream->Read(&buffer)) {
+      reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
+      const uint32_t id = lane->response.chunk_id();
+      if (reply_error.ok() &&
+          (id >= chunks_.size() ||
+           std::find(pending->begin(), pending->end(), id) == pending->end())) {
+        reply_error = absl::InternalError(
+            absl::StrCat("server sent chunk ", id, " which was not pushed"));
+      }
+      if (reply_error.ok() && weights != nullptr) {
+        const ChunkSpec& c = chunks_[id];
+        reply_error = CheckPayload(EffectiveEncoding(lane->response.encoding()),
+                                   lane->payload.size(), c.num_elements);
+        if (reply_error.ok()) {
+          lane->payload.CopyTo(
+              reinterpret_cast<char*>((*weights)[c.tensor].data() + c.offset));
+        }
+      }
+      if (!reply_error.ok()) {
+        reply_error = absl::InternalError(
+            absl::StrCat("bad reply: ", reply_error.message()));
+        ctx.TryCancel();
+        break;
+      }
+      answered[id] = true;
     }
-    answered[id] = true;
+    if (writer.joinable()) writer.join();
+    status = FromGrpcStatus(stream->Finish());
   }
-  if (writer.joinable()) writer.join();
-  absl::Status status = FromGrpcStatus(stream->Finish());
-  stream.reset();
-  lane->AwaitSlicesReleased();
+  // The caller may reuse its gradient buffers once this returns.
+  if (!lane->AwaitSlicesReleased(absl::Seconds(60))) {
+    return absl::InternalError(
+        "gRPC still references gradient buffers 60 s after the call ended");
+  }
   pending->erase(std::remove_if(pending->begin(), pending->end(),
                                 [&](uint32_t id) { return answered[id]; }),
                  pending->end());
