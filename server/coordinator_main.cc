@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/signal_wait.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -28,6 +29,13 @@ ABSL_FLAG(uint32_t, num_servers, 1,
 ABSL_FLAG(uint32_t, num_workers, 1, "Workers the job expects (ranks 0..n-1).");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000,
           "A member without a heartbeat for this long is expired.");
+ABSL_FLAG(bool, exit_when_finished, true,
+          "Exit 0 once every worker has finished (and the servers have left, "
+          "or --finish_grace_ms passed), so a supervisor sees the job "
+          "complete.");
+ABSL_FLAG(int64_t, finish_grace_ms, 5000,
+          "After the job finished: how long to wait for the servers to see it "
+          "and leave before exiting anyway.");
 
 namespace shardps::server {
 namespace {
@@ -42,6 +50,11 @@ absl::StatusOr<MembershipOptions> OptionsFromFlags() {
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
   o.heartbeat_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (absl::GetFlag(FLAGS_finish_grace_ms) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--finish_grace_ms=", absl::GetFlag(FLAGS_finish_grace_ms),
+                     " is negative"));
+  }
   std::random_device random;
   o.incarnation = (uint64_t{random()} << 32) | random();
   return o;
@@ -109,6 +122,50 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
   return server;
 }
 
+// How often the main thread looks at the job while it waits for a signal.
+constexpr absl::Duration kJobCheckInterval = absl::Milliseconds(100);
+
+bool AnyServerAlive(const Membership& membership) {
+  const v1::ClusterView view = membership.View();
+  return std::any_of(view.servers().begin(), view.servers().end(),
+                     [](const v1::ServerSlot& s) { return s.alive(); });
+}
+
+// Returns on SIGINT or SIGTERM, or (--exit_when_finished) once the job has
+// finished and every server has left or the grace has passed: servers learn
+// the end from this process, so it stays up until they had the chance.
+void WaitForEnd(const Membership& membership) {
+  const bool exit_when_finished = absl::GetFlag(FLAGS_exit_when_finished);
+  while (true) {
+    const int sig = WaitForTerminationSignalFor(kJobCheckInterval);
+    if (sig != 0) {
+      LogInfo("signal %d: shutting down", sig);
+      return;
+    }
+    if (exit_when_finished && membership.job_finished()) break;
+  }
+  const absl::Duration grace =
+      absl::Milliseconds(absl::GetFlag(FLAGS_finish_grace_ms));
+  LogInfo(
+      "every worker finished: exiting once the servers have left (at most "
+      "%s)",
+      absl::FormatDuration(grace));
+  const absl::Time deadline = absl::Now() + grace;
+  while (AnyServerAlive(membership) && absl::Now() < deadline) {
+    const int sig = WaitForTerminationSignalFor(
+        std::min(kJobCheckInterval, deadline - absl::Now()));
+    if (sig != 0) {
+      LogInfo("signal %d: shutting down", sig);
+      return;
+    }
+  }
+  if (AnyServerAlive(membership)) {
+    LogWarning("servers still joined after %s: exiting anyway",
+               absl::FormatDuration(grace));
+  }
+  LogInfo("job finished: shutting down");
+}
+
 absl::Status Run() {
   SHARDPS_ASSIGN_OR_RETURN(MembershipOptions options, OptionsFromFlags());
   InitLog("coordinator", -1, absl::GetFlag(FLAGS_log_format) == "json");
@@ -127,10 +184,7 @@ absl::Status Run() {
       options.num_workers,
       absl::ToInt64Milliseconds(options.heartbeat_timeout));
   absl::Status status = WritePortFile(absl::GetFlag(FLAGS_port_file), port);
-  if (status.ok()) {
-    const int sig = WaitForTerminationSignal();
-    LogInfo("signal %d: shutting down", sig);
-  }
+  if (status.ok()) WaitForEnd(*membership);
   // Probes see NOT_SERVING from here on; watch streams end with UNAVAILABLE,
   // so the server need not wait for them.
   server->GetHealthCheckService()->Shutdown();

@@ -68,7 +68,8 @@ std::vector<std::string> MemberRow(const v1::MemberStatus& m) {
   return {m.role() == v1::ROLE_SERVER ? "server" : "worker",
           absl::StrCat(m.index()),
           m.address().empty() ? "-" : m.address(),
-          m.alive() ? "alive" : (never ? "vacant" : "gone"),
+          m.alive() ? "alive"
+                    : (m.finished() ? "finished" : (never ? "vacant" : "gone")),
           never ? "-" : absl::StrCat(Seconds(m.heartbeat_age_ms()), " ago"),
           never ? "-" : absl::StrCat(m.step()),
           never ? "-" : absl::StrCat(m.epoch())};
@@ -80,6 +81,12 @@ int CountAlive(const v1::JobStatus& status, v1::Role role) {
                                         [role](const v1::MemberStatus& m) {
                                           return m.role() == role && m.alive();
                                         }));
+}
+
+int CountFinished(const v1::JobStatus& status) {
+  return static_cast<int>(
+      std::count_if(status.members().begin(), status.members().end(),
+                    [](const v1::MemberStatus& m) { return m.finished(); }));
 }
 
 }  // namespace
@@ -104,12 +111,15 @@ std::string FormatJobStatus(const v1::JobStatus& status) {
       "job %s  generation %d  protocol %d  uptime %s\n"
       "complete: %s (servers %d/%d alive, workers %d/%d alive)\n"
       "progress: global step %d, epoch %d\n"
+      "job state: %s (workers %d/%d finished)\n"
       "heartbeat timeout: %d ms\n\n",
       view.job_id(), view.generation(), status.protocol_version(),
       Seconds(status.uptime_ms()), view.complete() ? "yes" : "no",
       CountAlive(status, v1::ROLE_SERVER), view.num_shards(),
       CountAlive(status, v1::ROLE_WORKER), view.num_workers(),
-      view.global_step(), view.epoch(), status.heartbeat_timeout_ms());
+      view.global_step(), view.epoch(),
+      view.job_finished() ? "finished" : "running", CountFinished(status),
+      view.num_workers(), status.heartbeat_timeout_ms());
   std::vector<std::vector<std::string>> rows = {
       {"ROLE", "INDEX", "ADDRESS", "STATE", "LAST HEARTBEAT", "STEP", "EPOCH"}};
   for (const v1::MemberStatus& m : status.members()) {

@@ -76,7 +76,28 @@ TEST(CtlTest, JobStatusShowsAddressesLivenessAndProgress) {
   for (const char* want :
        {"job mnist", "generation 7", "servers 1/2 alive", "workers 0/1 alive",
         "global step 120, epoch 3", "10.0.0.1:5000", "alive", "0.4 s ago",
-        "10.0.0.2:5000", "gone", "12.0 s ago", "vacant"}) {
+        "10.0.0.2:5000", "gone", "12.0 s ago", "vacant",
+        "job state: running (workers 0/1 finished)"}) {
+    EXPECT_TRUE(absl::StrContains(text, want)) << want << " in\n" << text;
+  }
+}
+
+TEST(CtlTest, JobStatusShowsFinishedWorkersAndTheJobState) {
+  v1::JobStatus status;
+  v1::ClusterView* view = status.mutable_view();
+  view->set_num_shards(1);
+  view->set_num_workers(2);
+  view->set_job_finished(true);
+  for (uint32_t rank : {0u, 1u}) {
+    v1::MemberStatus* m = status.add_members();
+    m->set_role(v1::ROLE_WORKER);
+    m->set_index(rank);
+    m->set_heartbeat_age_ms(100);
+    m->set_finished(true);
+  }
+  const std::string text = FormatJobStatus(status);
+  for (const char* want :
+       {"job state: finished (workers 2/2 finished)", "finished"}) {
     EXPECT_TRUE(absl::StrContains(text, want)) << want << " in\n" << text;
   }
 }

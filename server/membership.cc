@@ -31,6 +31,10 @@ const char* KindText(MembershipEvent::Kind kind) {
       return "expired (no heartbeat within the timeout)";
     case MembershipEvent::Kind::kRejected:
       return "rejected";
+    case MembershipEvent::Kind::kFinished:
+      return "finished its training and left";
+    case MembershipEvent::Kind::kJobFinished:
+      return "job finished";
   }
   return "changed";
 }
@@ -49,6 +53,10 @@ std::string DescribeEvent(const MembershipEvent& e) {
   if (e.kind == MembershipEvent::Kind::kRejected) {
     return absl::StrCat("rejected join: ", e.detail, "; generation ",
                         e.generation, " unchanged");
+  }
+  if (e.kind == MembershipEvent::Kind::kJobFinished) {
+    return absl::StrCat("job finished (", e.detail, "); generation ",
+                        e.generation);
   }
   return absl::StrCat(
       RoleName(e.role), " ", e.index,
@@ -152,13 +160,15 @@ absl::StatusOr<uint32_t> Membership::PickIndex(const v1::JoinRequest& r) const {
         slot.address.empty() ? "another live member" : slot.address,
         " (generation ", generation_, ")"));
   }
+  // A finished rank is not free for "any": a late worker must not start a
+  // job's training over.
   for (uint32_t i = 0; i < slots.size(); ++i) {
-    if (!slots[i].alive()) return i;
+    if (!slots[i].alive() && !slots[i].finished) return i;
   }
   return absl::ResourceExhaustedError(
       absl::StrCat("all ", slots.size(), " ", RoleName(r.role()),
-                   " slots are held by live members (", what, "s 0 to ",
-                   slots.size() - 1, ")"));
+                   " slots are held by live members or finished (", what,
+                   "s 0 to ", slots.size() - 1, ")"));
 }
 
 absl::StatusOr<v1::JoinResponse> Membership::Join(const v1::JoinRequest& r) {
@@ -183,6 +193,11 @@ absl::StatusOr<v1::JoinResponse> Membership::Join(const v1::JoinRequest& r) {
 absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
     const v1::JoinRequest& r) {
   SHARDPS_RETURN_IF_ERROR(ValidateJoin(r));
+  if (job_finished_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", options_.job_id,
+                     "\" has finished: every worker completed its training"));
+  }
   ExpireLocked();
   SHARDPS_ASSIGN_OR_RETURN(const uint32_t index, PickIndex(r));
   const SlotRef ref(r.role(), index);
@@ -198,6 +213,7 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
   slot.last_heartbeat = options_.clock();
   slot.step = 0;
   slot.epoch = 0;
+  slot.finished = false;
   members_[slot.member_id] = ref;
   ++generation_;
   Record(kind, ref);
@@ -242,6 +258,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(
   v1::HeartbeatResponse response;
   response.set_generation(generation_);
   response.set_complete(CompleteLocked());
+  response.set_job_finished(job_finished_);
   return response;
 }
 
@@ -261,7 +278,19 @@ absl::StatusOr<v1::ProgressResponse> Membership::ReportProgress(
 absl::StatusOr<v1::LeaveResponse> Membership::Leave(const v1::LeaveRequest& r) {
   absl::MutexLock lock(&mu_);
   SHARDPS_RETURN_IF_ERROR(FindLive(r.member_id()).status());
-  Remove(members_.at(r.member_id()), MembershipEvent::Kind::kLeft);
+  const SlotRef ref = members_.at(r.member_id());
+  if (r.finished() && ref.first != v1::ROLE_WORKER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server ", ref.second,
+                     " left with finished: only workers finish a job"));
+  }
+  if (r.finished()) {
+    Slots(ref.first)[ref.second].finished = true;
+    Remove(ref, MembershipEvent::Kind::kFinished);
+    MaybeFinishJob();
+  } else {
+    Remove(ref, MembershipEvent::Kind::kLeft);
+  }
   v1::LeaveResponse response;
   response.set_generation(generation_);
   return response;
@@ -273,6 +302,20 @@ void Membership::Remove(const SlotRef& ref, MembershipEvent::Kind kind) {
   slot.member_id.clear();
   ++generation_;
   Record(kind, ref);
+}
+
+void Membership::MaybeFinishJob() {
+  if (job_finished_) return;
+  for (const Slot& w : workers_) {
+    if (!w.finished) return;
+  }
+  job_finished_ = true;
+  ++generation_;
+  MembershipEvent e;
+  e.kind = MembershipEvent::Kind::kJobFinished;
+  e.generation = generation_;
+  e.detail = absl::StrCat("all ", workers_.size(), " workers finished");
+  AddEvent(std::move(e));
 }
 
 int Membership::Expire() {
@@ -335,10 +378,12 @@ v1::ClusterView Membership::ViewLocked() const {
     w->set_rank(i);
     w->set_address(workers_[i].address);
     w->set_alive(workers_[i].alive());
+    w->set_finished(workers_[i].finished);
   }
   view.set_complete(CompleteLocked());
   view.set_global_step(global_step_);
   view.set_epoch(epoch_);
+  view.set_job_finished(job_finished_);
   return view;
 }
 
@@ -350,6 +395,11 @@ v1::ClusterView Membership::View() const {
 uint64_t Membership::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;
+}
+
+bool Membership::job_finished() const {
+  absl::MutexLock lock(&mu_);
+  return job_finished_;
 }
 
 v1::JobStatus Membership::Status() const {
@@ -372,6 +422,7 @@ v1::JobStatus Membership::Status() const {
               : absl::ToInt64Milliseconds(now - slots[i].last_heartbeat));
       m->set_step(slots[i].step);
       m->set_epoch(slots[i].epoch);
+      m->set_finished(slots[i].finished);
     }
   }
   status.set_heartbeat_timeout_ms(

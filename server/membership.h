@@ -44,14 +44,17 @@ struct MembershipEvent {
     kReplaced,  // joined from a live member's address: a restart
     kLeft,
     kExpired,
-    kRejected,  // a join that was refused; nothing changed
+    kRejected,     // a join that was refused; nothing changed
+    kFinished,     // a worker left having completed its training
+    kJobFinished,  // every worker has finished; role and index are unset
   };
   Kind kind = Kind::kJoined;
   v1::Role role = v1::ROLE_UNSPECIFIED;
   uint32_t index = 0;
   std::string address;
   uint64_t generation = 0;  // after the change
-  std::string detail;       // kRejected: what was asked and why it failed
+  // kRejected: what was asked and why it failed; kJobFinished: a summary.
+  std::string detail;
 };
 
 // "server 1 (127.0.0.1:5001) joined; generation 3".
@@ -75,6 +78,9 @@ class Membership {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the membership and bumps the generation. NotFound as Heartbeat.
+  // With request.finished (workers only, else InvalidArgument) the rank
+  // counts as finished; the leave that finishes the last rank also finishes
+  // the job, in one more generation.
   absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat plus progress. InvalidArgument for a negative step or epoch.
@@ -88,6 +94,8 @@ class Membership {
   v1::ClusterView View() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::JobStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Every worker rank has finished (ClusterView.job_finished).
+  bool job_finished() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until the generation differs from `generation` and returns the view
   // then, or nullopt when `deadline` (real time) passes first.
@@ -109,6 +117,7 @@ class Membership {
     absl::Time last_heartbeat = absl::InfinitePast();  // of the last holder
     int64_t step = 0;
     int64_t epoch = 0;
+    bool finished = false;  // workers: the last holder left finished
     bool alive() const { return !member_id.empty(); }
   };
   using SlotRef = std::pair<v1::Role, uint32_t>;
@@ -130,6 +139,8 @@ class Membership {
   void Remove(const SlotRef& ref, MembershipEvent::Kind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the job finished (one more generation) once every rank finished.
+  void MaybeFinishJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(MembershipEvent::Kind kind, const SlotRef& ref)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(MembershipEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,6 +168,7 @@ class Membership {
   absl::flat_hash_map<std::string, SlotRef> members_ ABSL_GUARDED_BY(mu_);
   int64_t global_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool job_finished_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<MembershipEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -331,6 +331,75 @@ TEST_F(MembershipTest, AwaitViewAfterWaitsForTheNextGeneration) {
   EXPECT_TRUE(view->workers(0).alive());
 }
 
+absl::Status LeaveFinished(Membership* m, const std::string& member_id) {
+  v1::LeaveRequest r;
+  r.set_member_id(member_id);
+  r.set_finished(true);
+  return m->Leave(r).status();
+}
+
+TEST_F(MembershipTest, JobFinishesWhenEveryWorkerHasFinished) {
+  const v1::JoinResponse s = Server("h:1");
+  Server("h:2");
+  const v1::JoinResponse w0 = Worker();
+  const v1::JoinResponse w1 = Worker();
+  ASSERT_EQ(membership_->generation(), 5u);
+  SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w0.member_id()));
+  v1::ClusterView view = membership_->View();
+  EXPECT_EQ(view.generation(), 6u);
+  EXPECT_TRUE(view.workers(0).finished());
+  EXPECT_FALSE(view.workers(0).alive());
+  EXPECT_FALSE(view.job_finished());
+  EXPECT_FALSE(membership_->job_finished());
+
+  SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w1.member_id()));
+  view = membership_->View();
+  EXPECT_EQ(view.generation(), 8u);  // the leave, then the job's end
+  EXPECT_TRUE(view.job_finished());
+  EXPECT_TRUE(membership_->job_finished());
+  v1::HeartbeatRequest beat;
+  beat.set_member_id(s.member_id());
+  absl::StatusOr<v1::HeartbeatResponse> r = membership_->Heartbeat(beat);
+  SHARDPS_ASSERT_OK(r);
+  EXPECT_TRUE(r->job_finished());
+  EXPECT_TRUE(membership_->Status().members(2).finished());
+
+  absl::StatusOr<v1::JoinResponse> late =
+      membership_->Join(Request(v1::ROLE_WORKER, "", 0));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "has finished"))
+      << late.status();
+
+  std::vector<MembershipEvent> events =
+      membership_->AwaitEvents(absl::Now() + absl::Seconds(10));
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[events.size() - 3].kind, MembershipEvent::Kind::kFinished);
+  EXPECT_EQ(events[events.size() - 2].kind,
+            MembershipEvent::Kind::kJobFinished);
+  EXPECT_EQ(DescribeEvent(events[events.size() - 2]),
+            "job finished (all 2 workers finished); generation 8");
+}
+
+TEST_F(MembershipTest, OnlyWorkersFinish) {
+  const v1::JoinResponse s = Server("h:1");
+  const std::string before = membership_->View().SerializeAsString();
+  EXPECT_EQ(LeaveFinished(membership_.get(), s.member_id()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(membership_->View().SerializeAsString(), before);
+}
+
+TEST_F(MembershipTest, AnyRankSkipsFinishedRanks) {
+  const v1::JoinResponse w0 = Worker();
+  SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w0.member_id()));
+  EXPECT_EQ(Worker().index(), 1u);
+  EXPECT_EQ(membership_->Join(Request(v1::ROLE_WORKER, "")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Asked for by number, a finished rank is joined again.
+  const v1::JoinResponse again = Worker(0);
+  EXPECT_EQ(again.index(), 0u);
+  EXPECT_FALSE(again.view().workers(0).finished());
+}
+
 TEST(MembershipCreateTest, RejectsBadOptions) {
   struct Case {
     const char* name;

@@ -1,19 +1,39 @@
-// shardps-server: one parameter shard.
+// shardps-server: one parameter shard. Static mode: --shard_index,
+// --num_shards and --num_workers on the command line. With --coordinator it
+// joins the job there, takes its shard index and the job's shape from the
+// coordinator, and exits 0 by itself once every worker has finished.
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/coordinator_client.h"
+#include "common/coordinator_protocol.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/member_flags.h"
+#include "common/port_reservation.h"
+#include "common/signal_wait.h"
 #include "common/status.h"
 #include "server/shard_server.h"
 
-ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index in [0, num_shards).");
-ABSL_FLAG(uint32_t, num_shards, 1, "Number of parameter shards in the job.");
-ABSL_FLAG(uint32_t, num_workers, 1,
-          "Number of workers; sync steps wait for all of them.");
+ABSL_FLAG(int32_t, shard_index, -1,
+          "This shard's index in [0, num_shards); -1: any free one (with "
+          "--coordinator), else 0.");
+ABSL_FLAG(std::optional<uint32_t>, num_shards, std::nullopt,
+          "Number of parameter shards in the job; unset: the coordinator's "
+          "--num_servers, else 1.");
+ABSL_FLAG(std::optional<uint32_t>, num_workers, std::nullopt,
+          "Number of workers; sync steps wait for all of them. Unset: the "
+          "coordinator's --num_workers, else 1.");
 ABSL_FLAG(std::string, mode, "sync",
           "Consistency: sync (every step waits for every worker), async "
           "(pushes applied on arrival) or ssp:K (applied on arrival, but no "
@@ -28,18 +48,36 @@ ABSL_FLAG(int32_t, max_message_bytes, 0,
 ABSL_FLAG(int64_t, fault_drop_reply_every, 0,
           "Testing only: drop every Nth PushPull reply and end its stream "
           "with UNAVAILABLE.");
+ABSL_FLAG(std::string, advertise_host, "",
+          "With --coordinator: the host workers reach this shard at; empty: "
+          "--host, or this machine's hostname when --host is a wildcard.");
+ABSL_FLAG(int32_t, join_timeout_s, 120,
+          "With --coordinator: how long to keep trying to join the job.");
 
 namespace shardps::server {
 namespace {
 
+// How often the main thread looks at the cluster view between signals.
+constexpr absl::Duration kViewCheckInterval = absl::Milliseconds(100);
+// Leaving is a courtesy (the lease would expire anyway): do not hang on it.
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
+
 absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
+  SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
   ShardServerOptions o;
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
-  o.store.shard_index = absl::GetFlag(FLAGS_shard_index);
-  o.store.num_shards = absl::GetFlag(FLAGS_num_shards);
-  o.store.num_workers = absl::GetFlag(FLAGS_num_workers);
+  const int32_t index = absl::GetFlag(FLAGS_shard_index);
+  if (index < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_index=", index, " must be -1 (any) or at least 0"));
+  }
+  // In static mode the defaults are a one-shard, one-worker job; with a
+  // coordinator, AdoptJobShape fills in what the flags leave open.
+  o.store.shard_index = static_cast<uint32_t>(std::max(index, 0));
+  o.store.num_shards = absl::GetFlag(FLAGS_num_shards).value_or(1);
+  o.store.num_workers = absl::GetFlag(FLAGS_num_workers).value_or(1);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "sync") {
     o.store.mode = Mode::kSync;
@@ -61,12 +99,20 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_message_bytes is negative");
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
-  SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(o.store));
+  if (!UseCoordinator()) SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(o.store));
   return o;
 }
 
-absl::Status Run() {
-  SHARDPS_ASSIGN_OR_RETURN(ShardServerOptions options, OptionsFromFlags());
+// Logs the counters and stops serving.
+void Stop(ShardServer* server) {
+  server->Shutdown(absl::Seconds(2));
+  v1::GetStatusResponse status = server->store()->Status();
+  LogInfo("stopped after %d pushes, %d updates, %d rejected",
+          status.pushes_total(), status.updates_total(),
+          status.rejected_total());
+}
+
+absl::Status RunStatic(const ShardServerOptions& options) {
   InitLog("server", static_cast<int>(options.store.shard_index),
           absl::GetFlag(FLAGS_log_format) == "json");
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server,
@@ -78,12 +124,179 @@ absl::Status Run() {
       WritePortFile(absl::GetFlag(FLAGS_port_file), server->port()));
   const int sig = WaitForTerminationSignal();
   LogInfo("signal %d: shutting down", sig);
-  server->Shutdown(absl::Seconds(2));
-  v1::GetStatusResponse status = server->store()->Status();
-  LogInfo("stopped after %d pushes, %d updates, %d rejected",
-          status.pushes_total(), status.updates_total(),
-          status.rejected_total());
+  Stop(server.get());
   return absl::OkStatus();
+}
+
+// The host workers use to reach this shard.
+std::string AdvertiseHost(const std::string& host) {
+  const std::string given = absl::GetFlag(FLAGS_advertise_host);
+  if (!given.empty()) return given;
+  if (host != "0.0.0.0" && host != "::" && host != "[::]") return host;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    return "localhost";
+  }
+  return name;
+}
+
+// Takes the shard index and the job's shape from the coordinator's answer;
+// a shape given on the command line must agree with it.
+absl::Status AdoptJobShape(const CoordinatorClient& client,
+                           StoreOptions* store) {
+  const v1::ClusterView view = client.view();
+  const std::optional<uint32_t> shards = absl::GetFlag(FLAGS_num_shards);
+  const std::optional<uint32_t> workers = absl::GetFlag(FLAGS_num_workers);
+  if (shards.has_value() && *shards != view.num_shards()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--num_shards=", *shards, " but job ", view.job_id(),
+                     " has ", view.num_shards(), " shards"));
+  }
+  if (workers.has_value() && *workers != view.num_workers()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--num_workers=", *workers, " but job ", view.job_id(),
+                     " has ", view.num_workers(), " workers"));
+  }
+  store->shard_index = client.index();
+  store->num_shards = view.num_shards();
+  store->num_workers = view.num_workers();
+  return ValidateStoreOptions(*store);
+}
+
+// Starts serving the shard the coordinator assigned, on the reserved `port`.
+absl::StatusOr<std::unique_ptr<ShardServer>> StartJoinedShard(
+    const CoordinatorClient& client, int port, ShardServerOptions* options) {
+  SHARDPS_RETURN_IF_ERROR(AdoptJobShape(client, &options->store));
+  options->port = port;
+  options->reuse_port = true;
+  return ShardServer::Start(*options);
+}
+
+// Waits for SIGINT or SIGTERM, or for the job to finish (true), logging
+// every generation this shard sees and changes of the coordinator link.
+bool ServeUntilEnd(const CoordinatorClient& client) {
+  uint64_t generation = client.view().generation();
+  absl::Status health;
+  int64_t rejoins = 0;
+  while (true) {
+    const int sig = WaitForTerminationSignalFor(kViewCheckInterval);
+    if (sig != 0) {
+      LogInfo("signal %d: leaving the job and shutting down", sig);
+      return false;
+    }
+    const v1::ClusterView view = client.view();
+    if (view.generation() != generation) {
+      generation = view.generation();
+      LogInfo("%s", DescribeView(view));
+    }
+    const absl::Status now = client.health();
+    if (now != health) {
+      if (now.ok()) {
+        LogInfo("coordinator %s reachable again",
+                absl::GetFlag(FLAGS_coordinator));
+      } else {
+        LogWarning("%s", now.ToString());
+      }
+      health = now;
+    }
+    if (client.rejoins() != rejoins) {
+      rejoins = client.rejoins();
+      LogWarning(
+          "the coordinator had lost this shard: joined again as shard %d",
+          client.index());
+    }
+    if (client.job_finished()) return true;
+  }
+}
+
+// Joins the job as a server reachable at `address`. Stops early with
+// Cancelled, setting *stop_signal, when SIGINT or SIGTERM arrives first.
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
+    const std::string& address, int* stop_signal) {
+  const int32_t requested = absl::GetFlag(FLAGS_shard_index);
+  CoordinatorClientOptions co;
+  co.coordinator = absl::GetFlag(FLAGS_coordinator);
+  co.on_retry = [](const absl::Status& reason, absl::Duration wait) {
+    LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
+            absl::FormatDuration(wait));
+  };
+  // Signals are taken synchronously: look for one between attempts.
+  co.cancelled = [stop_signal] {
+    if (*stop_signal == 0) {
+      *stop_signal = WaitForTerminationSignalFor(absl::ZeroDuration());
+    }
+    return *stop_signal != 0;
+  };
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                           CoordinatorClient::Create(co));
+  const std::string job = absl::GetFlag(FLAGS_job_id);
+  LogInfo("joining job %s at coordinator %s as %s, shard index %s", job,
+          co.coordinator, address,
+          requested < 0 ? "any" : absl::StrCat(requested));
+  SHARDPS_RETURN_IF_ERROR(client->Join(
+      v1::ROLE_SERVER, address, requested, job,
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s))));
+  return client;
+}
+
+// The server binds its port before it can join (it advertises host:port),
+// but the store it serves needs the shard index the join answers. So a
+// PortReservation holds the port (the kernel's pick for --port=0) while the
+// shard joins, and the gRPC server binds the same port with SO_REUSEPORT
+// once the index is known. The alternative, a service that answers
+// UNAVAILABLE until its store exists, would have to mirror every
+// ParameterServer method.
+absl::Status RunCoordinated(ShardServerOptions options) {
+  const bool json = absl::GetFlag(FLAGS_log_format) == "json";
+  InitLog("server", absl::GetFlag(FLAGS_shard_index), json);
+  SHARDPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<PortReservation> reservation,
+      PortReservation::Reserve(options.host, options.port));
+  const std::string address =
+      absl::StrCat(AdvertiseHost(options.host), ":", reservation->port());
+  int stop_signal = 0;
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined =
+      JoinJob(address, &stop_signal);
+  if (stop_signal != 0) {
+    LogInfo("signal %d while joining: shutting down", stop_signal);
+    return absl::OkStatus();
+  }
+  SHARDPS_RETURN_IF_ERROR(joined.status());
+  std::unique_ptr<CoordinatorClient> client = *std::move(joined);
+  const std::string job = absl::GetFlag(FLAGS_job_id);
+  // Only this thread logs; the client's threads never do.
+  InitLog("server", static_cast<int>(client->index()), json);
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      StartJoinedShard(*client, reservation->port(), &options);
+  reservation.reset();
+  if (!server.ok()) {
+    client->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
+    return server.status();
+  }
+  LogInfo(
+      "shard %d of %d listening on %s:%d, advertised as %s (mode=%s, "
+      "workers=%d); %s",
+      options.store.shard_index, options.store.num_shards, options.host,
+      (*server)->port(), address, absl::GetFlag(FLAGS_mode),
+      options.store.num_workers, DescribeView(client->view()));
+  const absl::Status status =
+      WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
+  const bool finished = status.ok() && ServeUntilEnd(*client);
+  if (finished) {
+    LogInfo("job %s finished: every worker completed its training; exiting",
+            job);
+  }
+  const absl::Status left = client->Leave(absl::Now() + kLeaveTimeout);
+  // After the job's end the coordinator may be gone already.
+  if (!left.ok() && !finished) LogWarning("%s", left.ToString());
+  Stop(server->get());
+  return status;
+}
+
+absl::Status Run() {
+  SHARDPS_ASSIGN_OR_RETURN(ShardServerOptions options, OptionsFromFlags());
+  if (UseCoordinator()) return RunCoordinated(std::move(options));
+  return RunStatic(options);
 }
 
 }  // namespace
@@ -95,6 +308,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "serves one parameter shard of a shardps job.\n"
       "  shardps-server --shard_index=0 --num_shards=2 --num_workers=2 "
-      "--port=0 --port_file=/tmp/s0.port");
+      "--port=0 --port_file=/tmp/s0.port\n"
+      "  shardps-server --coordinator=127.0.0.1:7000 --port=0");
   return shardps::ExitCode(shardps::server::Run());
 }

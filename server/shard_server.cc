@@ -4,6 +4,7 @@
 #include "common/chunking.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -45,6 +46,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ConfigureServer(&builder, max_message);
+  if (options.reuse_port) {
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);
+  }
   const std::string address = absl::StrCat(
       options.host.find(':') != std::string::npos && options.host.front() != '['
           ? absl::StrCat("[", options.host, "]")

@@ -21,6 +21,9 @@ struct ShardServerOptions {
   ServiceOptions service;
   // Largest message accepted (bigger ones get RESOURCE_EXHAUSTED).
   int max_message_bytes = 0;  // 0: kMaxChunkBytes + overhead
+  // Bind with SO_REUSEPORT, so that the port may be held by a
+  // PortReservation of this process (common/port_reservation.h).
+  bool reuse_port = false;
 };
 
 class ShardServer {

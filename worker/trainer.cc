@@ -279,6 +279,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
           &stats));
       ++step;
+      if (options_.on_step) options_.on_step(step, epoch);
       stop = options_.max_steps > 0 && step >= options_.max_steps;
     }
     const bool last = stop || epoch == options_.epochs;

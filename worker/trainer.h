@@ -6,6 +6,7 @@
 #define SHARDPS_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct TrainerOptions {
   // Rank 0 only; empty: not written.
   std::string metrics_csv;
   std::string model_out;
+  // Called after every step with the steps completed and the current epoch
+  // (from 1), on the training thread; must not block. May be empty.
+  std::function<void(int64_t step, int epoch)> on_step;
 };
 
 // Optimizer settings as given on the command line.

@@ -1,31 +1,63 @@
-// shardps-worker: one data-parallel worker of a shardps job.
+// shardps-worker: one data-parallel worker of a shardps job. Static mode:
+// --servers, --rank and --num_workers on the command line. With --coordinator
+// it joins the job there, takes its rank, the job's size and the servers'
+// addresses from the coordinator, waits until every member is present, and
+// tells the coordinator when it finished.
+#include <unistd.h>
+
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/coordinator_client.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/member_flags.h"
 #include "common/status.h"
 #include "worker/trainer.h"
 #include "worker/training_flags.h"
 
 ABSL_FLAG(std::string, servers, "",
-          "Parameter servers, shard 0 first: host:port,host:port,...");
-ABSL_FLAG(uint32_t, rank, 0, "This worker's rank in [0, num_workers).");
-ABSL_FLAG(uint32_t, num_workers, 1, "Number of workers in the job.");
+          "Parameter servers, shard 0 first: host:port,host:port,... "
+          "(static mode; with --coordinator the coordinator tells them).");
+ABSL_FLAG(int32_t, rank, -1,
+          "This worker's rank in [0, num_workers); -1: any free one (with "
+          "--coordinator), else 0.");
+ABSL_FLAG(std::optional<uint32_t>, num_workers, std::nullopt,
+          "Number of workers in the job; unset: the coordinator's "
+          "--num_workers, else 1.");
 ABSL_FLAG(std::string, metrics_csv, "",
           "Rank 0: append one row per epoch to this CSV file.");
 ABSL_FLAG(std::string, model_out, "",
           "Rank 0: write the final model here (safetensors).");
 ABSL_FLAG(int32_t, connect_timeout_s, 120,
-          "How long to wait for the servers to come up.");
+          "How long to wait for the servers to come up (and, with "
+          "--coordinator, to join and for every member to join).");
 
 namespace shardps::worker {
 namespace {
+
+// How often a worker waiting for the job's other members says so.
+constexpr absl::Duration kWaitLogInterval = absl::Seconds(3);
+// Leaving after a failure is a courtesy (the lease would expire anyway).
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(3);
+// Telling the coordinator this worker finished is what ends the job.
+constexpr absl::Duration kFinishTimeout = absl::Seconds(60);
+
+// Where this worker stands in the job.
+struct Placement {
+  uint32_t rank = 0;
+  uint32_t num_workers = 1;
+  std::vector<std::string> servers;  // shard order
+};
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
                                                      int threads) {
@@ -41,26 +73,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
   return NewCpuBackend(threads);
 }
 
-absl::Status Run() {
+// The training options but rank and job size (which may come from the
+// coordinator); InvalidArgument for a bad flag.
+absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
   TrainerOptions o;
-  o.rank = absl::GetFlag(FLAGS_rank);
-  o.num_workers = absl::GetFlag(FLAGS_num_workers);
-  if (o.num_workers < 1 || o.rank >= o.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rank=", o.rank, " must be below --num_workers=", o.num_workers));
-  }
-  InitLog("worker", static_cast<int>(o.rank),
-          absl::GetFlag(FLAGS_log_format) == "json");
-  ClientOptions co;
-  co.servers =
-      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  if (co.servers.empty()) {
-    return absl::InvalidArgumentError(
-        "--servers is empty: give the parameter servers as host:port,...");
-  }
-  co.rank = o.rank;
-  co.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
-  co.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
@@ -74,18 +90,37 @@ absl::Status Run() {
         "--chunk_kib in [1, 65536]");
   }
   o.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
-  if (o.rank == 0) {
-    o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
-    o.model_out = absl::GetFlag(FLAGS_model_out);
-  }
+  return o;
+}
 
+absl::StatusOr<Placement> StaticPlacement() {
+  Placement p;
+  p.rank = static_cast<uint32_t>(std::max(absl::GetFlag(FLAGS_rank), 0));
+  p.num_workers = absl::GetFlag(FLAGS_num_workers).value_or(1);
+  if (p.rank >= p.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank=", p.rank, " must be below --num_workers=", p.num_workers));
+  }
+  p.servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (p.servers.empty()) {
+    return absl::InvalidArgumentError(
+        "--servers is empty: give the parameter servers as host:port,... or "
+        "--coordinator=host:port");
+  }
+  return p;
+}
+
+// The training set, and (rank 0) the test set when there is one.
+absl::StatusOr<std::pair<Dataset, std::optional<Dataset>>> LoadData(
+    uint32_t rank) {
   const std::string spec = absl::GetFlag(FLAGS_dataset);
   SHARDPS_ASSIGN_OR_RETURN(Dataset train, LoadDatasetSpec(spec, true));
   if (absl::GetFlag(FLAGS_train_limit) > 0) {
     train.Truncate(absl::GetFlag(FLAGS_train_limit));
   }
   std::optional<Dataset> test;
-  if (o.rank == 0) {
+  if (rank == 0) {
     absl::StatusOr<Dataset> loaded = LoadDatasetSpec(
         spec, false, {train.num_features(), train.num_classes()});
     if (loaded.ok()) {
@@ -102,6 +137,64 @@ absl::Status Run() {
   }
   LogInfo("dataset %s: %d training samples, %d features, %d classes", spec,
           train.num_samples(), train.num_features(), train.num_classes());
+  return std::make_pair(std::move(train), std::move(test));
+}
+
+absl::StatusOr<v1::OptimizerSpec> OptimizerFromFlags(int64_t total_steps) {
+  OptimizerFlags of;
+  of.name = absl::GetFlag(FLAGS_optimizer);
+  of.lr = absl::GetFlag(FLAGS_lr);
+  of.momentum = absl::GetFlag(FLAGS_momentum);
+  of.nesterov = absl::GetFlag(FLAGS_nesterov);
+  of.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  of.schedule = absl::GetFlag(FLAGS_lr_schedule);
+  of.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  return MakeOptimizerSpec(of, total_steps);
+}
+
+// Waits until every server and every worker has joined (or finished), saying
+// what it waits for every few seconds; then takes the servers' addresses.
+absl::Status WaitForCluster(const CoordinatorClient& client,
+                            Placement* placement) {
+  const int32_t timeout_s = absl::GetFlag(FLAGS_connect_timeout_s);
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  absl::StatusOr<v1::ClusterView> view = client.WaitForView(
+      ReadyToTrain, std::min(deadline, absl::Now() + absl::Milliseconds(10)));
+  while (!view.ok()) {
+    const v1::ClusterView now = client.view();
+    const ViewCounts c = CountMembers(now);
+    LogInfo("waiting for %d server(s) / %d worker(s) to join (%s)",
+            now.num_shards() - c.alive_servers,
+            now.num_workers() - c.alive_workers - c.finished_workers,
+            DescribeView(now));
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the job's members did not all join within --connect_timeout_s=",
+          timeout_s, ": ", view.status().message()));
+    }
+    view = client.WaitForView(
+        ReadyToTrain, std::min(deadline, absl::Now() + kWaitLogInterval));
+  }
+  placement->servers.clear();
+  for (const v1::ServerSlot& s : view->servers()) {
+    placement->servers.push_back(s.address());
+  }
+  LogInfo("every member joined (%s): training with %d server(s)",
+          DescribeView(*view), placement->servers.size());
+  return absl::OkStatus();
+}
+
+// Loads the data, waits for the cluster (with a coordinator), trains.
+absl::Status Train(TrainerOptions o, Placement placement,
+                   CoordinatorClient* coordinator) {
+  o.rank = placement.rank;
+  o.num_workers = placement.num_workers;
+  if (o.rank == 0) {
+    o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
+    o.model_out = absl::GetFlag(FLAGS_model_out);
+  }
+  SHARDPS_ASSIGN_OR_RETURN(auto data, LoadData(o.rank));
+  auto& [train, test] = data;
   SHARDPS_ASSIGN_OR_RETURN(
       ModelSpec model,
       ParseModelSpec(absl::GetFlag(FLAGS_model), train.num_features(),
@@ -111,19 +204,22 @@ absl::Status Run() {
       StepsPerEpoch(train.num_samples(), o.batch_size, o.num_workers));
   int64_t total_steps = steps_per_epoch * o.epochs;
   if (o.max_steps > 0) total_steps = std::min(total_steps, o.max_steps);
-  OptimizerFlags of;
-  of.name = absl::GetFlag(FLAGS_optimizer);
-  of.lr = absl::GetFlag(FLAGS_lr);
-  of.momentum = absl::GetFlag(FLAGS_momentum);
-  of.nesterov = absl::GetFlag(FLAGS_nesterov);
-  of.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  of.schedule = absl::GetFlag(FLAGS_lr_schedule);
-  of.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   SHARDPS_ASSIGN_OR_RETURN(v1::OptimizerSpec optimizer,
-                           MakeOptimizerSpec(of, total_steps));
+                           OptimizerFromFlags(total_steps));
   SHARDPS_ASSIGN_OR_RETURN(
       std::unique_ptr<Backend> backend,
       MakeBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_threads)));
+  if (coordinator != nullptr) {
+    SHARDPS_RETURN_IF_ERROR(WaitForCluster(*coordinator, &placement));
+    o.on_step = [coordinator](int64_t step, int epoch) {
+      coordinator->SetProgress(step, epoch);
+    };
+  }
+  ClientOptions co;
+  co.servers = placement.servers;
+  co.rank = o.rank;
+  co.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
+  co.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   LogInfo("rank %d of %d, backend %s, %d servers", o.rank, o.num_workers,
           backend->name(), co.servers.size());
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
@@ -138,6 +234,74 @@ absl::Status Run() {
   return absl::OkStatus();
 }
 
+// A label for the coordinator's view: which host and process this is.
+std::string WorkerLabel() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
+  return absl::StrCat(name[0] != '\0' ? name : "worker", "/", getpid());
+}
+
+// Joins the job at --coordinator, trains, and tells the coordinator this
+// rank finished (or leaves, after a failure).
+absl::Status RunCoordinated(const TrainerOptions& o, bool json) {
+  const int32_t requested = absl::GetFlag(FLAGS_rank);
+  InitLog("worker", requested, json);
+  CoordinatorClientOptions cco;
+  cco.coordinator = absl::GetFlag(FLAGS_coordinator);
+  cco.on_retry = [](const absl::Status& reason, absl::Duration wait) {
+    LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
+            absl::FormatDuration(wait));
+  };
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> coordinator,
+                           CoordinatorClient::Create(cco));
+  const std::string job = absl::GetFlag(FLAGS_job_id);
+  LogInfo("joining job %s at coordinator %s, rank %s", job, cco.coordinator,
+          requested < 0 ? "any" : absl::StrCat(requested));
+  SHARDPS_RETURN_IF_ERROR(coordinator->Join(
+      v1::ROLE_WORKER, WorkerLabel(), requested, job,
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s))));
+  Placement placement;
+  placement.rank = coordinator->index();
+  placement.num_workers = coordinator->view().num_workers();
+  // Only this thread logs; the client's threads never do.
+  InitLog("worker", static_cast<int>(placement.rank), json);
+  LogInfo("joined job %s as rank %d of %d (%s)", job, placement.rank,
+          placement.num_workers, DescribeView(coordinator->view()));
+  const std::optional<uint32_t> flag_workers = absl::GetFlag(FLAGS_num_workers);
+  absl::Status status =
+      flag_workers.has_value() && *flag_workers != placement.num_workers
+          ? absl::FailedPreconditionError(
+                absl::StrCat("--num_workers=", *flag_workers, " but job ", job,
+                             " has ", placement.num_workers, " workers"))
+          : Train(o, std::move(placement), coordinator.get());
+  if (!status.ok()) {
+    coordinator->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
+    return status;
+  }
+  SHARDPS_RETURN_IF_ERROR(coordinator->Finish(absl::Now() + kFinishTimeout));
+  LogInfo("told the coordinator that rank %d finished", coordinator->index());
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
+  const bool json = absl::GetFlag(FLAGS_log_format) == "json";
+  if (absl::GetFlag(FLAGS_rank) < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank=", absl::GetFlag(FLAGS_rank),
+                     " must be -1 (any) or at least 0"));
+  }
+  if (UseCoordinator() && !absl::GetFlag(FLAGS_servers).empty()) {
+    return absl::InvalidArgumentError(
+        "give either --servers (static mode) or --coordinator, not both");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(TrainerOptions o, TrainerOptionsFromFlags());
+  if (UseCoordinator()) return RunCoordinated(o, json);
+  SHARDPS_ASSIGN_OR_RETURN(Placement placement, StaticPlacement());
+  InitLog("worker", static_cast<int>(placement.rank), json);
+  return Train(std::move(o), std::move(placement), nullptr);
+}
+
 }  // namespace
 }  // namespace shardps::worker
 
@@ -146,6 +310,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "trains one data-parallel worker of a shardps job.\n"
       "  shardps-worker --servers=127.0.0.1:5000,127.0.0.1:5001 --rank=0 "
-      "--num_workers=2");
+      "--num_workers=2\n"
+      "  shardps-worker --coordinator=127.0.0.1:7000");
   return shardps::ExitCode(shardps::worker::Run());
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 
 namespace shardps::local {
 namespace {
@@ -159,6 +160,22 @@ void LogFollower::Finish() {
   partial_.clear();
   close(fd_);
   fd_ = -1;
+}
+
+std::string SignalName(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat(sig);
+}
+
+int WaitForSignal(absl::Duration timeout) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  const timespec wait = absl::ToTimespec(timeout);
+  const int sig = sigtimedwait(&signals, nullptr, &wait);
+  return sig > 0 ? sig : 0;
 }
 
 }  // namespace shardps::local

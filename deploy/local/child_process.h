@@ -1,6 +1,7 @@
 // The process plumbing of shardps-local: starting a daemon with its output in
-// a log file, describing how it ended, and reading that log back (its last
-// lines, or new lines as they are written). Single-threaded use only.
+// a log file, waiting for it to end and describing how it ended, and reading
+// that log back (its last lines, or new lines as they are written).
+// Single-threaded use only.
 #ifndef SHARDPS_DEPLOY_LOCAL_CHILD_PROCESS_H_
 #define SHARDPS_DEPLOY_LOCAL_CHILD_PROCESS_H_
 
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace shardps::local {
 
@@ -33,6 +35,13 @@ std::string DescribeExit(int wait_status);
 
 // True if `wait_status` is a normal exit with code 0.
 bool ExitedCleanly(int wait_status);
+
+// "SIGTERM" for SIGTERM; the number for a signal without a name.
+std::string SignalName(int sig);
+
+// Waits up to `timeout` for SIGINT, SIGTERM or SIGCHLD and returns it; 0 if
+// none came. REQUIRES: the three blocked, so that they wait as pending.
+int WaitForSignal(absl::Duration timeout);
 
 // The last `n` lines of the file at `path` (fewer if it is shorter; none if
 // it cannot be read).

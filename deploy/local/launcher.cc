@@ -16,6 +16,8 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "deploy/local/binaries.h"
+#include "deploy/local/daemon_args.h"
 
 namespace shardps::local {
 namespace {
@@ -25,68 +27,20 @@ namespace fs = std::filesystem;
 // Upper bounds that catch a typo before it starts hundreds of processes.
 constexpr int kMaxServers = 64;
 constexpr int kMaxWorkers = 256;
-// Servers bind and write their port file within a second or two; 30 s
+// Daemons bind and write their port file within a second or two; 30 s
 // allows for a loaded machine.
 constexpr absl::Duration kPortTimeout = absl::Seconds(30);
+// Once the workers finished, servers and the coordinator learn it from the
+// coordinator and exit within a second or so; past this they are stopped.
+constexpr absl::Duration kSelfExitTimeout = absl::Seconds(30);
+// A server or the coordinator that exits 0 while workers still run has
+// failed unless the workers finish within this (they were about to).
+constexpr absl::Duration kEarlyExitGrace = absl::Seconds(10);
 // How long a process gets between SIGTERM and SIGKILL.
 constexpr absl::Duration kStopGrace = absl::Seconds(5);
 // How often worker 0's log is relayed when nothing else happens.
 constexpr absl::Duration kRelayInterval = absl::Milliseconds(100);
 constexpr int kTailLines = 20;
-
-std::string SignalName(int sig) {
-  const char* name = sigabbrev_np(sig);
-  return name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat(sig);
-}
-
-// Waits up to `timeout` for SIGINT, SIGTERM or SIGCHLD (all blocked, so they
-// wait as pending) and returns it; 0 if none came.
-int WaitForSignal(absl::Duration timeout) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);
-  const timespec wait = absl::ToTimespec(timeout);
-  const int sig = sigtimedwait(&signals, nullptr, &wait);
-  return sig > 0 ? sig : 0;
-}
-
-bool IsExecutable(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
-}
-
-// `given` if set; else <dir of this executable>/../../`subdir`/`name` (the
-// build tree) or <dir of this executable>/`name` (installed side by side).
-absl::StatusOr<std::string> FindBinary(const std::string& given,
-                                       const std::string& name,
-                                       const std::string& subdir,
-                                       const std::string& flag) {
-  std::vector<fs::path> candidates;
-  if (!given.empty()) {
-    candidates.push_back(given);
-  } else {
-    std::error_code ec;
-    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-    if (ec) {
-      return absl::NotFoundError(absl::StrCat(
-          "cannot locate this executable (", ec.message(), "); pass --", flag));
-    }
-    const fs::path dir = self.parent_path();
-    candidates.push_back(
-        (dir / ".." / ".." / subdir / name).lexically_normal());
-    candidates.push_back(dir / name);
-  }
-  for (const fs::path& path : candidates) {
-    if (IsExecutable(path)) return path.string();
-  }
-  std::vector<std::string> tried;
-  for (const fs::path& path : candidates) tried.push_back(path.string());
-  return absl::NotFoundError(absl::StrCat("cannot find ", name, " at ",
-                                          absl::StrJoin(tried, " or "),
-                                          "; build it or pass --", flag));
-}
 
 }  // namespace
 
@@ -111,6 +65,12 @@ absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(
   }
   if (options.run_dir.empty()) {
     return absl::InvalidArgumentError("--run_dir is empty");
+  }
+  if (options.use_coordinator) {
+    SHARDPS_ASSIGN_OR_RETURN(
+        options.coordinator_binary,
+        FindBinary(options.coordinator_binary, "shardps-coordinator", "server",
+                   "coordinator_binary"));
   }
   SHARDPS_ASSIGN_OR_RETURN(options.server_binary,
                            FindBinary(options.server_binary, "shardps-server",
@@ -143,49 +103,57 @@ absl::Status Launcher::Start(Child child, const std::string& binary,
   SHARDPS_ASSIGN_OR_RETURN(
       child.pid, SpawnWithLog(binary, args, run_dir_.LogPath(child.name)));
   child.running = true;
-  if (!child.is_server) ++workers_running_;
+  if (child.role == Role::kWorker) ++workers_running_;
   children_.push_back(child);
   LogInfo("started %s (pid %d): %s %s", child.name, child.pid, binary,
           absl::StrJoin(args, " "));
   return run_dir_.WritePid(child.name, child.pid);
 }
 
+absl::Status Launcher::StartCoordinator() {
+  Child coordinator;
+  coordinator.name = "coordinator";
+  coordinator.role = Role::kCoordinator;
+  SHARDPS_RETURN_IF_ERROR(Start(coordinator, options_.coordinator_binary,
+                                CoordinatorArgs(options_, run_dir_)));
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<int> port, WaitForPorts(0, 1));
+  coordinator_address_ = absl::StrCat("127.0.0.1:", port[0]);
+  return absl::OkStatus();
+}
+
 absl::Status Launcher::StartServers() {
   for (int i = 0; i < options_.num_servers; ++i) {
     Child server;
     server.name = absl::StrCat("server-", i);
-    server.is_server = true;
+    server.role = Role::kServer;
     SHARDPS_RETURN_IF_ERROR(
         Start(server, options_.server_binary,
-              {absl::StrCat("--shard_index=", i),
-               absl::StrCat("--num_shards=", options_.num_servers),
-               absl::StrCat("--num_workers=", options_.num_workers),
-               absl::StrCat("--mode=", options_.mode), "--port=0",
-               absl::StrCat("--port_file=", run_dir_.PortPath(server.name)),
-               absl::StrCat("--log_format=", options_.log_format)}));
+              ServerArgs(options_, run_dir_, i, coordinator_address_)));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int>> Launcher::WaitForPorts() {
+absl::StatusOr<std::vector<int>> Launcher::WaitForPorts(size_t first,
+                                                        size_t count) {
   const absl::Time deadline = absl::Now() + kPortTimeout;
-  std::vector<int> ports(options_.num_servers, 0);
+  std::vector<int> ports(count, 0);
   while (true) {
     int missing = -1;
-    for (int i = 0; i < options_.num_servers; ++i) {
+    for (size_t i = 0; i < count; ++i) {
       if (ports[i] != 0) continue;
-      ports[i] = run_dir_.ReadPort(children_[i].name);
+      const Child& child = children_[first + i];
+      ports[i] = run_dir_.ReadPort(child.name);
       if (ports[i] == 0) {
-        if (missing < 0) missing = i;
+        if (missing < 0) missing = static_cast<int>(first + i);
         continue;
       }
-      LogInfo("server-%d (pid %d) serving on 127.0.0.1:%d", i, children_[i].pid,
+      LogInfo("%s (pid %d) serving on 127.0.0.1:%d", child.name, child.pid,
               ports[i]);
     }
     if (missing < 0) return ports;
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("server-", missing, " reported no port within ",
+          absl::StrCat(children_[missing].name, " reported no port within ",
                        absl::FormatDuration(kPortTimeout), "; see ",
                        run_dir_.LogPath(children_[missing].name)));
     }
@@ -193,30 +161,36 @@ absl::StatusOr<std::vector<int>> Launcher::WaitForPorts() {
   }
 }
 
-absl::Status Launcher::StartWorkers(const std::vector<int>& ports) {
-  std::vector<std::string> addresses;
-  for (int port : ports) addresses.push_back(absl::StrCat("127.0.0.1:", port));
+absl::Status Launcher::StartWorkers(const std::vector<std::string>& servers) {
   for (int rank = 0; rank < options_.num_workers; ++rank) {
     Child worker;
     worker.name = absl::StrCat("worker-", rank);
-    std::vector<std::string> args = {
-        absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
-        absl::StrCat("--rank=", rank),
-        absl::StrCat("--num_workers=", options_.num_workers)};
-    args.insert(args.end(), options_.training_args.begin(),
-                options_.training_args.end());
-    if (rank == 0) {
-      args.push_back(absl::StrCat("--metrics_csv=", run_dir_.MetricsPath()));
-      args.push_back(absl::StrCat("--model_out=", run_dir_.ModelPath()));
-    }
-    args.push_back(absl::StrCat("--log_format=", options_.log_format));
-    SHARDPS_RETURN_IF_ERROR(Start(worker, options_.worker_binary, args));
+    SHARDPS_RETURN_IF_ERROR(Start(
+        worker, options_.worker_binary,
+        WorkerArgs(options_, run_dir_, rank, coordinator_address_, servers)));
     if (rank == 0) {
       SHARDPS_RETURN_IF_ERROR(
           worker0_log_.Open(run_dir_.LogPath(worker.name), STDOUT_FILENO));
     }
   }
+  workers_started_ = true;
   return absl::OkStatus();
+}
+
+absl::Status Launcher::StartJob() {
+  if (options_.use_coordinator) {
+    SHARDPS_RETURN_IF_ERROR(StartCoordinator());
+    // Workers need not wait for the servers: they wait for the coordinator's
+    // view to be complete.
+    SHARDPS_RETURN_IF_ERROR(StartServers());
+    return StartWorkers({});
+  }
+  SHARDPS_RETURN_IF_ERROR(StartServers());
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports,
+                           WaitForPorts(0, options_.num_servers));
+  std::vector<std::string> servers;
+  for (int port : ports) servers.push_back(absl::StrCat("127.0.0.1:", port));
+  return StartWorkers(servers);
 }
 
 absl::Status Launcher::Supervise() {
@@ -233,6 +207,7 @@ absl::Status Launcher::Poll(absl::Duration timeout) {
     return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
   }
   SHARDPS_RETURN_IF_ERROR(Reap());
+  SHARDPS_RETURN_IF_ERROR(CheckEarlyExit());
   if (absl::Now() > deadline_) {
     LogError("timed out after %s: stopping every process",
              absl::FormatDuration(options_.timeout));
@@ -244,7 +219,9 @@ absl::Status Launcher::Poll(absl::Duration timeout) {
 }
 
 absl::Status Launcher::Reap() {
-  absl::Status first_failure;
+  // Take every exit first, then judge them: a server that exits right after
+  // the last worker is fine even when it is reaped first.
+  std::vector<const Child*> exited;
   int wait_status = 0;
   rusage usage{};
   pid_t pid;
@@ -252,32 +229,82 @@ absl::Status Launcher::Reap() {
     auto it = std::find_if(children_.begin(), children_.end(),
                            [pid](const Child& c) { return c.pid == pid; });
     if (it == children_.end()) continue;
-    Child& child = *it;
-    child.running = false;
-    child.wait_status = wait_status;
-    child.max_rss_kib = usage.ru_maxrss;  // KiB on Linux
-    if (!child.is_server) --workers_running_;
-    const std::string how = DescribeExit(wait_status);
-    // Until the launcher stops them, servers run for as long as workers do.
-    if (stopping_ || (!child.is_server && ExitedCleanly(wait_status))) {
-      LogInfo("%s (pid %d) exited (%s)", child.name, child.pid, how);
-      continue;
-    }
-    const std::string log = run_dir_.LogPath(child.name);
-    const char* early = child.is_server && ExitedCleanly(wait_status)
-                            ? " before the workers finished"
-                            : "";
-    LogError("%s failed (%s)%s; last lines of %s:", child.name, how, early,
-             log);
-    for (const std::string& line : LastLines(log, kTailLines)) {
-      WriteAll(STDERR_FILENO, absl::StrCat("  ", line, "\n"));
-    }
-    if (first_failure.ok()) {
-      first_failure = absl::AbortedError(absl::StrCat(
-          child.name, " failed (", how, ")", early, "; see ", log));
-    }
+    it->running = false;
+    it->wait_status = wait_status;
+    it->max_rss_kib = usage.ru_maxrss;  // KiB on Linux
+    if (it->role == Role::kWorker) --workers_running_;
+    exited.push_back(&*it);
+  }
+  absl::Status first_failure;
+  for (const Child* child : exited) {
+    absl::Status s = CheckExit(*child);
+    if (first_failure.ok()) first_failure = std::move(s);
   }
   return first_failure;
+}
+
+absl::Status Launcher::CheckExit(const Child& child) {
+  const std::string how = DescribeExit(child.wait_status);
+  const bool clean = ExitedCleanly(child.wait_status);
+  // Workers end the job. Servers and the coordinator run until the launcher
+  // stops them, or (coordinator mode) exit by themselves after the workers.
+  const bool workers_done = workers_started_ && workers_running_ == 0;
+  if (stopping_ || (clean && (child.role == Role::kWorker || workers_done))) {
+    LogInfo("%s (pid %d) exited (%s)", child.name, child.pid, how);
+    return absl::OkStatus();
+  }
+  if (clean && options_.use_coordinator) {
+    // The last worker tells the coordinator it finished just before its
+    // process exits, so servers may exit first. CheckEarlyExit judges this
+    // once the workers had time to follow.
+    LogInfo("%s (pid %d) exited (%s) while workers still run", child.name,
+            child.pid, how);
+    if (early_exit_ < 0) {
+      early_exit_ = static_cast<int>(&child - children_.data());
+      early_exit_time_ = absl::Now();
+    }
+    return absl::OkStatus();
+  }
+  return Failure(child, clean);
+}
+
+absl::Status Launcher::CheckEarlyExit() const {
+  if (early_exit_ < 0 || workers_running_ == 0 ||
+      absl::Now() < early_exit_time_ + kEarlyExitGrace) {
+    return absl::OkStatus();
+  }
+  return Failure(children_[early_exit_], /*early=*/true);
+}
+
+absl::Status Launcher::Failure(const Child& child, bool early) const {
+  const std::string how = DescribeExit(child.wait_status);
+  const std::string log = run_dir_.LogPath(child.name);
+  const char* before = early ? " before the workers finished" : "";
+  LogError("%s failed (%s)%s; last lines of %s:", child.name, how, before, log);
+  for (const std::string& line : LastLines(log, kTailLines)) {
+    WriteAll(STDERR_FILENO, absl::StrCat("  ", line, "\n"));
+  }
+  return absl::AbortedError(
+      absl::StrCat(child.name, " failed (", how, ")", before, "; see ", log));
+}
+
+bool Launcher::AnyDaemonRunning() const {
+  return std::any_of(children_.begin(), children_.end(), [](const Child& c) {
+    return c.running && c.role != Role::kWorker;
+  });
+}
+
+absl::Status Launcher::AwaitSelfExit() {
+  const absl::Time deadline = absl::Now() + kSelfExitTimeout;
+  while (AnyDaemonRunning() && absl::Now() < deadline) {
+    SHARDPS_RETURN_IF_ERROR(Poll(kRelayInterval));
+  }
+  for (const Child& child : children_) {
+    if (!child.running) continue;
+    LogWarning("%s (pid %d) still running %s after the workers finished",
+               child.name, child.pid, absl::FormatDuration(kSelfExitTimeout));
+  }
+  return absl::OkStatus();
 }
 
 void Launcher::StopAll(int sig) {
@@ -314,14 +341,14 @@ void Launcher::StopAll(int sig) {
       child.running = false;
       child.wait_status = wait_status;
       child.max_rss_kib = usage.ru_maxrss;
-      if (!child.is_server) --workers_running_;
+      if (child.role == Role::kWorker) --workers_running_;
     }
   }
 }
 
-absl::Status Launcher::CheckServersStopped() const {
+absl::Status Launcher::CheckDaemonsStopped() const {
   for (const Child& child : children_) {
-    if (child.is_server && !ExitedCleanly(child.wait_status)) {
+    if (child.role != Role::kWorker && !ExitedCleanly(child.wait_status)) {
       return absl::AbortedError(
           absl::StrCat(child.name, " did not stop cleanly (",
                        DescribeExit(child.wait_status), "); see ",
@@ -362,23 +389,26 @@ absl::Status Launcher::Run() {
   sigaddset(&chld, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &chld, nullptr);
   SHARDPS_RETURN_IF_ERROR(run_dir_.Prepare());
-  LogInfo("run directory %s: %d server(s), %d worker(s), mode %s",
-          options_.run_dir, options_.num_servers, options_.num_workers,
-          options_.mode);
+  LogInfo("run directory %s: %s%d server(s), %d worker(s), mode %s",
+          options_.run_dir,
+          options_.use_coordinator ? "a coordinator, " : "static lists, ",
+          options_.num_servers, options_.num_workers, options_.mode);
 
-  absl::Status status = StartServers();
-  absl::StatusOr<std::vector<int>> ports;
-  if (status.ok()) {
-    ports = WaitForPorts();
-    status = ports.status();
-  }
-  if (status.ok()) status = StartWorkers(*ports);
+  absl::Status status = StartJob();
   if (status.ok()) status = Supervise();
-  if (status.ok()) {
+  if (status.ok() && options_.use_coordinator) {
+    LogInfo(
+        "all %d worker(s) finished: waiting for the servers and the "
+        "coordinator to exit",
+        options_.num_workers);
+    status = AwaitSelfExit();
+  } else if (status.ok()) {
     LogInfo("all %d worker(s) finished: stopping the servers",
             options_.num_workers);
+  }
+  if (status.ok()) {
     StopAll(SIGTERM);
-    status = CheckServersStopped();
+    status = CheckDaemonsStopped();
   } else {
     StopAll(stop_signal_ != 0 ? stop_signal_ : SIGTERM);
   }

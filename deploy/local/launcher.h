@@ -1,7 +1,8 @@
-// A Launcher runs a whole shardps job on this machine: S server shards, then
-// W workers, as child processes with their logs, pids and ports in a RunDir,
-// supervised until the workers finish or one fails. Used by shardps-local,
-// from one thread; one Launcher per process.
+// A Launcher runs a whole shardps job on this machine: a coordinator, S
+// server shards and W workers (or, in static mode, the shards and workers with
+// static address lists), as child processes with their logs, pids and ports
+// in a RunDir, supervised until the job ends or a process fails. Used by
+// shardps-local, from one thread; one Launcher per process.
 #ifndef SHARDPS_DEPLOY_LOCAL_LAUNCHER_H_
 #define SHARDPS_DEPLOY_LOCAL_LAUNCHER_H_
 
@@ -31,7 +32,13 @@ struct LaunchOptions {
   // Stop everything and fail after this long; InfiniteDuration: never.
   absl::Duration timeout = absl::InfiniteDuration();
   std::string log_format = "text";  // passed to every daemon
+  // True: start shardps-coordinator first and give servers and workers
+  // --coordinator; they exit by themselves when the job ends. False (static
+  // mode): servers get --shard_index/--num_shards, workers --servers, and
+  // the launcher stops the servers when the workers are done.
+  bool use_coordinator = true;
   // Empty: look beside this executable (build tree, then installed).
+  std::string coordinator_binary;
   std::string server_binary;
   std::string worker_binary;
   // "--name=value" training flags passed to every worker.
@@ -51,8 +58,9 @@ class Launcher {
 
   // Runs the job, once: prints worker 0's log lines to stdout as they appear,
   // then every process's peak RSS and a final metrics line. OK when every
-  // worker exited 0 and worker 0 wrote metrics; otherwise the status names the
-  // process that failed (Aborted), the timeout (DeadlineExceeded), the
+  // process exited 0 (servers and the coordinator after the workers) and
+  // worker 0 wrote metrics; otherwise the status names the process that
+  // failed (Aborted), the timeout (DeadlineExceeded), the
   // signal that stopped the launcher (Cancelled) or the missing metrics
   // (NotFound). Every child has exited when it returns.
   // REQUIRES: SIGINT and SIGTERM blocked in every thread
@@ -63,9 +71,11 @@ class Launcher {
   int stop_signal() const { return stop_signal_; }
 
  private:
+  enum class Role { kCoordinator, kServer, kWorker };
   struct Child {
-    std::string name;  // server-0, worker-1: names its log, pid, port files
-    bool is_server = false;
+    // coordinator, server-0, worker-1: names its log, pid, port files
+    std::string name;
+    Role role = Role::kWorker;
     pid_t pid = -1;
     bool running = false;
     int wait_status = 0;
@@ -77,19 +87,35 @@ class Launcher {
 
   absl::Status Start(Child child, const std::string& binary,
                      const std::vector<std::string>& args);
+  absl::Status StartCoordinator();
   absl::Status StartServers();
-  absl::StatusOr<std::vector<int>> WaitForPorts();
-  absl::Status StartWorkers(const std::vector<int>& ports);
+  // Waits for the port files of `children_[first, first + count)`.
+  absl::StatusOr<std::vector<int>> WaitForPorts(size_t first, size_t count);
+  // Static mode: `servers` are the shards' addresses; else the workers ask
+  // the coordinator.
+  absl::Status StartWorkers(const std::vector<std::string>& servers);
+  absl::Status StartJob();
   absl::Status Supervise();
+  // After the workers: waits (bounded) for the servers and the coordinator
+  // to exit by themselves, and warns about any that did not (Run stops them).
+  absl::Status AwaitSelfExit();
   // Waits up to `timeout` for a signal, then relays worker 0's log and reaps
   // exited children. Aborted if one failed, Cancelled on SIGINT or SIGTERM,
   // DeadlineExceeded past the job's timeout.
   absl::Status Poll(absl::Duration timeout);
   absl::Status Reap();
+  // Whether `child`'s exit is a failure, given every exit reaped so far.
+  absl::Status CheckExit(const Child& child);
+  // A server or the coordinator exited 0 while workers ran, and they still
+  // run after kEarlyExitGrace: that is a failure.
+  absl::Status CheckEarlyExit() const;
+  // Logs the end of `child`'s log and returns Aborted naming it.
+  absl::Status Failure(const Child& child, bool early) const;
+  bool AnyDaemonRunning() const;
   // Sends `sig` to every running child, SIGKILLs those still running 5 s
   // later (or at once on a second SIGINT or SIGTERM) and reaps them all.
   void StopAll(int sig);
-  absl::Status CheckServersStopped() const;
+  absl::Status CheckDaemonsStopped() const;
   void PrintPeakRss() const;
   absl::Status PrintFinalMetrics() const;
 
@@ -97,8 +123,13 @@ class Launcher {
   const RunDir run_dir_;
   absl::Time start_time_;
   absl::Time deadline_ = absl::InfiniteFuture();
-  std::vector<Child> children_;  // in start order: servers, then workers
-  LogFollower worker0_log_;      // relayed to stdout
+  // In start order: the coordinator, servers, then workers.
+  std::vector<Child> children_;
+  std::string coordinator_address_;  // empty in static mode
+  LogFollower worker0_log_;          // relayed to stdout
+  bool workers_started_ = false;
+  int early_exit_ = -1;  // index in children_; see CheckEarlyExit
+  absl::Time early_exit_time_;
   int workers_running_ = 0;
   bool stopping_ = false;
   int stop_signal_ = 0;

@@ -1,5 +1,5 @@
-// shardps-local: runs a whole shardps job (servers and workers) on this
-// machine.
+// shardps-local: runs a whole shardps job (a coordinator, servers and
+// workers; or servers and workers with static lists) on this machine.
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +21,12 @@ ABSL_FLAG(std::string, mode, "sync",
           "Consistency, passed to the servers: sync or async.");
 ABSL_FLAG(int32_t, timeout_s, 0,
           "Stop every process and fail after this many seconds (0: never).");
+ABSL_FLAG(bool, static, false,
+          "Static mode: no coordinator; servers get their shape on the "
+          "command line and workers the servers' addresses.");
+ABSL_FLAG(std::string, coordinator_binary, "",
+          "shardps-coordinator to run; default: the one in this build tree, "
+          "or beside this binary.");
 ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to run; default: the one in this build tree, or "
           "beside this binary.");
@@ -52,6 +58,8 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   }
   if (timeout_s > 0) o.timeout = absl::Seconds(timeout_s);
   o.log_format = absl::GetFlag(FLAGS_log_format);
+  o.use_coordinator = !absl::GetFlag(FLAGS_static);
+  o.coordinator_binary = absl::GetFlag(FLAGS_coordinator_binary);
   o.server_binary = absl::GetFlag(FLAGS_server_binary);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   o.training_args = worker::TrainingFlagArgs();
@@ -78,9 +86,9 @@ int main(int argc, char** argv) {
   shardps::BlockTerminationSignals();
   std::vector<char*> positional = shardps::ParseDaemonFlags(
       argc, argv,
-      "runs a shardps job on this machine: --servers shards, then --workers "
-      "workers training with the flags below, each logging to "
-      "<run_dir>/logs/.\n"
+      "runs a shardps job on this machine: a coordinator, --servers shards "
+      "and --workers workers training with the flags below, each logging to "
+      "<run_dir>/logs/; the job ends when every worker has finished.\n"
       "  shardps-local --servers=2 --workers=2 --epochs=1 --run_dir=run");
   return shardps::local::Main(positional);
 }

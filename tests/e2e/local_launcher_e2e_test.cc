@@ -1,5 +1,6 @@
-// shardps-local end to end: a short real job (two server shards, two workers)
-// with everything it leaves in its run directory, a failing worker, SIGTERM to
+// shardps-local end to end: a short real job (a coordinator, two server
+// shards, two workers; and the same in static mode) with everything it leaves
+// in its run directory, a failing worker, a failing coordinator, SIGTERM to
 // the launcher mid-run, and bad flags.
 #include <signal.h>
 
@@ -104,8 +105,9 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
   EXPECT_GT(FinalValue(output, "test_accuracy"), 0.5) << output;
   EXPECT_EQ(FinalValue(output, "epoch"), 1) << output;
   EXPECT_GT(FinalValue(output, "wall_s"), 0) << output;
-  EXPECT_TRUE(absl::StrContains(output, "peak RSS: server-0 ")) << output;
-  for (const char* name : {"server-1 ", "worker-0 ", "worker-1 "}) {
+  EXPECT_TRUE(absl::StrContains(output, "peak RSS: coordinator ")) << output;
+  for (const char* name :
+       {"server-0 ", "server-1 ", "worker-0 ", "worker-1 "}) {
     EXPECT_TRUE(absl::StrContains(output, name)) << output;
   }
 
@@ -122,12 +124,59 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
   std::error_code ec;
   EXPECT_GT(fs::file_size(run_dir + "/model.safetensors", ec), 0u)
       << ec.message();
+  const std::set<std::string> logs = {"coordinator.log", "server-0.log",
+                                      "server-1.log", "worker-0.log",
+                                      "worker-1.log"};
+  EXPECT_EQ(FileNames(run_dir + "/logs"), logs);
+  const std::set<std::string> pids = {"coordinator.pid", "server-0.pid",
+                                      "server-1.pid", "worker-0.pid",
+                                      "worker-1.pid"};
+  EXPECT_EQ(FileNames(run_dir + "/pids"), pids);
+  // Servers and the coordinator ended by themselves when the job finished.
+  EXPECT_FALSE(absl::StrContains(output, "SIGTERM")) << output;
+  const std::vector<std::string> server_log =
+      ReadLines(run_dir + "/logs/server-0.log");
+  EXPECT_TRUE(std::any_of(server_log.begin(), server_log.end(),
+                          [](const std::string& line) {
+                            return absl::StrContains(
+                                line, "every worker completed its training");
+                          }))
+      << absl::StrJoin(server_log, "\n");
+}
+
+TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
+  if (!fs::exists(kFashionMnist)) {
+    GTEST_SKIP() << kFashionMnist
+                 << " is missing: apt-get install dataset-fashion-mnist";
+  }
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  std::vector<std::string> args = ShortJob(1);
+  args.push_back("--static");
+  std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, args);
+  ASSERT_NE(launcher, nullptr);
+  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(5));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  const std::string output = launcher->ReadLog();
+  ASSERT_EQ(*code, 0) << output;
+  EXPECT_GT(FinalValue(output, "test_accuracy"), 0.5) << output;
   const std::set<std::string> logs = {"server-0.log", "server-1.log",
                                       "worker-0.log", "worker-1.log"};
   EXPECT_EQ(FileNames(run_dir + "/logs"), logs);
-  const std::set<std::string> pids = {"server-0.pid", "server-1.pid",
-                                      "worker-0.pid", "worker-1.pid"};
-  EXPECT_EQ(FileNames(run_dir + "/pids"), pids);
+}
+
+TEST(LocalLauncherTest, FailingCoordinatorIsAFailure) {
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  std::unique_ptr<Daemon> launcher = StartLauncher(
+      run_dir, {"--servers=1", "--workers=1", "--coordinator_binary=/bin/false",
+                "--timeout_s=120"});
+  ASSERT_NE(launcher, nullptr);
+  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  const std::string output = launcher->ReadLog();
+  EXPECT_EQ(*code, 1) << output;
+  EXPECT_TRUE(absl::StrContains(output, "coordinator failed (exit code 1)"))
+      << output;
+  EXPECT_FALSE(absl::StrContains(output, "started server-0")) << output;
 }
 
 TEST(LocalLauncherTest, FailingWorkerIsNamedWithItsError) {
@@ -183,7 +232,8 @@ TEST(LocalLauncherTest, SigtermStopsEveryChild) {
   absl::StatusOr<int> code = launcher->Stop(SIGTERM, absl::Seconds(30));
   ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
   EXPECT_EQ(*code, 128 + SIGTERM) << launcher->ReadLog();
-  for (const char* name : {"server-0", "server-1", "worker-0", "worker-1"}) {
+  for (const char* name :
+       {"coordinator", "server-0", "server-1", "worker-0", "worker-1"}) {
     const std::vector<std::string> pid_file =
         ReadLines(absl::StrCat(run_dir, "/pids/", name, ".pid"));
     ASSERT_EQ(pid_file.size(), 1u) << name;

@@ -1,0 +1,56 @@
+#include "deploy/local/daemon_args.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardps::local {
+
+std::vector<std::string> CoordinatorArgs(const LaunchOptions& o,
+                                         const RunDir& dir) {
+  return {absl::StrCat("--num_servers=", o.num_servers),
+          absl::StrCat("--num_workers=", o.num_workers), "--port=0",
+          absl::StrCat("--port_file=", dir.PortPath("coordinator")),
+          absl::StrCat("--log_format=", o.log_format)};
+}
+
+std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
+                                    int index, const std::string& coordinator) {
+  // The index is given even with a coordinator, so that server-i's log is
+  // shard i's; the job's shape comes from the coordinator.
+  std::vector<std::string> args = {absl::StrCat("--shard_index=", index)};
+  if (coordinator.empty()) {
+    args.push_back(absl::StrCat("--num_shards=", o.num_servers));
+    args.push_back(absl::StrCat("--num_workers=", o.num_workers));
+  } else {
+    args.push_back(absl::StrCat("--coordinator=", coordinator));
+  }
+  args.push_back(absl::StrCat("--mode=", o.mode));
+  args.push_back("--port=0");
+  args.push_back(absl::StrCat("--port_file=",
+                              dir.PortPath(absl::StrCat("server-", index))));
+  args.push_back(absl::StrCat("--log_format=", o.log_format));
+  return args;
+}
+
+std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
+                                    int rank, const std::string& coordinator,
+                                    const std::vector<std::string>& servers) {
+  // The rank is given even with a coordinator: worker-0 is rank 0, whose log
+  // the launcher relays and who writes the metrics and the model.
+  std::vector<std::string> args = {absl::StrCat("--rank=", rank)};
+  if (coordinator.empty()) {
+    args.push_back(absl::StrCat("--servers=", absl::StrJoin(servers, ",")));
+    args.push_back(absl::StrCat("--num_workers=", o.num_workers));
+  } else {
+    args.push_back(absl::StrCat("--coordinator=", coordinator));
+  }
+  args.insert(args.end(), o.training_args.begin(), o.training_args.end());
+  if (rank == 0) {
+    args.push_back(absl::StrCat("--metrics_csv=", dir.MetricsPath()));
+    args.push_back(absl::StrCat("--model_out=", dir.ModelPath()));
+  }
+  args.push_back(absl::StrCat("--log_format=", o.log_format));
+  return args;
+}
+
+}  // namespace shardps::local

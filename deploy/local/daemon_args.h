@@ -1,0 +1,33 @@
+// The command lines shardps-local gives the daemons of a job: with a
+// coordinator, servers and workers get --coordinator and keep their index;
+// in static mode they get the job's shape and the servers' addresses.
+// Pure functions.
+#ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
+#define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
+
+#include <string>
+#include <vector>
+
+#include "deploy/local/launcher.h"
+#include "deploy/local/run_dir.h"
+
+namespace shardps::local {
+
+// shardps-coordinator, named "coordinator" in `dir`.
+std::vector<std::string> CoordinatorArgs(const LaunchOptions& options,
+                                         const RunDir& dir);
+// shardps-server of shard `index`, named "server-<index>". `coordinator`:
+// host:port, or empty in static mode.
+std::vector<std::string> ServerArgs(const LaunchOptions& options,
+                                    const RunDir& dir, int index,
+                                    const std::string& coordinator);
+// shardps-worker of `rank`, named "worker-<rank>"; rank 0 writes the
+// metrics and the model. `servers` (shard order) only in static mode.
+std::vector<std::string> WorkerArgs(const LaunchOptions& options,
+                                    const RunDir& dir, int rank,
+                                    const std::string& coordinator,
+                                    const std::vector<std::string>& servers);
+
+}  // namespace shardps::local
+
+#endif  // SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_

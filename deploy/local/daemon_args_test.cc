@@ -1,0 +1,55 @@
+#include "deploy/local/daemon_args.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardps::local {
+namespace {
+
+LaunchOptions Options() {
+  LaunchOptions o;
+  o.num_servers = 2;
+  o.num_workers = 3;
+  o.mode = "async";
+  o.training_args = {"--epochs=1"};
+  return o;
+}
+
+TEST(DaemonArgsTest, CoordinatorGetsTheJobShapeAndAPortFile) {
+  const RunDir dir("/r");
+  EXPECT_EQ(CoordinatorArgs(Options(), dir),
+            (std::vector<std::string>{
+                "--num_servers=2", "--num_workers=3", "--port=0",
+                "--port_file=/r/ports/coordinator.port", "--log_format=text"}));
+}
+
+TEST(DaemonArgsTest, WithACoordinatorMembersGetItsAddressInsteadOfLists) {
+  const RunDir dir("/r");
+  EXPECT_EQ(ServerArgs(Options(), dir, 1, "127.0.0.1:7"),
+            (std::vector<std::string>{
+                "--shard_index=1", "--coordinator=127.0.0.1:7", "--mode=async",
+                "--port=0", "--port_file=/r/ports/server-1.port",
+                "--log_format=text"}));
+  EXPECT_EQ(WorkerArgs(Options(), dir, 2, "127.0.0.1:7", {}),
+            (std::vector<std::string>{"--rank=2", "--coordinator=127.0.0.1:7",
+                                      "--epochs=1", "--log_format=text"}));
+}
+
+TEST(DaemonArgsTest, StaticModeGivesTheShapeAndTheServers) {
+  const RunDir dir("/r");
+  EXPECT_EQ(ServerArgs(Options(), dir, 0, ""),
+            (std::vector<std::string>{
+                "--shard_index=0", "--num_shards=2", "--num_workers=3",
+                "--mode=async", "--port=0",
+                "--port_file=/r/ports/server-0.port", "--log_format=text"}));
+  EXPECT_EQ(WorkerArgs(Options(), dir, 0, "", {"h:1", "h:2"}),
+            (std::vector<std::string>{
+                "--rank=0", "--servers=h:1,h:2", "--num_workers=3",
+                "--epochs=1", "--metrics_csv=/r/metrics.csv",
+                "--model_out=/r/model.safetensors", "--log_format=text"}));
+}
+
+}  // namespace
+}  // namespace shardps::local
