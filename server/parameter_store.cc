@@ -505,6 +505,14 @@ absl::Status ParameterStore::CheckOwned(uint32_t chunk_id) const {
   return FindChunk(*st, chunk_id).status();
 }
 
+absl::StatusOr<v1::DeclareRequest> ParameterStore::declaration() const {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError("no model is declared on this shard");
+  }
+  return st->declaration;
+}
+
 std::vector<uint32_t> ParameterStore::OwnedChunks() const {
   std::vector<uint32_t> ids;
   const State* st = state();

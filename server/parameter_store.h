@@ -129,6 +129,10 @@ class ParameterStore {
   // OK when this shard owns `chunk_id`; else NotFound or FailedPrecondition.
   absl::Status CheckOwned(uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The declaration this shard holds; FailedPrecondition before Declare.
+  absl::StatusOr<v1::DeclareRequest> declaration() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Chunk ids this shard owns, ascending; empty before Declare.
   std::vector<uint32_t> OwnedChunks() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -48,6 +48,13 @@ ABSL_FLAG(int32_t, max_message_bytes, 0,
 ABSL_FLAG(int64_t, fault_drop_reply_every, 0,
           "Testing only: drop every Nth PushPull reply and end its stream "
           "with UNAVAILABLE.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory (shared by every shard of the job) for checkpoints; the "
+          "newest committed one there is restored at start. Empty: none.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "Write a checkpoint every N steps (0: never; needs "
+          "--checkpoint_dir).");
+ABSL_FLAG(int32_t, keep_checkpoints, 3, "Committed checkpoints to keep.");
 ABSL_FLAG(std::string, advertise_host, "",
           "With --coordinator: the host workers reach this shard at; empty: "
           "--host, or this machine's hostname when --host is a wildcard.");
@@ -99,8 +106,36 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_message_bytes is negative");
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (o.checkpoint_every != 0 && o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_every_steps needs --checkpoint_dir");
+  }
+  o.on_checkpoint = [](const absl::StatusOr<CheckpointWrite>& w) {
+    if (!w.ok()) {
+      LogWarning("checkpoint: %s", w.status().ToString());
+      return;
+    }
+    LogInfo("checkpoint of step %d written: %.1f MiB in %.3f s (%.2f ms/MiB)%s",
+            w->step, w->bytes / 1048576.0, w->seconds,
+            1000 * w->seconds / std::max(1e-9, w->bytes / 1048576.0),
+            w->committed ? "; committed (all shards written)" : "");
+  };
   if (!UseCoordinator()) SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(o.store));
   return o;
+}
+
+// Logs where the shard started from.
+void LogRestore(const ShardServer& server) {
+  if (!server.restored().has_value()) return;
+  const RestoredShard& r = *server.restored();
+  for (const std::string& why : r.skipped) {
+    LogWarning("checkpoint skipped: %s", why);
+  }
+  LogInfo("restored from the checkpoint of step %d in %s", r.step,
+          absl::GetFlag(FLAGS_checkpoint_dir));
 }
 
 // Logs the counters and stops serving.
@@ -117,6 +152,7 @@ absl::Status RunStatic(const ShardServerOptions& options) {
           absl::GetFlag(FLAGS_log_format) == "json");
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server,
                            ShardServer::Start(options));
+  LogRestore(*server);
   LogInfo("shard %d of %d listening on %s:%d (mode=%s, workers=%d)",
           options.store.shard_index, options.store.num_shards, options.host,
           server->port(), absl::GetFlag(FLAGS_mode), options.store.num_workers);
@@ -273,6 +309,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
     client->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
     return server.status();
   }
+  LogRestore(**server);
   LogInfo(
       "shard %d of %d listening on %s:%d, advertised as %s (mode=%s, "
       "workers=%d); %s",

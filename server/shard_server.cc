@@ -38,7 +38,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   int max_message = options.max_message_bytes;
   if (max_message <= 0) max_message = kMaxChunkBytes + kMessageOverheadBytes;
   std::unique_ptr<ShardServer> s(new ShardServer());
-  s->store_ = std::make_unique<ParameterStore>(options.store);
+  StoreOptions store_options = options.store;
+  SHARDPS_RETURN_IF_ERROR(s->StartCheckpoints(options, &store_options));
+  s->store_ = std::make_unique<ParameterStore>(store_options);
+  if (s->restored_.has_value()) {
+    SHARDPS_RETURN_IF_ERROR(s->store_->Restore(
+        s->restored_->declaration, std::move(s->restored_->chunks)));
+    s->restored_->chunks.clear();
+  }
   s->service_ =
       std::make_unique<ParameterService>(s->store_.get(), options.service);
 
@@ -64,6 +71,48 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   return s;
 }
 
+absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
+                                           StoreOptions* store) {
+  if (options.checkpoint_dir.empty()) return absl::OkStatus();
+  if (options.keep_checkpoints < 1 || options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(
+        "--keep_checkpoints must be >= 1 and --checkpoint_every_steps >= 0");
+  }
+  checkpointer_ = std::make_unique<ShardCheckpointer>(
+      options.checkpoint_dir, store->shard_index, store->num_shards,
+      options.keep_checkpoints);
+  SHARDPS_ASSIGN_OR_RETURN(restored_, checkpointer_->LoadLatest());
+  if (options.checkpoint_every == 0) return absl::OkStatus();
+  writer_ = std::make_unique<ThreadPool>(1);
+  store->checkpoint_every = options.checkpoint_every;
+  auto report = options.on_checkpoint;
+  // Runs on an update thread: hand the copies to the writer and return. One
+  // write at a time; a checkpoint due while one is being written is skipped,
+  // so copies never pile up behind a slow disk.
+  store->on_checkpoint = [this, report](int64_t step,
+                                        std::vector<ChunkState> chunks) {
+    if (writing_.exchange(true)) {
+      if (report) {
+        report(absl::ResourceExhaustedError(
+            absl::StrCat("checkpoint of step ", step,
+                         " skipped: the previous one is still being written")));
+      }
+      return;
+    }
+    auto shared = std::make_shared<std::vector<ChunkState>>(std::move(chunks));
+    writer_->Schedule([this, report, step, shared] {
+      absl::StatusOr<v1::DeclareRequest> declaration = store_->declaration();
+      absl::StatusOr<CheckpointWrite> written =
+          declaration.ok()
+              ? checkpointer_->Write(step, *declaration, *shared)
+              : absl::StatusOr<CheckpointWrite>(declaration.status());
+      writing_ = false;
+      if (report) report(written);
+    });
+  };
+  return absl::OkStatus();
+}
+
 void ShardServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
   server_->Shutdown(std::chrono::system_clock::now() +
@@ -72,6 +121,10 @@ void ShardServer::Shutdown(absl::Duration grace) {
   server_.reset();
 }
 
-ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+ShardServer::~ShardServer() {
+  Shutdown(absl::ZeroDuration());
+  store_.reset();   // its last updates may schedule a checkpoint write
+  writer_.reset();  // finishes that write
+}
 
 }  // namespace shardps::server

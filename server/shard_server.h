@@ -4,13 +4,17 @@
 #ifndef SHARDPS_SERVER_SHARD_SERVER_H_
 #define SHARDPS_SERVER_SHARD_SERVER_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
 #include "server/parameter_service.h"
 #include "server/parameter_store.h"
+#include "server/shard_checkpointer.h"
 
 namespace shardps::server {
 
@@ -24,6 +28,15 @@ struct ShardServerOptions {
   // Bind with SO_REUSEPORT, so that the port may be held by a
   // PortReservation of this process (common/port_reservation.h).
   bool reuse_port = false;
+  // Checkpoints (off when checkpoint_dir is empty): at start the newest
+  // committed checkpoint in the directory is restored; every
+  // checkpoint_every steps the shard writes its file there (on a writer
+  // thread of its own) and commits the step when all shards have written.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 3;
+  // Told about every checkpoint write (for the daemon's log); any thread.
+  std::function<void(const absl::StatusOr<CheckpointWrite>&)> on_checkpoint;
 };
 
 class ShardServer {
@@ -35,12 +48,23 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The restored checkpoint, if the shard started from one.
+  const std::optional<RestoredShard>& restored() const { return restored_; }
   ParameterStore* store() { return store_.get(); }
   // Stops accepting RPCs and cancels the ones in flight after `grace`.
   void Shutdown(absl::Duration grace);
 
  private:
   ShardServer() = default;
+  absl::Status StartCheckpoints(const ShardServerOptions& options,
+                                StoreOptions* store);
+
+  // Declared before the store: the store's last updates may still hand a
+  // checkpoint to them while it shuts down.
+  std::unique_ptr<ShardCheckpointer> checkpointer_;
+  std::unique_ptr<ThreadPool> writer_;
+  std::atomic<bool> writing_{false};
+  std::optional<RestoredShard> restored_;
   std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<ParameterService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -275,6 +275,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           WorkerSlice(s * options_.batch_size, options_.batch_size,
                       static_cast<int>(options_.rank),
                       static_cast<int>(options_.num_workers));
+      if (options_.step_delay > absl::ZeroDuration()) {
+        absl::SleepFor(options_.step_delay);
+      }
       SHARDPS_RETURN_IF_ERROR(Step(
           step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
           &stats));

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "worker/backend.h"
 #include "worker/client.h"
 #include "worker/dataset.h"
@@ -35,6 +36,8 @@ struct TrainerOptions {
   // Called after every step with the steps completed and the current epoch
   // (from 1), on the training thread; must not block. May be empty.
   std::function<void(int64_t step, int epoch)> on_step;
+  // Testing only: a pause before every step (an artificially slow worker).
+  absl::Duration step_delay;
 };
 
 // Optimizer settings as given on the command line.

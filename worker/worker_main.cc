@@ -38,6 +38,8 @@ ABSL_FLAG(std::string, metrics_csv, "",
           "Rank 0: append one row per epoch to this CSV file.");
 ABSL_FLAG(std::string, model_out, "",
           "Rank 0: write the final model here (safetensors).");
+ABSL_FLAG(int32_t, fault_step_delay_ms, 0,
+          "Testing only: pause this long before every step (a slow worker).");
 ABSL_FLAG(int32_t, connect_timeout_s, 120,
           "How long to wait for the servers to come up (and, with "
           "--coordinator, to join and for every member to join).");
@@ -82,6 +84,7 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.eval_every_epochs = absl::GetFlag(FLAGS_eval_every_epochs);
+  o.step_delay = absl::Milliseconds(absl::GetFlag(FLAGS_fault_step_delay_ms));
   const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
   if (o.epochs < 1 || o.eval_every_epochs < 1 || o.max_steps < 0 ||
       chunk_kib < 1 || chunk_kib > (64 << 10)) {
