@@ -312,6 +312,7 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
     if (!chunk->contributed[args.rank]) {
       SHARDPS_RETURN_IF_ERROR(TakeGradient(state, args, chunk));
       chunk->contributed[args.rank] = true;
+      if (chunk->num_contributed == 0) chunk->first_contribution = absl::Now();
       ++chunk->num_contributed;
       ready = chunk->num_contributed == options_.num_workers;
     }
@@ -503,6 +504,31 @@ absl::Status ParameterStore::CheckOwned(uint32_t chunk_id) const {
         "no model is declared on this shard yet: call Declare first");
   }
   return FindChunk(*st, chunk_id).status();
+}
+
+std::vector<ParameterStore::StalledChunk> ParameterStore::Stalled(
+    absl::Duration timeout) const {
+  std::vector<StalledChunk> out;
+  const State* st = state();
+  if (st == nullptr || options_.mode != Mode::kSync) return out;
+  const absl::Time now = absl::Now();
+  for (const auto& chunk : st->owned) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    if (chunk->num_contributed == 0 ||
+        now - chunk->first_contribution < timeout) {
+      continue;
+    }
+    StalledChunk s;
+    s.chunk_id = chunk->spec.id;
+    s.step = chunk->version;
+    s.waiting = now - chunk->first_contribution;
+    for (uint32_t r = 0; r < options_.num_workers; ++r) {
+      if (!chunk->contributed[r]) s.missing_ranks.push_back(r);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 absl::StatusOr<v1::DeclareRequest> ParameterStore::declaration() const {

@@ -138,6 +138,19 @@ class ParameterStore {
 
   v1::GetStatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A sync step some workers pushed and others have not, for longer than a
+  // timeout: what it waits for.
+  struct StalledChunk {
+    uint32_t chunk_id = 0;
+    int64_t step = 0;
+    std::vector<uint32_t> missing_ranks;
+    absl::Duration waiting;
+  };
+  // Sync chunks whose current step has waited longer than `timeout` since
+  // its first contribution.
+  std::vector<StalledChunk> Stalled(absl::Duration timeout) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Waiter {
     uint32_t rank = 0;
@@ -157,6 +170,7 @@ class ParameterStore {
     std::vector<std::vector<float>> contributions ABSL_GUARDED_BY(mu);
     std::vector<bool> contributed ABSL_GUARDED_BY(mu);
     uint32_t num_contributed ABSL_GUARDED_BY(mu) = 0;
+    absl::Time first_contribution ABSL_GUARDED_BY(mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(mu);
     // Async and ssp: the last step applied for each rank (-1: none).
     std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);

@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "Write a checkpoint every N steps (0: never; needs "
           "--checkpoint_dir).");
 ABSL_FLAG(int32_t, keep_checkpoints, 3, "Committed checkpoints to keep.");
+ABSL_FLAG(int32_t, step_timeout_s, 60,
+          "Log which workers and chunks a sync step waits for once it has "
+          "waited this long (0: never).");
 ABSL_FLAG(std::string, advertise_host, "",
           "With --coordinator: the host workers reach this shard at; empty: "
           "--host, or this machine's hostname when --host is a wildcard.");
@@ -106,6 +109,8 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_message_bytes is negative");
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
+  o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  o.on_stall = [](const std::string& what) { LogWarning("%s", what); };
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

@@ -1,6 +1,11 @@
 #include "server/shard_server.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/chunking.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -68,12 +73,29 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
+  if (options.step_timeout > absl::ZeroDuration() && options.on_stall) {
+    ShardServer* raw = s.get();
+    s->watchdog_ = std::thread(
+        [raw, timeout = options.step_timeout, report = options.on_stall] {
+          raw->Watch(timeout, report);
+        });
+  }
   return s;
 }
 
 absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
                                            StoreOptions* store) {
   if (options.checkpoint_dir.empty()) return absl::OkStatus();
+  // Fail at start, not at the first checkpoint, when the directory is
+  // unusable.
+  std::error_code ec;
+  std::filesystem::create_directories(options.checkpoint_dir, ec);
+  if (ec || ::access(options.checkpoint_dir.c_str(), W_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory ", options.checkpoint_dir,
+                     " cannot be created or written",
+                     ec ? absl::StrCat(": ", ec.message()) : ""));
+  }
   if (options.keep_checkpoints < 1 || options.checkpoint_every < 0) {
     return absl::InvalidArgumentError(
         "--keep_checkpoints must be >= 1 and --checkpoint_every_steps >= 0");
@@ -113,6 +135,36 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
   return absl::OkStatus();
 }
 
+void ShardServer::Watch(absl::Duration timeout,
+                        const std::function<void(const std::string&)>& report) {
+  while (true) {
+    {
+      absl::MutexLock lock(&watchdog_mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchdog_mu_) {
+        return stopping_;
+      };
+      if (watchdog_mu_.AwaitWithTimeout(absl::Condition(&stopping), timeout)) {
+        return;
+      }
+    }
+    std::vector<ParameterStore::StalledChunk> stalled =
+        store_->Stalled(timeout);
+    if (stalled.empty()) continue;
+    // One line: the step, the ranks that have not pushed, the chunks.
+    std::vector<uint32_t> chunks;
+    for (const auto& c : stalled) chunks.push_back(c.chunk_id);
+    report(absl::StrCat(
+        "step ", stalled[0].step, " has waited ",
+        absl::FormatDuration(absl::Trunc(stalled[0].waiting, absl::Seconds(1))),
+        " for rank(s) ", absl::StrJoin(stalled[0].missing_ranks, ","), "; ",
+        stalled.size(), " chunk(s) pending: ",
+        absl::StrJoin(chunks.begin(),
+                      chunks.begin() + std::min<size_t>(chunks.size(), 16),
+                      ","),
+        chunks.size() > 16 ? ",..." : ""));
+  }
+}
+
 void ShardServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
   server_->Shutdown(std::chrono::system_clock::now() +
@@ -122,6 +174,11 @@ void ShardServer::Shutdown(absl::Duration grace) {
 }
 
 ShardServer::~ShardServer() {
+  {
+    absl::MutexLock lock(&watchdog_mu_);
+    stopping_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
   Shutdown(absl::ZeroDuration());
   store_.reset();   // its last updates may schedule a checkpoint write
   writer_.reset();  // finishes that write

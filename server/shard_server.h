@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
@@ -37,6 +38,11 @@ struct ShardServerOptions {
   int keep_checkpoints = 3;
   // Told about every checkpoint write (for the daemon's log); any thread.
   std::function<void(const absl::StatusOr<CheckpointWrite>&)> on_checkpoint;
+  // Watchdog: a sync step that has waited longer than this since its first
+  // contribution is reported to on_stall (every `step_timeout` while it
+  // lasts), naming the ranks and chunks it waits for. Zero: off.
+  absl::Duration step_timeout = absl::ZeroDuration();
+  std::function<void(const std::string& what)> on_stall;
 };
 
 class ShardServer {
@@ -58,6 +64,10 @@ class ShardServer {
   ShardServer() = default;
   absl::Status StartCheckpoints(const ShardServerOptions& options,
                                 StoreOptions* store);
+  // The watchdog thread's loop.
+  void Watch(absl::Duration timeout,
+             const std::function<void(const std::string&)>& report)
+      ABSL_LOCKS_EXCLUDED(watchdog_mu_);
 
   // Declared before the store: the store's last updates may still hand a
   // checkpoint to them while it shuts down.
@@ -66,6 +76,9 @@ class ShardServer {
   std::atomic<bool> writing_{false};
   std::optional<RestoredShard> restored_;
   std::unique_ptr<ParameterStore> store_;
+  absl::Mutex watchdog_mu_;
+  bool stopping_ ABSL_GUARDED_BY(watchdog_mu_) = false;
+  std::thread watchdog_;
   std::unique_ptr<ParameterService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

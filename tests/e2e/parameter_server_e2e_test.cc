@@ -339,6 +339,29 @@ TEST(ParameterServerE2ETest, SspNeverLetsAWorkerRunMoreThanKStepsAhead) {
   EXPECT_GE(max_gap.load(), 1);  // the fast worker did run ahead
 }
 
+TEST(ParameterServerE2ETest, AStalledSyncStepLogsWhatItWaitsFor) {
+  absl::StatusOr<Cluster> cluster =
+      StartCluster(1, 2, "sync", {"--step_timeout_s=1"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ClientOptions o;
+  o.servers = cluster->addresses;
+  o.rank = 0;
+  o.rpc_timeout = absl::Seconds(3);
+  o.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  SHARDPS_ASSERT_OK((*client)->Declare(TestLayout(), Sgd()));
+  Model g = Gradient(TestLayout(), 0, 0), w(TestLayout());
+  // Rank 1 never pushes: the step times out on the client after 3 s, and
+  // the server has said what it waits for.
+  absl::Status s = (*client)->PushPull(0, g.ConstViews(), w.Views());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  const std::string log = cluster->servers[0]->ReadLog();
+  EXPECT_NE(log.find("step 0 has waited"), std::string::npos) << log;
+  EXPECT_NE(log.find("for rank(s) 1;"), std::string::npos) << log;
+  EXPECT_NE(log.find("5 chunk(s) pending"), std::string::npos) << log;
+}
+
 TEST(ParameterServerE2ETest, ServesHealthAndStopsCleanlyOnSigterm) {
   absl::StatusOr<Cluster> cluster = StartCluster(1, 1, "sync");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -387,6 +410,8 @@ TEST(ParameterServerE2ETest, BadFlagsExitNonZeroWithAMessage) {
       {{"--mode=eventual"}, "--mode=eventual"},
       {{"--num_workers=0"}, "--num_workers=0"},
       {{"--no_such_flag"}, "no_such_flag"},
+      {{"--checkpoint_dir=/proc/shardps/ckpt"}, "/proc/shardps/ckpt"},
+      {{"--checkpoint_every_steps=5"}, "needs --checkpoint_dir"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
