@@ -35,3 +35,27 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "NOTE: no GPU on this machine: the GPU tests (ctest -L gpu) were skipped;"
   echo "      run tests/gpu/check.sh on a machine with a GPU."
 fi
+
+# --- deploy/ (Docker, Compose, Kubernetes) ------------------------------------
+# tests/deploy/validate.sh: offline checks of deploy/ and the real daemons run
+# with the flags of the Compose file and the ConfigMap (about 1.5 min).
+# tests/deploy/compose_up.sh: the image built and the Compose stack trained in
+# containers (root, 2-4 min); runs in CI (CI=true) or with
+# SHARDPS_DEPLOY_CONTAINERS=1. Missing tools are installed by
+# tests/deploy/setup.sh, or the step says SKIP. SHARDPS_DEPLOY=0 skips both.
+if [ "${SHARDPS_DEPLOY:-1}" = 1 ] && [ -z "$sanitize" ]; then
+  log "deploy checks (tests/deploy)"
+  if tests/deploy/setup.sh; then
+    tests/deploy/validate.sh "$build_dir"
+  else
+    echo "SKIP: tests/deploy/setup.sh could not install the tools; deploy checks not run"
+  fi
+  if [ "${SHARDPS_DEPLOY_CONTAINERS:-${CI:-0}}" = 1 ] ||
+     [ "${SHARDPS_DEPLOY_CONTAINERS:-${CI:-0}}" = true ]; then
+    log "container run (tests/deploy/compose_up.sh)"
+    tests/deploy/compose_up.sh
+  else
+    echo "NOTE: the container run (tests/deploy/compose_up.sh) was skipped;"
+    echo "      SHARDPS_DEPLOY_CONTAINERS=1 tests/run.sh runs it (root, 2-4 min)."
+  fi
+fi

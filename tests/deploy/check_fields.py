@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Checks the fields of deploy/ that schemas cannot: ranks and shard
+indices, probes, ports, volumes, images, flags, security settings, and that
+the Compose file, its overrides, the kustomize base, its GPU overlay and the
+Dockerfiles agree with each other.
+
+  tests/deploy/check_fields.py [--bin_dir=BUILD] [--base=R.yaml --gpu=R.yaml]
+
+--base/--gpu: manifests rendered by `kubectl kustomize` (rendered here when
+kubectl exists, else the k8s checks are skipped with a message). --bin_dir:
+a build tree (or folder) holding the daemons; every flag the files use must
+be in the `--helpfull` of the binary it is given to.
+Ends with 'check_fields: N passed, M failed'; exit 0 only when none failed.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+import deploy_files as df
+
+IMAGE = "shardps:latest"
+GPU_IMAGE = "shardps:cuda"
+UID = 10001
+STATE_DIR = "/var/lib/shardps"
+JOB_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# Flags each pod gets in its args, not from the shared settings.
+PER_MEMBER_FLAGS = {"rank", "shard_index", "coordinator", "advertise_host",
+                    "host", "port"}
+
+
+class Checker:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, ok, what):
+        if ok:
+            self.passed += 1
+            print(f"ok   {what}")
+        else:
+            self.failed += 1
+            print(f"FAIL {what}")
+        return ok
+
+    def equal(self, got, want, what):
+        return self.check(got == want, f"{what}: {got!r}" if got == want
+                          else f"{what}: got {got!r}, want {want!r}")
+
+
+# Every (binary, flag) a file uses, for the --helpfull check.
+used_flags = []
+
+
+def note_flags(binary, flags, where):
+    for name, _ in flags:
+        used_flags.append((binary, name, where))
+
+
+def addr_port(addr):
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+# --- Compose ---------------------------------------------------------------
+def check_compose(c):
+    base = df.compose_file()
+    c.check("name" not in base, "compose: no top-level name: key (1.29)")
+    services = base["services"]
+    coord = services.get("coordinator")
+    if not c.check(coord is not None, "compose: service coordinator"):
+        return None
+    cflags = df.flag_dict(coord["command"])
+    num_servers = int(cflags.get("num_servers", 0))
+    num_workers = int(cflags.get("num_workers", 0))
+    c.check(num_servers >= 1 and num_workers >= 1,
+            f"compose: coordinator expects {num_servers} servers, "
+            f"{num_workers} workers")
+    want = {"coordinator"} | {f"server-{i}" for i in range(num_servers)} | {
+        f"worker-{i}" for i in range(num_workers)}
+    c.equal(set(services), want, "compose: services match the job's shape")
+    job_id = cflags.get("job_id")
+    c.check(bool(job_id), f"compose: coordinator --job_id={job_id}")
+    c.check(cflags.get("exit_when_finished", "true") == "true",
+            "compose: the coordinator exits when the training ended")
+    coord_addr = f"coordinator:{cflags.get('port')}"
+
+    ports = {}
+    for name, svc in sorted(services.items()):
+        argv = svc.get("command", [])
+        binary = argv[0] if argv else None
+        want_bin = {"c": "shardps-coordinator", "s": "shardps-server",
+                    "w": "shardps-worker"}[name[0]]
+        c.equal(binary, want_bin, f"compose {name}: binary")
+        flags = df.flag_dict(argv)
+        note_flags(binary, df.flags_of(argv), f"compose {name}")
+        c.equal(svc.get("image"), IMAGE, f"compose {name}: image")
+        c.equal(svc.get("user"), f"{UID}:{UID}", f"compose {name}: user")
+        c.check(svc.get("read_only") is True, f"compose {name}: read_only")
+        c.check(str(svc.get("restart", "")).startswith("on-failure"),
+                f"compose {name}: restart on-failure (exit 0 ends it)")
+        c.check("ports" not in svc and "networks" not in svc,
+                f"compose {name}: no published ports or networks (host override)")
+        if name != "coordinator":
+            c.equal(flags.get("coordinator"), coord_addr,
+                    f"compose {name}: --coordinator")
+            c.equal(flags.get("job_id"), job_id, f"compose {name}: --job_id")
+            vols = svc.get("volumes", [])
+            c.check(f"checkpoints:{STATE_DIR}" in vols,
+                    f"compose {name}: volume checkpoints at {STATE_DIR}")
+        if binary in ("shardps-coordinator", "shardps-server"):
+            c.equal(flags.get("host"), "0.0.0.0", f"compose {name}: --host")
+            port = int(flags.get("port", 0))
+            c.check(port > 0 and port not in ports.values(),
+                    f"compose {name}: --port={port} fixed and unique")
+            ports[name] = port
+            test = svc.get("healthcheck", {}).get("test", [])
+            c.check(test[:3] == ["CMD", "shardps-ctl", "health"],
+                    f"compose {name}: health check runs shardps-ctl health")
+            hflags = df.flag_dict(["shardps-ctl"] + test[3:])
+            note_flags("shardps-ctl", df.flags_of(test[3:]),
+                       f"compose {name} healthcheck")
+            c.equal(hflags.get("addr"), f"127.0.0.1:{port}",
+                    f"compose {name}: health check address")
+        if binary == "shardps-server":
+            index = int(name.split("-")[1])
+            c.equal(flags.get("shard_index"), str(index),
+                    f"compose {name}: --shard_index")
+            c.equal(flags.get("advertise_host"), name,
+                    f"compose {name}: --advertise_host is its service name")
+            c.equal(svc.get("depends_on", {}).get("coordinator", {}).get(
+                "condition"), "service_healthy",
+                f"compose {name}: starts once the coordinator is healthy")
+            c.check(flags.get("checkpoint_dir", "").startswith(STATE_DIR + "/"),
+                    f"compose {name}: --checkpoint_dir in the volume")
+        if binary == "shardps-worker":
+            index = int(name.split("-")[1])
+            c.equal(flags.get("rank"), str(index), f"compose {name}: --rank")
+            for f in ("model_out", "metrics_csv"):
+                c.check(flags.get(f, "").startswith(STATE_DIR + "/"),
+                        f"compose {name}: --{f} in the volume")
+            c.equal(flags.get("dataset"), "fashion-mnist",
+                    f"compose {name}: data set baked into the image")
+    c.equal(ports.get("coordinator"), int(cflags.get("port", 0)),
+            "compose: coordinator address port")
+    servers = [services[f"server-{i}"]["command"] for i in range(num_servers)
+               if f"server-{i}" in services]
+    shared = [[a for a in srv[1:] if df.split_flag(a)[0] not in PER_MEMBER_FLAGS]
+              for srv in servers]
+    c.check(all(s == shared[0] for s in shared),
+            "compose: servers share every setting but index, port and name")
+    workers = [services[f"worker-{i}"]["command"] for i in range(num_workers)
+               if f"worker-{i}" in services]
+    stripped = [[a for a in w if not a.startswith("--rank=")] for w in workers]
+    c.check(all(s == stripped[0] for s in stripped),
+            "compose: workers differ only in --rank")
+    c.check("checkpoints" in (base.get("volumes") or {}),
+            "compose: named volume checkpoints")
+
+    # Host-network override: every service, names resolve to this machine.
+    host = df.compose_file("docker-compose.host.yml")
+    merged = df.merge_compose(base, host)
+    hostnames = {"coordinator"} | {f"server-{i}" for i in range(num_servers)}
+    for name, svc in sorted(merged["services"].items()):
+        c.equal(svc.get("network_mode"), "host",
+                f"compose host override {name}: network_mode")
+        extra = {e.split(":")[0]: e.split(":")[1] for e in svc.get("extra_hosts", [])}
+        c.check(all(extra.get(h) == "127.0.0.1" for h in hostnames),
+                f"compose host override {name}: extra_hosts cover {sorted(hostnames)}")
+    c.check("networks" not in host, "compose host override: defines no network")
+
+    # GPU override: workers only; the base command with --backend=cuda.
+    gpu = df.compose_file("docker-compose.gpu.yml")
+    c.equal(set(gpu["services"]), {n for n in services if n.startswith("worker-")},
+            "compose gpu override: services")
+    for name, svc in sorted(gpu["services"].items()):
+        c.equal(svc.get("image"), GPU_IMAGE, f"compose gpu override {name}: image")
+        want_cmd = [("--backend=cuda" if a.startswith("--backend=") else a)
+                    for a in services[name]["command"]]
+        if "--backend=cuda" not in want_cmd:
+            want_cmd.append("--backend=cuda")
+        c.equal(svc.get("command"), want_cmd,
+                f"compose gpu override {name}: base command with --backend=cuda")
+        note_flags("shardps-worker", df.flags_of(svc["command"]),
+                   f"compose gpu {name}")
+        devices = (svc.get("deploy", {}).get("resources", {})
+                   .get("reservations", {}).get("devices", []))
+        c.check(any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])
+                    and d.get("count") == 1 for d in devices),
+                f"compose gpu override {name}: reserves 1 nvidia GPU")
+    return {"job_id": job_id, "num_servers": num_servers,
+            "num_workers": num_workers,
+            "server_settings": shared[0] if shared else [],
+            "worker_settings": [a for a in workers[0][1:]
+                                if df.split_flag(a)[0] not in PER_MEMBER_FLAGS]}
+
+
+# --- Kubernetes ------------------------------------------------------------
+def container(job):
+    return df.pod_spec(job)["containers"][0]
+
+
+def check_pod_common(c, name, job, objs, configmap_data):
+    spec = df.pod_spec(job)
+    ctr = container(job)
+    sc = spec.get("securityContext", {})
+    c.check(sc.get("runAsNonRoot") is True and sc.get("runAsUser") == UID
+            and sc.get("fsGroup") == UID,
+            f"k8s {name}: pod runs as non-root {UID}, fsGroup {UID}")
+    csc = ctr.get("securityContext", {})
+    c.check(csc.get("readOnlyRootFilesystem") is True
+            and csc.get("allowPrivilegeEscalation") is False
+            and csc.get("capabilities", {}).get("drop") == ["ALL"],
+            f"k8s {name}: read-only root, no privilege escalation, no capabilities")
+    c.check(spec.get("automountServiceAccountToken") is False,
+            f"k8s {name}: no service account token")
+    c.equal(spec.get("restartPolicy"), "OnFailure", f"k8s {name}: restartPolicy")
+    res = ctr.get("resources", {})
+    c.check(all(k in res.get(t, {}) for t in ("requests", "limits")
+                for k in ("cpu", "memory")),
+            f"k8s {name}: cpu and memory requests and limits")
+    # Volumes: every mount has a volume, every volume's source exists.
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])}
+    for m in ctr.get("volumeMounts", []):
+        v = volumes.get(m["name"])
+        if not c.check(v is not None, f"k8s {name}: mount {m['mountPath']} has a volume"):
+            continue
+        if "configMap" in v:
+            c.check(df.find(objs, "ConfigMap", v["configMap"]["name"]) is not None,
+                    f"k8s {name}: ConfigMap {v['configMap']['name']} exists")
+        if "secret" in v:
+            c.check(df.find(objs, "Secret", v["secret"]["secretName"]) is not None,
+                    f"k8s {name}: Secret {v['secret']['secretName']} exists")
+        if "persistentVolumeClaim" in v:
+            claim = v["persistentVolumeClaim"]["claimName"]
+            c.check(df.find(objs, "PersistentVolumeClaim", claim) is not None,
+                    f"k8s {name}: PVC {claim} exists")
+    c.check("/tmp" in mounts, f"k8s {name}: writable /tmp on a read-only root")
+    # --flagfile names a key of the mounted ConfigMap.
+    args = ctr.get("args", [])
+    flagfile = df.flag_dict(args).get("flagfile")
+    flags_from_file = []
+    if c.check(flagfile is not None, f"k8s {name}: --flagfile"):
+        mount_dir, key = os.path.split(flagfile)
+        m = mounts.get(mount_dir)
+        v = volumes.get(m["name"]) if m else None
+        c.check(v is not None and "configMap" in v and key in configmap_data,
+                f"k8s {name}: {flagfile} is key {key} of the mounted ConfigMap")
+        flags_from_file = df.flagfile_lines(configmap_data.get(key, ""))
+    all_flags = df.flags_of(flags_from_file + args)
+    note_flags(ctr["command"][0], all_flags, f"k8s {name}")
+    # Paths the daemon writes are on a writable volume (the root is not).
+    pvc_mounts = [p for p, m in mounts.items()
+                  if "persistentVolumeClaim" in volumes.get(m["name"], {})]
+    for f, value in all_flags:
+        if f in ("model_out", "metrics_csv", "checkpoint_dir", "port_file"):
+            c.check(any(value.startswith(p + "/") for p in pvc_mounts),
+                    f"k8s {name}: --{f}={value} is on a persistent volume")
+    return dict(all_flags), ctr
+
+
+def check_probes(c, name, ctr, port):
+    ports = {p["name"]: p["containerPort"] for p in ctr.get("ports", [])}
+    c.equal(ports.get("grpc"), port, f"k8s {name}: containerPort grpc is --port")
+    for probe in ("readinessProbe", "livenessProbe"):
+        p = ctr.get(probe, {})
+        c.equal(p.get("grpc", {}).get("port"), port,
+                f"k8s {name}: {probe} is a gRPC probe on --port")
+
+
+def check_service(c, svc, job, port):
+    name = svc["metadata"]["name"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    sel = svc["spec"].get("selector", {})
+    c.check(sel and all(labels.get(k) == v for k, v in sel.items()),
+            f"k8s Service {name}: selector matches the Job's pods")
+    sp = svc["spec"]["ports"][0]
+    c.check(sp.get("targetPort") in ("grpc", port),
+            f"k8s Service {name}: targetPort is the daemon's port")
+    if svc["spec"].get("clusterIP") == "None":
+        # Clients dial the pods' DNS names directly: same port as the pods.
+        c.equal(sp["port"], port, f"k8s Service {name}: headless port is --port")
+    return sp["port"]
+
+
+def check_k8s(c, objs, gpu_objs, compose):
+    for kind, name in (("Namespace", "shardps"), ("ConfigMap", "shardps-job"),
+                       ("Secret", "shardps-tls"),
+                       ("PersistentVolumeClaim", "checkpoints"),
+                       ("Service", "coordinator"), ("Service", "server"),
+                       ("Job", "coordinator"), ("Job", "server"),
+                       ("Job", "worker")):
+        c.check(df.find(objs, kind, name) is not None, f"k8s: {kind} {name}")
+    for o in objs:
+        if o["kind"] != "Namespace":
+            c.equal(o["metadata"].get("namespace"), "shardps",
+                    f"k8s {o['kind']} {o['metadata']['name']}: namespace")
+    cm = df.find(objs, "ConfigMap", "shardps-job")["data"]
+    cflags = df.flag_dict(df.flagfile_lines(cm.get("coordinator.flags", "")))
+    num_servers = int(cflags.get("num_servers", 0))
+    num_workers = int(cflags.get("num_workers", 0))
+    job_id = cflags.get("job_id")
+    c.check(cflags.get("exit_when_finished", "true") == "true",
+            "k8s coordinator.flags: the coordinator exits when the training "
+            "ended (its Job completes)")
+    for key in ("server.flags", "worker.flags"):
+        c.equal(df.flag_dict(df.flagfile_lines(cm.get(key, ""))).get("job_id"),
+                job_id, f"k8s ConfigMap {key}: --job_id")
+    if compose:
+        c.equal((job_id, num_servers, num_workers),
+                (compose["job_id"], compose["num_servers"], compose["num_workers"]),
+                "k8s ConfigMap and compose: same job id and shape")
+        c.equal(df.flagfile_lines(cm.get("worker.flags", "")),
+                compose["worker_settings"],
+                "k8s ConfigMap worker.flags: the compose workers' settings")
+        c.equal(df.flagfile_lines(cm.get("server.flags", "")),
+                compose["server_settings"],
+                "k8s ConfigMap server.flags: the compose servers' settings")
+
+    # Coordinator.
+    cjob = df.find(objs, "Job", "coordinator")
+    flags, ctr = check_pod_common(c, "coordinator", cjob, objs, cm)
+    c.equal(ctr.get("command"), ["shardps-coordinator"], "k8s coordinator: command")
+    c.equal(flags.get("host"), "0.0.0.0", "k8s coordinator: --host")
+    cport = int(flags.get("port", 0))
+    check_probes(c, "coordinator", ctr, cport)
+    csvc = df.find(objs, "Service", "coordinator")
+    coord_addr = f"coordinator:{check_service(c, csvc, cjob, cport)}"
+
+    # Servers.
+    sjob = df.find(objs, "Job", "server")
+    flags, ctr = check_pod_common(c, "server", sjob, objs, cm)
+    spec = sjob["spec"]
+    c.equal(ctr.get("command"), ["shardps-server"], "k8s server: command")
+    c.equal(spec.get("completionMode"), "Indexed", "k8s server: Indexed Job")
+    c.equal((spec.get("completions"), spec.get("parallelism")),
+            (num_servers, num_servers),
+            "k8s server: completions and parallelism are --num_servers")
+    env = {e["name"]: e for e in ctr.get("env", [])}
+    c.equal(env.get("JOB_COMPLETION_INDEX", {}).get("valueFrom", {})
+            .get("fieldRef", {}).get("fieldPath"), JOB_INDEX_FIELD,
+            "k8s server: JOB_COMPLETION_INDEX from the completion index")
+    c.equal(flags.get("shard_index"), "$(JOB_COMPLETION_INDEX)",
+            "k8s server: shard index is the completion index")
+    headless = df.find(objs, "Service", "server")
+    subdomain = df.pod_spec(sjob).get("subdomain")
+    c.equal(subdomain, headless["metadata"]["name"],
+            "k8s server: subdomain is the headless Service")
+    c.equal(headless["spec"].get("clusterIP"), "None", "k8s Service server: headless")
+    c.equal(flags.get("advertise_host"),
+            f"{sjob['metadata']['name']}-$(JOB_COMPLETION_INDEX).{subdomain}",
+            "k8s server: advertises its stable DNS name")
+    c.equal(flags.get("host"), "0.0.0.0", "k8s server: --host")
+    c.equal(flags.get("coordinator"), coord_addr, "k8s server: --coordinator")
+    sport = int(flags.get("port", 0))
+    check_probes(c, "server", ctr, sport)
+    check_service(c, headless, sjob, sport)
+    startup = ctr.get("startupProbe", {})
+    c.equal(startup.get("grpc", {}).get("port"), sport,
+            "k8s server: startupProbe is a gRPC probe on --port")
+    window = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
+    join = int(flags.get("join_timeout_s", 120))
+    c.check(window >= join, f"k8s server: startup window {window}s covers "
+            f"--join_timeout_s={join}")
+
+    # Workers.
+    wjob = df.find(objs, "Job", "worker")
+    flags, ctr = check_pod_common(c, "worker", wjob, objs, cm)
+    spec = wjob["spec"]
+    c.equal(ctr.get("command"), ["shardps-worker"], "k8s worker: command")
+    c.equal(spec.get("completionMode"), "Indexed", "k8s worker: Indexed Job")
+    c.equal((spec.get("completions"), spec.get("parallelism")),
+            (num_workers, num_workers),
+            "k8s worker: completions and parallelism are --num_workers")
+    env = {e["name"]: e for e in ctr.get("env", [])}
+    c.equal(env.get("JOB_COMPLETION_INDEX", {}).get("valueFrom", {})
+            .get("fieldRef", {}).get("fieldPath"), JOB_INDEX_FIELD,
+            "k8s worker: JOB_COMPLETION_INDEX from the completion index")
+    c.equal(flags.get("rank"), "$(JOB_COMPLETION_INDEX)",
+            "k8s worker: rank is the completion index")
+    c.equal(flags.get("coordinator"), coord_addr, "k8s worker: --coordinator")
+
+    # Images.
+    for job in (cjob, sjob, wjob):
+        c.equal(container(job).get("image"), IMAGE,
+                f"k8s {job['metadata']['name']}: image")
+
+    # NetworkPolicy: only the job's pods reach the servers, on their port.
+    pods = [j["spec"]["template"]["metadata"]["labels"] for j in (cjob, sjob, wjob)]
+    slabels = sjob["spec"]["template"]["metadata"]["labels"]
+
+    def matches(selector, labels):
+        return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+    pols = [o for o in objs if o["kind"] == "NetworkPolicy"
+            and matches(o["spec"]["podSelector"], slabels)]
+    ok = False
+    for p in pols:
+        for rule in p["spec"].get("ingress", []):
+            froms = rule.get("from", [])
+            rports = [r.get("port") for r in rule.get("ports", [])]
+            if (froms and all("podSelector" in f and "namespaceSelector" not in f
+                              for f in froms)
+                    and all(any(matches(f["podSelector"], l) for f in froms) for l in pods)
+                    and rports == [sport]):
+                ok = True
+    c.check(bool(pols) and ok and all("Ingress" in p["spec"].get("policyTypes", [])
+                                      for p in pols),
+            "k8s NetworkPolicy: the job's pods (and only those selectors) reach "
+            f"the servers on {sport}")
+
+    # GPU overlay: only the worker changes.
+    if gpu_objs is not None:
+        gw = df.find(gpu_objs, "Job", "worker")
+        gctr = container(gw)
+        c.equal(gctr.get("image"), GPU_IMAGE, "k8s gpu: worker image")
+        c.equal(gctr.get("args"), ctr.get("args", []) + ["--backend=cuda"],
+                "k8s gpu: worker args are the base's plus --backend=cuda")
+        note_flags("shardps-worker", df.flags_of(gctr["args"]), "k8s gpu worker")
+        res = gctr.get("resources", {})
+        c.check(str(res.get("limits", {}).get("nvidia.com/gpu")) == "1",
+                "k8s gpu: worker limits nvidia.com/gpu: 1")
+        for job in ("coordinator", "server"):
+            c.check(df.find(gpu_objs, "Job", job) == df.find(objs, "Job", job),
+                    f"k8s gpu: Job {job} unchanged")
+
+
+# --- Dockerfiles -------------------------------------------------------------
+def check_dockerfiles(c, compose):
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        with open(os.path.join(df.DOCKER_DIR, name)) as f:
+            text = f.read()
+        users = re.findall(r"^USER\s+(\S+)", text, re.M)
+        c.equal(users[-1:], [f"{UID}:{UID}"], f"{name}: runs as {UID}")
+        c.check(re.search(r"-DSHARDPS_ENABLE_CUDA=" +
+                          ("ON" if name.endswith("cuda") else "OFF"), text) is not None,
+                f"{name}: CUDA {'on' if name.endswith('cuda') else 'off'}")
+        c.check(all(re.search(rf"\b{b}\b", text) for b in df.DAEMONS),
+                f"{name}: builds and installs every daemon")
+        c.check(re.search(rf"install -d -o {UID} -g {UID} .*{STATE_DIR}", text)
+                is not None, f"{name}: {STATE_DIR} owned by {UID}")
+        c.check("dataset-fashion-mnist" in text, f"{name}: data set in the image")
+    with open(os.path.join(df.ROOT, ".dockerignore")) as f:
+        ignore = f.read()
+    c.check("tests/deploy/" in ignore and "!deploy/docker/" in ignore,
+            ".dockerignore: sources only (no node_modules, no build trees)")
+
+
+def check_binaries(c, bin_dir):
+    known = {}
+    for b in df.DAEMONS:
+        path = df.find_binary(bin_dir, b)
+        if not c.check(path is not None, f"binary {b} in {bin_dir}"):
+            continue
+        known[b] = df.known_flags(path)
+    seen = set()
+    for binary, flag, where in used_flags:
+        if binary not in known or (binary, flag) in seen:
+            continue
+        seen.add((binary, flag))
+        c.check(flag in known[binary], f"{binary} accepts --{flag} ({where})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin_dir")
+    ap.add_argument("--base", help="rendered deploy/k8s/base")
+    ap.add_argument("--gpu", help="rendered deploy/k8s/overlays/gpu")
+    a = ap.parse_args()
+    c = Checker()
+    compose = check_compose(c)
+    base_text = gpu_text = None
+    if a.base:
+        base_text = open(a.base).read()
+        gpu_text = open(a.gpu).read() if a.gpu else None
+    else:
+        base_text = df.render_kustomize(os.path.join(df.K8S_DIR, "base"))
+        gpu_text = df.render_kustomize(os.path.join(df.K8S_DIR, "overlays", "gpu"))
+    if base_text is None:
+        print("SKIP k8s checks: kubectl is not installed (tests/deploy/setup.sh)")
+    else:
+        check_k8s(c, df.k8s_objects(base_text),
+                  df.k8s_objects(gpu_text) if gpu_text else None, compose)
+    check_dockerfiles(c, compose)
+    if a.bin_dir:
+        check_binaries(c, a.bin_dir)
+    print(f"check_fields: {c.passed} passed, {c.failed} failed")
+    return 0 if c.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
