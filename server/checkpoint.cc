@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -117,7 +118,11 @@ absl::Status WriteFileAtomically(const std::string& dir,
                                  const std::string& name,
                                  const std::string& text) {
   const std::string path = absl::StrCat(dir, "/", name);
-  const std::string tmp = path + ".tmp";
+  // Unique per writer: two shards may commit the same step at once (they
+  // write the same manifest; the last rename wins).
+  const std::string tmp =
+      absl::StrCat(path, ".tmp.", ::getpid(), ".",
+                   std::hash<std::thread::id>()(std::this_thread::get_id()));
   const int fd =
       ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return IoError("open", tmp, errno);
@@ -414,6 +419,8 @@ absl::Status RemoveStep(const std::string& dir, const std::string& name) {
   ::unlink(absl::StrCat(step_dir, "/", kManifestName).c_str());
   std::error_code ec;
   fs::remove_all(step_dir, ec);
+  // Another shard pruning the same directory at once is not an error.
+  if (ec == std::errc::no_such_file_or_directory) return absl::OkStatus();
   return ec ? IoError("remove", step_dir, ec.value()) : absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <utility>
@@ -199,10 +200,17 @@ absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
                                       absl::Duration epoch_time,
                                       const EvalResult* eval) {
   if (options_.metrics_csv.empty()) return absl::OkStatus();
-  const bool first = epoch == 1;
+  // A fresh run starts the file; a resumed one appends to it (writing the
+  // header if the file is still empty).
+  const bool truncate = !metrics_started_ && !resumed_;
+  metrics_started_ = true;
+  std::error_code ec;
+  const bool empty =
+      truncate || std::filesystem::file_size(options_.metrics_csv, ec) == 0 ||
+      ec;
   std::ofstream out(options_.metrics_csv,
-                    first ? std::ios::trunc : std::ios::app);
-  if (first) {
+                    truncate ? std::ios::trunc : std::ios::app);
+  if (empty) {
     out << "epoch,step,train_loss,test_loss,test_accuracy,samples_per_s,"
            "epoch_s,compute_share,push_share,wait_share\n";
   }
@@ -260,6 +268,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // Servers restored from a checkpoint are at its step: resume there, at
   // the same place in the same epoch's data order.
   int64_t step = client_->start_step();
+  resumed_ = step > 0;
   if (step > 0) {
     LogInfo("resuming at step %d (epoch %d)", step, step / steps_per_epoch + 1);
   }

@@ -103,6 +103,8 @@ class Trainer {
   std::unique_ptr<Client> client_;
   const v1::OptimizerSpec optimizer_;
   int64_t local_batch_ = 0;
+  bool resumed_ = false;  // started from a restored checkpoint's step
+  bool metrics_started_ = false;
   int64_t eval_batch_ = 0;
   std::vector<std::vector<float>> weights_;
   std::vector<std::vector<float>> grads_;

@@ -53,7 +53,7 @@ void WriteAll(int fd, absl::string_view text) {
 
 absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
                                    const std::vector<std::string>& args,
-                                   const std::string& log_path) {
+                                   const std::string& log_path, bool append) {
   // Built before fork: the child only execs.
   std::vector<std::string> owned;
   owned.reserve(args.size() + 1);
@@ -64,10 +64,11 @@ absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
   argv.push_back(nullptr);
   const std::string exec_error = absl::StrCat("cannot execute ", binary, ": ");
 
-  // The parent creates the log, so it exists (empty) once this returns and
-  // can be followed at once.
-  const int log_fd =
-      open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The parent creates the log, so it exists once this returns and can be
+  // followed at once. Appending keeps a follower's offset valid.
+  const int log_fd = open(
+      log_path.c_str(),
+      O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (log_fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create ", log_path, ": ", strerror(errno)));

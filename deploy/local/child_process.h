@@ -17,14 +17,14 @@
 namespace shardps::local {
 
 // Starts `binary` with `args` (argv[0] is `binary`), its stdout and stderr
-// truncating and then appending to `log_path`, every signal unblocked and at
-// default disposition, and SIGTERM delivered to it should this process die
-// first. Returns the child's pid; FailedPrecondition if the log cannot be
-// created. A binary that cannot be executed exits 127 with the reason in the
-// log.
+// going to `log_path` (truncated first unless `append`), every signal
+// unblocked and at default disposition, and SIGTERM delivered to it should
+// this process die first. Returns the child's pid; FailedPrecondition if the
+// log cannot be created. A binary that cannot be executed exits 127 with the
+// reason in the log.
 absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
                                    const std::vector<std::string>& args,
-                                   const std::string& log_path);
+                                   const std::string& log_path, bool append);
 
 // Writes all of `text` to `fd` unbuffered, so that it keeps its place among
 // relayed log lines; gives up silently on an error such as a closed terminal.
@@ -63,6 +63,8 @@ class LogFollower {
   void Relay();
   // Relays what is left, including an unterminated last line, and closes.
   void Finish();
+  // Between Open() and Finish().
+  bool is_open() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;

@@ -6,9 +6,10 @@
 namespace shardps::local {
 
 std::vector<std::string> CoordinatorArgs(const LaunchOptions& o,
-                                         const RunDir& dir) {
+                                         const RunDir& dir, int port) {
   return {absl::StrCat("--num_servers=", o.num_servers),
-          absl::StrCat("--num_workers=", o.num_workers), "--port=0",
+          absl::StrCat("--num_workers=", o.num_workers),
+          absl::StrCat("--port=", port),
           absl::StrCat("--port_file=", dir.PortPath("coordinator")),
           absl::StrCat("--log_format=", o.log_format)};
 }
@@ -25,6 +26,12 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
     args.push_back(absl::StrCat("--coordinator=", coordinator));
   }
   args.push_back(absl::StrCat("--mode=", o.mode));
+  if (!o.checkpoint_dir.empty()) {
+    args.push_back(absl::StrCat("--checkpoint_dir=", o.checkpoint_dir));
+    args.push_back(
+        absl::StrCat("--checkpoint_every_steps=", o.checkpoint_every_steps));
+    args.push_back(absl::StrCat("--keep_checkpoints=", o.keep_checkpoints));
+  }
   args.push_back("--port=0");
   args.push_back(absl::StrCat("--port_file=",
                               dir.PortPath(absl::StrCat("server-", index))));
@@ -50,6 +57,8 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
     args.push_back(absl::StrCat("--model_out=", dir.ModelPath()));
   }
   args.push_back(absl::StrCat("--log_format=", o.log_format));
+  args.insert(args.end(), o.worker_extra_args.begin(),
+              o.worker_extra_args.end());
   return args;
 }
 

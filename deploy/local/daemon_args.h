@@ -1,6 +1,7 @@
 // The command lines shardps-local gives the daemons of a job: with a
 // coordinator, servers and workers get --coordinator and keep their index;
 // in static mode they get the job's shape and the servers' addresses.
+// Servers also get the checkpoint flags, workers the extra test arguments.
 // Pure functions.
 #ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
 #define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
@@ -8,14 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "deploy/local/launcher.h"
+#include "deploy/local/launch_options.h"
 #include "deploy/local/run_dir.h"
 
 namespace shardps::local {
 
-// shardps-coordinator, named "coordinator" in `dir`.
+// shardps-coordinator, named "coordinator" in `dir`, listening on `port`
+// (0: any; a restarted coordinator keeps its port, which members know).
 std::vector<std::string> CoordinatorArgs(const LaunchOptions& options,
-                                         const RunDir& dir);
+                                         const RunDir& dir, int port);
 // shardps-server of shard `index`, named "server-<index>". `coordinator`:
 // host:port, or empty in static mode.
 std::vector<std::string> ServerArgs(const LaunchOptions& options,

@@ -19,10 +19,12 @@ LaunchOptions Options() {
 
 TEST(DaemonArgsTest, CoordinatorGetsTheJobShapeAndAPortFile) {
   const RunDir dir("/r");
-  EXPECT_EQ(CoordinatorArgs(Options(), dir),
+  EXPECT_EQ(CoordinatorArgs(Options(), dir, 0),
             (std::vector<std::string>{
                 "--num_servers=2", "--num_workers=3", "--port=0",
                 "--port_file=/r/ports/coordinator.port", "--log_format=text"}));
+  // A restarted coordinator keeps its port.
+  EXPECT_EQ(CoordinatorArgs(Options(), dir, 7000)[2], "--port=7000");
 }
 
 TEST(DaemonArgsTest, WithACoordinatorMembersGetItsAddressInsteadOfLists) {
@@ -49,6 +51,27 @@ TEST(DaemonArgsTest, StaticModeGivesTheShapeAndTheServers) {
                 "--rank=0", "--servers=h:1,h:2", "--num_workers=3",
                 "--epochs=1", "--metrics_csv=/r/metrics.csv",
                 "--model_out=/r/model.safetensors", "--log_format=text"}));
+}
+
+TEST(DaemonArgsTest, ServersGetTheCheckpointFlagsAndWorkersTheExtraArgs) {
+  const RunDir dir("/r");
+  LaunchOptions o = Options();
+  o.checkpoint_dir = "/r/checkpoints";
+  o.checkpoint_every_steps = 20;
+  o.keep_checkpoints = 2;
+  o.worker_extra_args = {"--fault_step_delay_ms=5", "--epochs=3"};
+  EXPECT_EQ(
+      ServerArgs(o, dir, 1, "127.0.0.1:7"),
+      (std::vector<std::string>{
+          "--shard_index=1", "--coordinator=127.0.0.1:7", "--mode=async",
+          "--checkpoint_dir=/r/checkpoints", "--checkpoint_every_steps=20",
+          "--keep_checkpoints=2", "--port=0",
+          "--port_file=/r/ports/server-1.port", "--log_format=text"}));
+  // Last, so that they win over a training flag of the same name.
+  EXPECT_EQ(WorkerArgs(o, dir, 1, "127.0.0.1:7", {}),
+            (std::vector<std::string>{
+                "--rank=1", "--coordinator=127.0.0.1:7", "--epochs=1",
+                "--log_format=text", "--fault_step_delay_ms=5", "--epochs=3"}));
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +22,6 @@
 namespace shardps::local {
 namespace {
 
-namespace fs = std::filesystem;
-
-// Upper bounds that catch a typo before it starts hundreds of processes.
-constexpr int kMaxServers = 64;
-constexpr int kMaxWorkers = 256;
 // Daemons bind and write their port file within a second or two; 30 s
 // allows for a loaded machine.
 constexpr absl::Duration kPortTimeout = absl::Seconds(30);
@@ -46,47 +41,7 @@ constexpr int kTailLines = 20;
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(
     LaunchOptions options) {
-  if (options.num_servers < 1 || options.num_servers > kMaxServers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--servers=", options.num_servers, " must be in [1, ",
-                     kMaxServers, "]"));
-  }
-  if (options.num_workers < 1 || options.num_workers > kMaxWorkers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--workers=", options.num_workers, " must be in [1, ",
-                     kMaxWorkers, "]"));
-  }
-  if (options.mode != "sync" && options.mode != "async") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", options.mode, " is not one of: sync, async"));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("the timeout must be positive");
-  }
-  if (options.run_dir.empty()) {
-    return absl::InvalidArgumentError("--run_dir is empty");
-  }
-  if (options.use_coordinator) {
-    SHARDPS_ASSIGN_OR_RETURN(
-        options.coordinator_binary,
-        FindBinary(options.coordinator_binary, "shardps-coordinator", "server",
-                   "coordinator_binary"));
-  }
-  SHARDPS_ASSIGN_OR_RETURN(options.server_binary,
-                           FindBinary(options.server_binary, "shardps-server",
-                                      "server", "server_binary"));
-  SHARDPS_ASSIGN_OR_RETURN(options.worker_binary,
-                           FindBinary(options.worker_binary, "shardps-worker",
-                                      "worker", "worker_binary"));
-  // Absolute, so that the paths handed to the daemons and printed in
-  // messages do not depend on anyone's working directory.
-  std::error_code ec;
-  options.run_dir = fs::absolute(options.run_dir, ec).lexically_normal();
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--run_dir=", options.run_dir,
-                     " is not a usable path: ", ec.message()));
-  }
+  SHARDPS_RETURN_IF_ERROR(ResolveLaunchOptions(&options));
   return std::unique_ptr<Launcher>(new Launcher(std::move(options)));
 }
 
@@ -98,36 +53,46 @@ Launcher::~Launcher() {
   }
 }
 
-absl::Status Launcher::Start(Child child, const std::string& binary,
+absl::Status Launcher::Start(const std::string& name, Role role,
+                             const std::string& binary,
                              const std::vector<std::string>& args) {
-  SHARDPS_ASSIGN_OR_RETURN(
-      child.pid, SpawnWithLog(binary, args, run_dir_.LogPath(child.name)));
+  auto it = std::find_if(children_.begin(), children_.end(),
+                         [&name](const Child& c) { return c.name == name; });
+  const bool again = it != children_.end();
+  if (!again) it = children_.insert(children_.end(), Child{name, role});
+  Child& child = *it;
+  const std::string log = run_dir_.LogPath(name);
+  if (again) {
+    // Appending keeps the earlier life's output (and worker 0's relay).
+    std::ofstream(log, std::ios::app)
+        << "---- shardps-local: restart " << restarts_ << ": starting " << name
+        << " again ----\n";
+  }
+  run_dir_.RemovePort(name);
+  SHARDPS_ASSIGN_OR_RETURN(child.pid,
+                           SpawnWithLog(binary, args, log, /*append=*/again));
   child.running = true;
-  if (child.role == Role::kWorker) ++workers_running_;
-  children_.push_back(child);
-  LogInfo("started %s (pid %d): %s %s", child.name, child.pid, binary,
+  child.wait_status = 0;
+  if (role == Role::kWorker) ++workers_running_;
+  LogInfo("started %s (pid %d): %s %s", name, child.pid, binary,
           absl::StrJoin(args, " "));
-  return run_dir_.WritePid(child.name, child.pid);
+  return run_dir_.WritePid(name, child.pid);
 }
 
-absl::Status Launcher::StartCoordinator() {
-  Child coordinator;
-  coordinator.name = "coordinator";
-  coordinator.role = Role::kCoordinator;
-  SHARDPS_RETURN_IF_ERROR(Start(coordinator, options_.coordinator_binary,
-                                CoordinatorArgs(options_, run_dir_)));
-  SHARDPS_ASSIGN_OR_RETURN(std::vector<int> port, WaitForPorts(0, 1));
-  coordinator_address_ = absl::StrCat("127.0.0.1:", port[0]);
+absl::Status Launcher::StartCoordinator(int port) {
+  SHARDPS_RETURN_IF_ERROR(Start("coordinator", Role::kCoordinator,
+                                options_.coordinator_binary,
+                                CoordinatorArgs(options_, run_dir_, port)));
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports, WaitForPorts(0, 1));
+  coordinator_port_ = ports[0];
+  coordinator_address_ = absl::StrCat("127.0.0.1:", coordinator_port_);
   return absl::OkStatus();
 }
 
 absl::Status Launcher::StartServers() {
   for (int i = 0; i < options_.num_servers; ++i) {
-    Child server;
-    server.name = absl::StrCat("server-", i);
-    server.role = Role::kServer;
     SHARDPS_RETURN_IF_ERROR(
-        Start(server, options_.server_binary,
+        Start(absl::StrCat("server-", i), Role::kServer, options_.server_binary,
               ServerArgs(options_, run_dir_, i, coordinator_address_)));
   }
   return absl::OkStatus();
@@ -163,14 +128,14 @@ absl::StatusOr<std::vector<int>> Launcher::WaitForPorts(size_t first,
 
 absl::Status Launcher::StartWorkers(const std::vector<std::string>& servers) {
   for (int rank = 0; rank < options_.num_workers; ++rank) {
-    Child worker;
-    worker.name = absl::StrCat("worker-", rank);
+    const std::string name = absl::StrCat("worker-", rank);
     SHARDPS_RETURN_IF_ERROR(Start(
-        worker, options_.worker_binary,
+        name, Role::kWorker, options_.worker_binary,
         WorkerArgs(options_, run_dir_, rank, coordinator_address_, servers)));
-    if (rank == 0) {
+    // A restarted worker 0 appends to the log already followed.
+    if (rank == 0 && !worker0_log_.is_open()) {
       SHARDPS_RETURN_IF_ERROR(
-          worker0_log_.Open(run_dir_.LogPath(worker.name), STDOUT_FILENO));
+          worker0_log_.Open(run_dir_.LogPath(name), STDOUT_FILENO));
     }
   }
   workers_started_ = true;
@@ -178,24 +143,75 @@ absl::Status Launcher::StartWorkers(const std::vector<std::string>& servers) {
 }
 
 absl::Status Launcher::StartJob() {
+  job_started_ = false;
   if (options_.use_coordinator) {
-    SHARDPS_RETURN_IF_ERROR(StartCoordinator());
+    // A fresh port: every member starts again with its address.
+    SHARDPS_RETURN_IF_ERROR(StartCoordinator(0));
     // Workers need not wait for the servers: they wait for the coordinator's
     // view to be complete.
     SHARDPS_RETURN_IF_ERROR(StartServers());
-    return StartWorkers({});
+    SHARDPS_RETURN_IF_ERROR(StartWorkers({}));
+  } else {
+    SHARDPS_RETURN_IF_ERROR(StartServers());
+    SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports,
+                             WaitForPorts(0, options_.num_servers));
+    std::vector<std::string> servers;
+    for (int port : ports) servers.push_back(absl::StrCat("127.0.0.1:", port));
+    SHARDPS_RETURN_IF_ERROR(StartWorkers(servers));
   }
-  SHARDPS_RETURN_IF_ERROR(StartServers());
-  SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports,
-                           WaitForPorts(0, options_.num_servers));
-  std::vector<std::string> servers;
-  for (int port : ports) servers.push_back(absl::StrCat("127.0.0.1:", port));
-  return StartWorkers(servers);
+  job_started_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status Launcher::Supervise() {
-  while (workers_running_ > 0) SHARDPS_RETURN_IF_ERROR(Poll(kRelayInterval));
-  return absl::OkStatus();
+  absl::Status status = StartJob();
+  while (true) {
+    while (status.ok() && workers_running_ > 0) status = Poll(kRelayInterval);
+    if (status.ok() || crashed_.empty()) return status;
+    status = Restart();
+  }
+}
+
+bool Launcher::MayRestart() const {
+  // Once every worker has finished, the model is written: nothing is left
+  // to redo, and a death then is a failure.
+  return options_.restart_on_crash && restarts_ < options_.max_restarts &&
+         workers_finished_ < options_.num_workers;
+}
+
+absl::Status Launcher::Restart() {
+  ++restarts_;
+  std::vector<std::string> died;
+  // Before the job is up, members may not know the coordinator's port yet.
+  bool whole_job = !job_started_;
+  for (size_t i : crashed_) {
+    const Child& child = children_[i];
+    died.push_back(
+        absl::StrCat(child.name, " (", DescribeExit(child.wait_status), ")"));
+    whole_job = whole_job || child.role != Role::kCoordinator;
+  }
+  crashed_.clear();
+  const std::string count = absl::StrCat("restart ", restarts_, " of at most ",
+                                         options_.max_restarts);
+  if (!whole_job) {
+    LogWarning(
+        "%s died: restarting it on port %d, where servers and workers rejoin; "
+        "training goes on (%s)",
+        absl::StrJoin(died, ", "), coordinator_port_, count);
+    return StartCoordinator(coordinator_port_);
+  }
+  const int sig = StopAll(SIGTERM);
+  if (sig != 0) {
+    stop_signal_ = sig;
+    return absl::CancelledError(absl::StrCat("stopped by ", SignalName(sig)));
+  }
+  stopping_ = false;
+  early_exit_ = -1;
+  workers_finished_ = 0;
+  // Read once every server has stopped: none commits a checkpoint now.
+  LogWarning("%s died: stopped the job; restarting it from %s (%s)",
+             absl::StrJoin(died, ", "), ResumePoint(options_), count);
+  return StartJob();
 }
 
 absl::Status Launcher::Poll(absl::Duration timeout) {
@@ -231,16 +247,25 @@ absl::Status Launcher::Reap() {
     if (it == children_.end()) continue;
     it->running = false;
     it->wait_status = wait_status;
-    it->max_rss_kib = usage.ru_maxrss;  // KiB on Linux
-    if (it->role == Role::kWorker) --workers_running_;
+    // KiB on Linux
+    it->max_rss_kib = std::max<int64_t>(it->max_rss_kib, usage.ru_maxrss);
+    if (it->role == Role::kWorker) {
+      --workers_running_;
+      if (ExitedCleanly(wait_status)) ++workers_finished_;
+    }
     exited.push_back(&*it);
   }
-  absl::Status first_failure;
+  // A failure that no restart cures wins over deaths that one would.
+  absl::Status failure;
   for (const Child* child : exited) {
+    const size_t crashes = crashed_.size();
     absl::Status s = CheckExit(*child);
-    if (first_failure.ok()) first_failure = std::move(s);
+    if (failure.ok() && crashed_.size() == crashes) failure = std::move(s);
   }
-  return first_failure;
+  if (!failure.ok()) crashed_.clear();
+  if (!failure.ok() || crashed_.empty()) return failure;
+  return absl::AbortedError(
+      absl::StrCat(children_[crashed_.front()].name, " died"));
 }
 
 absl::Status Launcher::CheckExit(const Child& child) {
@@ -264,6 +289,15 @@ absl::Status Launcher::CheckExit(const Child& child) {
       early_exit_time_ = absl::Now();
     }
     return absl::OkStatus();
+  }
+  if (!clean && MayRestart()) {
+    crashed_.push_back(static_cast<size_t>(&child - children_.data()));
+    return absl::AbortedError(absl::StrCat(child.name, " died"));
+  }
+  if (!clean && options_.restart_on_crash &&
+      restarts_ >= options_.max_restarts) {
+    LogError("%s died after %d restart(s) (--max_restarts=%d): giving up",
+             child.name, restarts_, options_.max_restarts);
   }
   return Failure(child, clean);
 }
@@ -307,7 +341,7 @@ absl::Status Launcher::AwaitSelfExit() {
   return absl::OkStatus();
 }
 
-void Launcher::StopAll(int sig) {
+int Launcher::StopAll(int sig) {
   stopping_ = true;
   int running = 0;
   for (const Child& child : children_) {
@@ -315,21 +349,24 @@ void Launcher::StopAll(int sig) {
     kill(child.pid, sig);
     ++running;
   }
-  if (running == 0) return;
+  if (running == 0) return 0;
   LogInfo("sent %s to %d process(es)", SignalName(sig), running);
   const absl::Time deadline = absl::Now() + kStopGrace;
   const auto any_running = [this] {
     return std::any_of(children_.begin(), children_.end(),
                        [](const Child& c) { return c.running; });
   };
+  int got = 0;
   while (any_running() && absl::Now() < deadline) {
-    const int got = WaitForSignal(kRelayInterval);
+    got = WaitForSignal(kRelayInterval);
     worker0_log_.Relay();
     Reap().IgnoreError();  // stopping_: exits are expected, not failures
     if (got == SIGINT || got == SIGTERM) {
-      LogWarning("received %s again: killing every process", SignalName(got));
+      LogWarning("received %s%s: killing every process", SignalName(got),
+                 stop_signal_ != 0 ? " again" : "");
       break;
     }
+    got = 0;
   }
   for (Child& child : children_) {
     if (!child.running) continue;
@@ -340,10 +377,11 @@ void Launcher::StopAll(int sig) {
     if (wait4(child.pid, &wait_status, 0, &usage) == child.pid) {
       child.running = false;
       child.wait_status = wait_status;
-      child.max_rss_kib = usage.ru_maxrss;
+      child.max_rss_kib = std::max<int64_t>(child.max_rss_kib, usage.ru_maxrss);
       if (child.role == Role::kWorker) --workers_running_;
     }
   }
+  return got;
 }
 
 absl::Status Launcher::CheckDaemonsStopped() const {
@@ -393,9 +431,17 @@ absl::Status Launcher::Run() {
           options_.run_dir,
           options_.use_coordinator ? "a coordinator, " : "static lists, ",
           options_.num_servers, options_.num_workers, options_.mode);
+  if (!options_.checkpoint_dir.empty()) {
+    LogInfo("checkpoints every %d steps in %s, keeping %d; starting from %s",
+            options_.checkpoint_every_steps, options_.checkpoint_dir,
+            options_.keep_checkpoints, ResumePoint(options_));
+  } else if (options_.restart_on_crash) {
+    LogWarning(
+        "no checkpoints (--checkpoint_every_steps=0): a job restarted after a "
+        "server or a worker died starts over from step 0");
+  }
 
-  absl::Status status = StartJob();
-  if (status.ok()) status = Supervise();
+  absl::Status status = Supervise();
   if (status.ok() && options_.use_coordinator) {
     LogInfo(
         "all %d worker(s) finished: waiting for the servers and the "

@@ -6,6 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -18,7 +19,7 @@ ABSL_FLAG(std::string, run_dir, "run",
           "Directory for logs/, pids/, ports/, metrics.csv and "
           "model.safetensors; created if missing.");
 ABSL_FLAG(std::string, mode, "sync",
-          "Consistency, passed to the servers: sync or async.");
+          "Consistency, passed to the servers: sync, async or ssp:K.");
 ABSL_FLAG(int32_t, timeout_s, 0,
           "Stop every process and fail after this many seconds (0: never).");
 ABSL_FLAG(bool, static, false,
@@ -33,6 +34,32 @@ ABSL_FLAG(std::string, server_binary, "",
 ABSL_FLAG(std::string, worker_binary, "",
           "shardps-worker to run; default: the one in this build tree, or "
           "beside this binary.");
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Checkpoint directory, passed to every server; default with "
+          "--checkpoint_every_steps: <run_dir>/checkpoints. Servers restore "
+          "the newest committed checkpoint there when they start, so reusing "
+          "a run directory resumes its job; use a fresh one to start over.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "Servers write a checkpoint every N steps (0: never).");
+ABSL_FLAG(int32_t, keep_checkpoints, 3,
+          "Committed checkpoints each server keeps.");
+// The policy is Launcher::Run's; this text states it for --help.
+ABSL_FLAG(bool, restart_on_crash, false,
+          "Restart a process that dies (non-zero exit or signal) before the "
+          "workers have finished, as a supervisor would. The coordinator "
+          "holds no training state: it alone is restarted, on its port, and "
+          "members rejoin it. After a server or a worker, the whole job is "
+          "stopped (SIGTERM, then SIGKILL after 5 s) and started again: "
+          "servers restore the newest committed checkpoint and workers "
+          "resume at its step (without checkpoints: from step 0). Restarted "
+          "processes append to their logs; metrics.csv is left as it is.");
+ABSL_FLAG(int32_t, max_restarts, 5,
+          "With --restart_on_crash: restarts allowed in the whole run; the "
+          "next death fails the run.");
+ABSL_FLAG(std::string, worker_extra_args, "",
+          "Testing only: space-separated arguments appended to every "
+          "worker's command line, e.g. --fault_step_delay_ms=5.");
 
 namespace shardps::local {
 namespace {
@@ -63,6 +90,13 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   o.server_binary = absl::GetFlag(FLAGS_server_binary);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   o.training_args = worker::TrainingFlagArgs();
+  o.worker_extra_args = absl::StrSplit(absl::GetFlag(FLAGS_worker_extra_args),
+                                       ' ', absl::SkipWhitespace());
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.restart_on_crash = absl::GetFlag(FLAGS_restart_on_crash);
+  o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   return o;
 }
 
@@ -89,6 +123,7 @@ int main(int argc, char** argv) {
       "runs a shardps job on this machine: a coordinator, --servers shards "
       "and --workers workers training with the flags below, each logging to "
       "<run_dir>/logs/; the job ends when every worker has finished.\n"
-      "  shardps-local --servers=2 --workers=2 --epochs=1 --run_dir=run");
+      "  shardps-local --servers=2 --workers=2 --epochs=1 --run_dir=run\n"
+      "  shardps-local --checkpoint_every_steps=100 --restart_on_crash");
   return shardps::local::Main(positional);
 }

@@ -1,11 +1,13 @@
 // The run directory of shardps-local: logs/NAME.log, pids/NAME.pid and
 // ports/NAME.port for each process (NAME: server-0, worker-1, ...), plus the
-// metrics.csv and model.safetensors that worker 0 writes. Not thread-safe.
+// metrics.csv and model.safetensors that worker 0 writes; and where the
+// servers' checkpoints stand. Not thread-safe.
 #ifndef SHARDPS_DEPLOY_LOCAL_RUN_DIR_H_
 #define SHARDPS_DEPLOY_LOCAL_RUN_DIR_H_
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -37,10 +39,18 @@ class RunDir {
   // The port in ports/NAME.port, or 0 while there is none. Servers write the
   // file atomically, so a number that parses is the whole number.
   int ReadPort(const std::string& name) const;
+  // Removes ports/NAME.port if there is one, so that the file of a process
+  // that died does not pass for that of its restarted successor.
+  void RemovePort(const std::string& name) const;
 
  private:
   std::string root_;
 };
+
+// The step of the newest checkpoint in `checkpoint_dir` that was committed
+// (step-N/COMMITTED exists), or -1 if there is none. Servers restore it at
+// start (or an older one, should it not check out).
+int64_t NewestCommittedStep(const std::string& checkpoint_dir);
 
 // "final: epoch=E step=S test_accuracy=A train_loss=L wall_s=T\n" from the
 // last row of the metrics CSV at `path`, with T = `wall` in seconds. NotFound

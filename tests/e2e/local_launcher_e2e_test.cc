@@ -1,7 +1,8 @@
 // shardps-local end to end: a short real job (a coordinator, two server
 // shards, two workers; and the same in static mode) with everything it leaves
-// in its run directory, a failing worker, a failing coordinator, SIGTERM to
-// the launcher mid-run, and bad flags.
+// in its run directory, a failing worker, a failing coordinator, a worker
+// that fails again after --restart_on_crash, SIGTERM to the launcher mid-run,
+// and bad flags.
 #include <signal.h>
 
 #include <algorithm>
@@ -207,6 +208,50 @@ TEST(LocalLauncherTest, FailingWorkerIsNamedWithItsError) {
   EXPECT_FALSE(absl::StrContains(output, "final:")) << output;
 }
 
+TEST(LocalLauncherTest, RestartOnCrashGivesUpAfterMaxRestarts) {
+  // The worker fails while loading data, every time: no dataset needed.
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  std::unique_ptr<Daemon> launcher = StartLauncher(
+      run_dir, {"--servers=1", "--workers=1", "--static",
+                "--dataset=idx:/nonexistent", "--model=mlp:784-10",
+                "--restart_on_crash", "--max_restarts=1", "--timeout_s=120"});
+  ASSERT_NE(launcher, nullptr);
+  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
+  const std::string output = launcher->ReadLog();
+  EXPECT_EQ(*code, 1) << output;
+  for (const char* line :
+       {"no checkpoints (--checkpoint_every_steps=0): a job restarted",
+        "worker-0 (exit code 1) died: stopped the job; restarting it from "
+        "step 0 (no checkpoints: --checkpoint_every_steps=0) (restart 1 of "
+        "at most 1)",
+        "worker-0 died after 1 restart(s) (--max_restarts=1): giving up",
+        "worker-0 failed (exit code 1)"}) {
+    EXPECT_TRUE(absl::StrContains(output, line)) << line << "\n" << output;
+  }
+  EXPECT_FALSE(absl::StrContains(output, "restart 2 of")) << output;
+  // Both lives of each process share its log: the second one appended.
+  for (const char* name : {"server-0", "worker-0"}) {
+    const std::vector<std::string> log =
+        ReadLines(absl::StrCat(run_dir, "/logs/", name, ".log"));
+    EXPECT_EQ(std::count(log.begin(), log.end(),
+                         absl::StrCat("---- shardps-local: restart 1: "
+                                      "starting ",
+                                      name, " again ----")),
+              1)
+        << name << ":\n"
+        << absl::StrJoin(log, "\n");
+  }
+  const std::vector<std::string> worker_log =
+      ReadLines(run_dir + "/logs/worker-0.log");
+  EXPECT_EQ(std::count_if(worker_log.begin(), worker_log.end(),
+                          [](const std::string& line) {
+                            return absl::StrContains(line, "/nonexistent");
+                          }),
+            2)
+      << absl::StrJoin(worker_log, "\n");
+}
+
 TEST(LocalLauncherTest, SigtermStopsEveryChild) {
   if (!fs::exists(kFashionMnist)) {
     GTEST_SKIP() << kFashionMnist
@@ -255,6 +300,10 @@ TEST(LocalLauncherTest, BadFlagsExitOneWithOneLine) {
       {{"--workers=0"}, "--workers=0 must be in [1, "},
       {{"--mode=eventual"}, "--mode=eventual is not one of: sync, async"},
       {{"--timeout_s=-5"}, "--timeout_s=-5 is negative"},
+      {{"--checkpoint_every_steps=-1"},
+       "--checkpoint_every_steps=-1 is negative"},
+      {{"--keep_checkpoints=0"}, "--keep_checkpoints=0 must be at least 1"},
+      {{"--max_restarts=-1"}, "--max_restarts=-1 is negative"},
       {{"--no_such_flag"}, "no_such_flag"},
       {{"--worker_binary=/nonexistent/shardps-worker"},
        "cannot find shardps-worker at /nonexistent/shardps-worker; build it or "

@@ -1,0 +1,112 @@
+#include "deploy/local/launch_options.h"
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "deploy/local/binaries.h"
+#include "deploy/local/run_dir.h"
+
+namespace shardps::local {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Upper bounds that catch a typo before it starts hundreds of processes.
+constexpr int kMaxServers = 64;
+constexpr int kMaxWorkers = 256;
+
+// `*path` made absolute and normal; InvalidArgument naming `flag` if the
+// current directory cannot be read.
+absl::Status MakeAbsolute(const char* flag, std::string* path) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(*path, ec).lexically_normal();
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "=", *path, " is not a usable path: ", ec.message()));
+  }
+  *path = absolute.string();
+  return absl::OkStatus();
+}
+
+absl::Status CheckNumbers(const LaunchOptions& o) {
+  if (o.num_servers < 1 || o.num_servers > kMaxServers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--servers=", o.num_servers, " must be in [1, ", kMaxServers, "]"));
+  }
+  if (o.num_workers < 1 || o.num_workers > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers=", o.num_workers, " must be in [1, ", kMaxWorkers, "]"));
+  }
+  int64_t staleness = 0;
+  if (o.mode != "sync" && o.mode != "async" &&
+      !(absl::StartsWith(o.mode, "ssp:") &&
+        absl::SimpleAtoi(o.mode.substr(4), &staleness) && staleness >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mode=", o.mode, " is not one of: sync, async, ssp:K (K >= 0)"));
+  }
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the timeout must be positive");
+  }
+  if (o.checkpoint_every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every_steps=", o.checkpoint_every_steps, " is negative"));
+  }
+  if (o.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keep_checkpoints=", o.keep_checkpoints, " must be at least 1"));
+  }
+  if (o.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts=", o.max_restarts, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ResolveLaunchOptions(LaunchOptions* o) {
+  SHARDPS_RETURN_IF_ERROR(CheckNumbers(*o));
+  if (o->run_dir.empty()) {
+    return absl::InvalidArgumentError("--run_dir is empty");
+  }
+  if (o->use_coordinator) {
+    SHARDPS_ASSIGN_OR_RETURN(
+        o->coordinator_binary,
+        FindBinary(o->coordinator_binary, "shardps-coordinator", "server",
+                   "coordinator_binary"));
+  }
+  SHARDPS_ASSIGN_OR_RETURN(
+      o->server_binary, FindBinary(o->server_binary, "shardps-server", "server",
+                                   "server_binary"));
+  SHARDPS_ASSIGN_OR_RETURN(
+      o->worker_binary, FindBinary(o->worker_binary, "shardps-worker", "worker",
+                                   "worker_binary"));
+  // Absolute, so that the paths handed to the daemons and printed in
+  // messages do not depend on anyone's working directory.
+  SHARDPS_RETURN_IF_ERROR(MakeAbsolute("run_dir", &o->run_dir));
+  if (o->checkpoint_dir.empty() && o->checkpoint_every_steps > 0) {
+    o->checkpoint_dir = (fs::path(o->run_dir) / "checkpoints").string();
+  }
+  if (!o->checkpoint_dir.empty()) {
+    SHARDPS_RETURN_IF_ERROR(MakeAbsolute("checkpoint_dir", &o->checkpoint_dir));
+  }
+  return absl::OkStatus();
+}
+
+std::string ResumePoint(const LaunchOptions& o) {
+  if (o.checkpoint_dir.empty()) {
+    return "step 0 (no checkpoints: --checkpoint_every_steps=0)";
+  }
+  const int64_t step = NewestCommittedStep(o.checkpoint_dir);
+  if (step < 0) {
+    return absl::StrCat("step 0 (no committed checkpoint in ", o.checkpoint_dir,
+                        ")");
+  }
+  return absl::StrCat("the checkpoint of step ", step, " in ",
+                      o.checkpoint_dir);
+}
+
+}  // namespace shardps::local

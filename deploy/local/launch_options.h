@@ -1,0 +1,66 @@
+// The options of a shardps-local job and their checks: filled by
+// shardps-local from its flags, read by the Launcher and by the functions
+// that build the daemons' command lines. Plain data.
+#ifndef SHARDPS_DEPLOY_LOCAL_LAUNCH_OPTIONS_H_
+#define SHARDPS_DEPLOY_LOCAL_LAUNCH_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace shardps::local {
+
+struct LaunchOptions {
+  int num_servers = 2;
+  int num_workers = 2;
+  // Holds logs/, pids/, ports/, metrics.csv and model.safetensors; created
+  // if missing.
+  std::string run_dir = "run";
+  std::string mode = "sync";  // passed to the servers: sync or async
+  // Stop everything and fail after this long; InfiniteDuration: never.
+  absl::Duration timeout = absl::InfiniteDuration();
+  std::string log_format = "text";  // passed to every daemon
+  // True: start shardps-coordinator first and give servers and workers
+  // --coordinator; they exit by themselves when the job ends. False (static
+  // mode): servers get --shard_index/--num_shards, workers --servers, and
+  // the launcher stops the servers when the workers are done.
+  bool use_coordinator = true;
+  // Empty: look beside this executable (build tree, then installed).
+  std::string coordinator_binary;
+  std::string server_binary;
+  std::string worker_binary;
+  // "--name=value" training flags passed to every worker.
+  std::vector<std::string> training_args;
+  // Raw arguments appended to every worker's command line, last (so they
+  // win): for tests, e.g. --fault_step_delay_ms=5.
+  std::vector<std::string> worker_extra_args;
+
+  // Passed to every server when checkpoint_dir is set. Empty checkpoint_dir
+  // with checkpoint_every_steps > 0: <run_dir>/checkpoints. Servers restore
+  // the newest committed checkpoint there when they start.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;  // 0: write none
+  int keep_checkpoints = 3;
+  // Restart a process that died (Launcher::Run says how), at most
+  // max_restarts times in the whole run.
+  bool restart_on_crash = false;
+  int max_restarts = 5;
+};
+
+// Checks `options` and completes them: run_dir and checkpoint_dir made
+// absolute (the paths are handed to other processes), the default
+// checkpoint_dir filled in, each binary found (see FindBinary).
+// InvalidArgument for a bad option, NotFound for a binary that is missing
+// or not executable.
+absl::Status ResolveLaunchOptions(LaunchOptions* options);
+
+// Where servers started now resume: "the checkpoint of step N in DIR" (the
+// newest committed one in options.checkpoint_dir), or "step 0" and why.
+std::string ResumePoint(const LaunchOptions& options);
+
+}  // namespace shardps::local
+
+#endif  // SHARDPS_DEPLOY_LOCAL_LAUNCH_OPTIONS_H_
