@@ -32,18 +32,43 @@ target_link_libraries(shardps_model
   PUBLIC absl::status absl::statusor absl::strings absl::span
   PRIVATE ${_compute_blas} shardps_copts)
 if(SHARDPS_HAVE_CUDA)
-  target_sources(shardps_model PRIVATE
+  # The CUDA backend is a shared library that workers load only when a GPU
+  # driver exists (cuda_loader.cc): mapping cuBLAS alone costs ~215 MiB of
+  # resident memory. Everything but its C entry points is hidden, so it keeps
+  # its own copies of the backend's base code.
+  target_sources(shardps_model PRIVATE ${_compute_dir}/cuda_loader.cc)
+  target_link_libraries(shardps_model PRIVATE ${CMAKE_DL_LIBS}
+                        absl::synchronization)
+  add_library(shardps_cuda_kernels OBJECT
     ${_compute_dir}/cuda/bias_relu.cu
-    ${_compute_dir}/cuda/cuda_backend.cc
-    ${_compute_dir}/cuda/gemm_roofline.cc
     ${_compute_dir}/cuda/softmax_xent.cu
   )
-  # The static runtime, which CMake also adds to every executable that links
-  # CUDA objects by default: one runtime per process. libcublas.so does not
-  # need libcudart.so.
-  target_link_libraries(shardps_model PRIVATE CUDA::cudart_static CUDA::cublas)
-  target_compile_options(shardps_model PRIVATE
+  set_target_properties(shardps_cuda_kernels PROPERTIES
+    POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
+  target_include_directories(shardps_cuda_kernels PUBLIC ${_compute_root})
+  target_compile_options(shardps_cuda_kernels PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  add_library(shardps_cuda SHARED
+    ${_compute_dir}/backend.cc
+    ${_compute_dir}/model.cc
+    ${_compute_dir}/cuda/bias_relu_cpu.cc
+    ${_compute_dir}/cuda/softmax_xent_cpu.cc
+    ${_compute_dir}/cuda/cuda_backend.cc
+    ${_compute_dir}/cuda/cuda_library.cc
+    ${_compute_dir}/cuda/gemm_roofline.cc
+    $<TARGET_OBJECTS:shardps_cuda_kernels>
+  )
+  set_target_properties(shardps_cuda PROPERTIES
+    CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  target_include_directories(shardps_cuda PRIVATE ${_compute_root})
+  # The static runtime: one per process, inside this library. libcublas.so
+  # does not need libcudart.so.
+  target_link_libraries(shardps_cuda PRIVATE CUDA::cudart_static CUDA::cublas
+    absl::status absl::statusor absl::strings absl::span absl::time
+    shardps_copts)
+  # Built whenever a binary that may load it is.
+  add_dependencies(shardps_model shardps_cuda)
 else()
   target_sources(shardps_model PRIVATE ${_compute_dir}/no_cuda_backend.cc)
 endif()
@@ -85,6 +110,7 @@ endif()
 if(SHARDPS_HAVE_CUDA)
   shardps_cc_test(NAME cuda_kernels_test
     SRCS ${_compute_dir}/cuda/kernels_test.cc
+         $<TARGET_OBJECTS:shardps_cuda_kernels>
     DEPS shardps_model CUDA::cudart_static
     LABEL gpu)
 endif()

@@ -11,8 +11,9 @@ build_dir=$(SHARDPS_BUILD_DIR=${SHARDPS_BUILD_DIR:-build} deploy/local/build.sh)
 bundle=.gpu-bundle
 stage=$(mktemp -d)/gpu-bundle
 mkdir -p "$stage/bin" "$stage/lib"
+# libshardps_cuda.so goes beside the binaries: they load it from there.
 binaries=("$build_dir/worker/cuda_backend_test" "$build_dir/worker/cuda_kernels_test"
-  "$build_dir/tests/shardps-bench")
+  "$build_dir/tests/shardps-bench" "$build_dir/worker/libshardps_cuda.so")
 for b in "${binaries[@]}"; do
   [ -x "$b" ] || {
     echo "prepare.sh: missing $b (built without CUDA: is nvcc installed?)" >&2

@@ -333,7 +333,7 @@ absl::StatusOr<EvalResult> CudaBackend::DoEvaluate(const float* x,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device) {
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackendInLibrary(int device) {
   return CudaBackend::Create(device);
 }
 

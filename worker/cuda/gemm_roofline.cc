@@ -1,6 +1,4 @@
 // Host code only: cuBLAS calls timed with CUDA events.
-#include "worker/gemm_roofline.h"
-
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -8,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_library.h"
 #include "worker/cuda/cuda_status.h"
 
 namespace shardps::worker {
@@ -37,9 +36,8 @@ struct CudaFree {
 
 }  // namespace
 
-absl::StatusOr<absl::Duration> CublasStepGemmTime(const ModelSpec& spec,
-                                                  int batch, int device,
-                                                  int repeats) {
+absl::StatusOr<absl::Duration> CublasStepGemmTimeInLibrary(
+    const ModelSpec& spec, int batch, int device, int repeats) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count <= device) {
     return absl::FailedPreconditionError(
