@@ -335,9 +335,12 @@ std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>
 ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
                             const std::vector<const float*>& contributions,
                             std::vector<Waiter> waiters) {
-  std::vector<float*> slots;
-  slots.reserve(chunk->slots.size());
-  for (auto& s : chunk->slots) slots.push_back(s.data());
+  // At most two slots (Adam): no allocation on the update path.
+  float* slot_ptrs[2] = {};
+  for (size_t i = 0; i < chunk->slots.size(); ++i) {
+    slot_ptrs[i] = chunk->slots[i].data();
+  }
+  const absl::Span<float* const> slots(slot_ptrs, chunk->slots.size());
   const bool shared = chunk->weights.use_count() > 1;
   // use_count() is a relaxed load: order the senders' reads of the buffer
   // (before they dropped it) before the writes below.
