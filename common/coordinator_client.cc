@@ -95,6 +95,7 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string& address,
   request.set_protocol_version(kCoordinatorProtocolVersion);
   request.set_role(role);
   request.set_address(address);
+  request.set_incarnation(options_.incarnation);
   request.set_requested_index(requested_index < 0 ? kAnyIndex
                                                   : requested_index);
   absl::Duration backoff = options_.initial_backoff;
@@ -204,6 +205,11 @@ int64_t CoordinatorClient::rejoins() const {
   return rejoins_;
 }
 
+void CoordinatorClient::SetStalled(std::string stalled) {
+  absl::MutexLock lock(&mu_);
+  stalled_ = std::move(stalled);
+}
+
 void CoordinatorClient::SetProgress(int64_t step, int64_t epoch) {
   absl::MutexLock lock(&mu_);
   step_ = step;
@@ -237,6 +243,7 @@ void CoordinatorClient::Beat() {
     request.set_member_id(member_id_);
     request.set_step(step_);
     request.set_epoch(epoch_);
+    request.set_stalled(stalled_);
   }
   v1::HeartbeatResponse response;
   const absl::Status s =

@@ -39,6 +39,8 @@ struct CoordinatorClientOptions {
   // that takes SIGTERM synchronously stop while the coordinator is away.
   // May be empty.
   std::function<bool()> cancelled;
+  // JoinRequest.incarnation: identifies this process across rejoins.
+  uint64_t incarnation = 0;
 };
 
 class CoordinatorClient {
@@ -80,6 +82,9 @@ class CoordinatorClient {
 
   // The step and epoch the next heartbeats report (workers).
   void SetProgress(int64_t step, int64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What the next heartbeats report as stalled (servers; empty: nothing).
+  void SetStalled(std::string stalled) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until `ready` holds for the held view and returns that view;
   // DeadlineExceeded (with the view described) when `deadline` passes
@@ -149,6 +154,7 @@ class CoordinatorClient {
   int64_t rejoins_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string stalled_ ABSL_GUARDED_BY(mu_);
   // The contexts of the open watch stream and of the heartbeat in flight, so
   // that StopThreads can cancel them (a heartbeat waits for an unreachable
   // coordinator up to rpc_timeout).

@@ -122,10 +122,17 @@ std::string FormatJobStatus(const v1::JobStatus& status) {
       view.num_workers(), status.heartbeat_timeout_ms());
   std::vector<std::vector<std::string>> rows = {
       {"ROLE", "INDEX", "ADDRESS", "STATE", "LAST HEARTBEAT", "STEP", "EPOCH"}};
+  std::string stalled;
   for (const v1::MemberStatus& m : status.members()) {
     rows.push_back(MemberRow(m));
+    if (!m.stalled().empty()) {
+      absl::StrAppend(&stalled, "  server ", m.index(), ": ", m.stalled(),
+                      "\n");
+    }
   }
-  return out + FormatTable(rows);
+  out += FormatTable(rows);
+  if (!stalled.empty()) absl::StrAppend(&out, "\nstalled steps:\n", stalled);
+  return out;
 }
 
 std::string HealthStateName(HealthState state) {

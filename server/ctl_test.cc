@@ -72,9 +72,12 @@ TEST(CtlTest, JobStatusShowsAddressesLivenessAndProgress) {
   add(v1::ROLE_SERVER, 0, "10.0.0.1:5000", true, 400);
   add(v1::ROLE_SERVER, 1, "10.0.0.2:5000", false, 12000);
   add(v1::ROLE_WORKER, 0, "", false, -1);
+  status.mutable_members(0)->set_stalled(
+      "step 120 has waited 61s for rank(s) 0");
   const std::string text = FormatJobStatus(status);
   for (const char* want :
-       {"job mnist", "generation 7", "servers 1/2 alive", "workers 0/1 alive",
+       {"stalled steps:\n  server 0: step 120 has waited 61s for rank(s) 0",
+        "job mnist", "generation 7", "servers 1/2 alive", "workers 0/1 alive",
         "global step 120, epoch 3", "10.0.0.1:5000", "alive", "0.4 s ago",
         "10.0.0.2:5000", "gone", "12.0 s ago", "vacant",
         "job state: running (workers 0/1 finished)"}) {

@@ -214,6 +214,8 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
   slot.step = 0;
   slot.epoch = 0;
   slot.finished = false;
+  slot.incarnation = r.incarnation();
+  slot.stalled.clear();
   members_[slot.member_id] = ref;
   ++generation_;
   Record(kind, ref);
@@ -255,6 +257,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(
   absl::MutexLock lock(&mu_);
   SHARDPS_ASSIGN_OR_RETURN(Slot * slot, FindLive(r.member_id()));
   RecordProgress(slot, r.step(), r.epoch());
+  slot->stalled = r.stalled().substr(0, kMaxStalledBytes);
   v1::HeartbeatResponse response;
   response.set_generation(generation_);
   response.set_complete(CompleteLocked());
@@ -287,10 +290,10 @@ absl::StatusOr<v1::LeaveResponse> Membership::Leave(const v1::LeaveRequest& r) {
   if (r.finished()) {
     Slots(ref.first)[ref.second].finished = true;
     Remove(ref, MembershipEvent::Kind::kFinished);
-    MaybeFinishJob();
   } else {
     Remove(ref, MembershipEvent::Kind::kLeft);
   }
+  MaybeFinishJob();
   v1::LeaveResponse response;
   response.set_generation(generation_);
   return response;
@@ -306,15 +309,23 @@ void Membership::Remove(const SlotRef& ref, MembershipEvent::Kind kind) {
 
 void Membership::MaybeFinishJob() {
   if (job_finished_) return;
+  // Finished once training completed somewhere and nobody trains any more:
+  // a rank whose worker died and was not replaced does not hold the job up.
+  size_t finished = 0;
   for (const Slot& w : workers_) {
-    if (!w.finished) return;
+    if (w.alive()) return;
+    if (w.finished) ++finished;
   }
+  if (finished == 0) return;
   job_finished_ = true;
   ++generation_;
   MembershipEvent e;
   e.kind = MembershipEvent::Kind::kJobFinished;
   e.generation = generation_;
-  e.detail = absl::StrCat("all ", workers_.size(), " workers finished");
+  e.detail = finished == workers_.size()
+                 ? absl::StrCat("all ", workers_.size(), " workers finished")
+                 : absl::StrCat(finished, " of ", workers_.size(),
+                                " workers finished; the others left the job");
   AddEvent(std::move(e));
 }
 
@@ -336,6 +347,7 @@ int Membership::ExpireLocked() {
       }
     }
   }
+  if (expired > 0) MaybeFinishJob();
   return expired;
 }
 
@@ -379,11 +391,13 @@ v1::ClusterView Membership::ViewLocked() const {
     w->set_address(workers_[i].address);
     w->set_alive(workers_[i].alive());
     w->set_finished(workers_[i].finished);
+    w->set_incarnation(workers_[i].incarnation);
   }
   view.set_complete(CompleteLocked());
   view.set_global_step(global_step_);
   view.set_epoch(epoch_);
   view.set_job_finished(job_finished_);
+  view.set_coordinator_incarnation(options_.incarnation);
   return view;
 }
 
@@ -423,6 +437,7 @@ v1::JobStatus Membership::Status() const {
       m->set_step(slots[i].step);
       m->set_epoch(slots[i].epoch);
       m->set_finished(slots[i].finished);
+      if (slots[i].alive()) m->set_stalled(slots[i].stalled);
     }
   }
   status.set_heartbeat_timeout_ms(

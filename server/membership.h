@@ -108,6 +108,8 @@ class Membership {
   std::vector<MembershipEvent> AwaitEvents(absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxPendingEvents = 4096;
+  // HeartbeatRequest.stalled is cut to this length.
+  static constexpr size_t kMaxStalledBytes = 4096;
 
  private:
   // One shard index or rank.
@@ -117,7 +119,9 @@ class Membership {
     absl::Time last_heartbeat = absl::InfinitePast();  // of the last holder
     int64_t step = 0;
     int64_t epoch = 0;
-    bool finished = false;  // workers: the last holder left finished
+    bool finished = false;     // workers: the last holder left finished
+    uint64_t incarnation = 0;  // JoinRequest.incarnation of the holder
+    std::string stalled;       // servers: HeartbeatRequest.stalled
     bool alive() const { return !member_id.empty(); }
   };
   using SlotRef = std::pair<v1::Role, uint32_t>;
@@ -139,7 +143,8 @@ class Membership {
   void Remove(const SlotRef& ref, MembershipEvent::Kind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks the job finished (one more generation) once every rank finished.
+  // Marks the job finished (one more generation) once a worker finished and
+  // none is alive.
   void MaybeFinishJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(MembershipEvent::Kind kind, const SlotRef& ref)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

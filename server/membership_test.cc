@@ -390,14 +390,58 @@ TEST_F(MembershipTest, OnlyWorkersFinish) {
 
 TEST_F(MembershipTest, AnyRankSkipsFinishedRanks) {
   const v1::JoinResponse w0 = Worker();
+  Worker();
   SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w0.member_id()));
-  EXPECT_EQ(Worker().index(), 1u);
+  EXPECT_FALSE(membership_->job_finished());  // rank 1 still trains
   EXPECT_EQ(membership_->Join(Request(v1::ROLE_WORKER, "")).status().code(),
             absl::StatusCode::kResourceExhausted);
   // Asked for by number, a finished rank is joined again.
   const v1::JoinResponse again = Worker(0);
   EXPECT_EQ(again.index(), 0u);
   EXPECT_FALSE(again.view().workers(0).finished());
+}
+
+TEST_F(MembershipTest, JobFinishesWhenTheOtherWorkersDiedUnreplaced) {
+  Server("h:1");
+  Server("h:2");
+  v1::JoinRequest r0 = Request(v1::ROLE_WORKER, "w0");
+  r0.set_incarnation(111);
+  const v1::JoinResponse w0 = MustJoin(r0);
+  v1::JoinRequest r1 = Request(v1::ROLE_WORKER, "w1");
+  r1.set_incarnation(222);
+  const v1::JoinResponse w1 = MustJoin(r1);
+  EXPECT_EQ(w1.view().workers(0).incarnation(), 111u);
+  EXPECT_EQ(w1.view().workers(1).incarnation(), 222u);
+  // Rank 1 dies: its heartbeats stop and it expires; rank 0 goes on.
+  clock_.Advance(kTimeout / 2);
+  SHARDPS_ASSERT_OK(Beat(w0.member_id(), 40, 2));
+  clock_.Advance(kTimeout / 2 + absl::Milliseconds(1));
+  EXPECT_EQ(membership_->Expire(), 3);  // rank 1 and both silent servers
+  EXPECT_FALSE(membership_->job_finished());
+  SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w0.member_id()));
+  const v1::ClusterView view = membership_->View();
+  EXPECT_TRUE(view.job_finished());
+  EXPECT_TRUE(view.workers(0).finished());
+  EXPECT_FALSE(view.workers(1).finished());
+  std::vector<MembershipEvent> events =
+      membership_->AwaitEvents(absl::Now() + absl::Seconds(10));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().kind, MembershipEvent::Kind::kJobFinished);
+  EXPECT_TRUE(absl::StrContains(DescribeEvent(events.back()),
+                                "1 of 2 workers finished"))
+      << DescribeEvent(events.back());
+}
+
+TEST_F(MembershipTest, ServersReportWhatTheirStepsWaitFor) {
+  const v1::JoinResponse s = Server("h:1");
+  v1::HeartbeatRequest beat;
+  beat.set_member_id(s.member_id());
+  beat.set_stalled("step 7: 2 chunks wait for rank 1 (61.0 s)");
+  SHARDPS_ASSERT_OK(membership_->Heartbeat(beat));
+  EXPECT_EQ(membership_->Status().members(0).stalled(), beat.stalled());
+  beat.clear_stalled();
+  SHARDPS_ASSERT_OK(membership_->Heartbeat(beat));
+  EXPECT_EQ(membership_->Status().members(0).stalled(), "");
 }
 
 TEST(MembershipCreateTest, RejectsBadOptions) {

@@ -113,6 +113,7 @@ void PushPullReactor::OnReadDone(bool ok) {
     PushArgs args;
     args.rank = request_.rank();
     args.generation = request_.generation();
+    args.incarnation = request_.incarnation();
     args.step = request_.step();
     args.chunk_id = request_.chunk_id();
     args.encoding = request_.encoding();

@@ -22,6 +22,8 @@ constexpr int64_t kInlineApplyBytes = 256 << 10;
 ParameterStore::ParameterStore(StoreOptions options)
     : options_(options),
       pool_(std::make_unique<ThreadPool>(std::max(1, options.update_threads))) {
+  absl::MutexLock lock(&members_mu_);
+  ranks_.resize(options_.num_workers);
 }
 
 ParameterStore::~ParameterStore() {
@@ -81,6 +83,19 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
   }
   // One declaration is built at a time: concurrent first Declares from every
   // worker must not each allocate a whole shard.
+  if (req.rank() >= options_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", req.rank(), " is out of range: the job has ",
+                     options_.num_workers, " workers"));
+  }
+  if (req.join() && req.join_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("join step ", req.join_step(), " is negative"));
+  }
+  {
+    absl::MutexLock lock(&members_mu_);
+    SHARDPS_RETURN_IF_ERROR(CheckIncarnation(req.rank(), req.incarnation()));
+  }
   absl::MutexLock declare_lock(&declare_mu_);
   const State* existing = state();
   bool created = false;
@@ -104,10 +119,12 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
           absl::Hex(existing->fingerprint), ", request ", absl::Hex(fp), ")"));
     }
   }
+  if (req.join()) SHARDPS_RETURN_IF_ERROR(Join(*existing, req));
   v1::DeclareResponse resp;
   resp.set_fingerprint(existing->fingerprint);
   resp.set_created(created);
   int64_t min_version = -1;
+  int64_t max_version = 0;
   for (const auto& chunk : existing->owned) {
     if (chunk == nullptr) continue;
     resp.add_chunk_ids(chunk->spec.id);
@@ -115,9 +132,17 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
     if (min_version < 0 || chunk->version < min_version) {
       min_version = chunk->version;
     }
+    max_version = std::max(max_version, chunk->version);
   }
   resp.set_version(std::max<int64_t>(min_version, 0));
+  resp.set_max_version(max_version);
   resp.set_next_step(NextStep(*existing, req.rank()));
+  absl::MutexLock lock(&members_mu_);
+  const RankState& rank = ranks_[req.rank()];
+  resp.set_must_join(rank.kind == RankState::Kind::kPending);
+  if (rank.kind == RankState::Kind::kActive) {
+    resp.set_join_step(rank.from_step);
+  }
   return resp;
 }
 
@@ -272,6 +297,10 @@ absl::Status ParameterStore::Push(const PushArgs& args,
     status = chunk.status();
     if (status.ok()) status = CheckPush(args, **chunk);
     if (status.ok()) {
+      absl::MutexLock lock(&members_mu_);
+      status = CheckMember(args.rank, args.incarnation, args.step);
+    }
+    if (status.ok()) {
       const uint64_t bytes = args.payload->size();
       status = options_.mode == Mode::kSync
                    ? PushSync(*st, args, *chunk, std::move(sink))
@@ -314,13 +343,18 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
       chunk->contributed[args.rank] = true;
       if (chunk->num_contributed == 0) chunk->first_contribution = absl::Now();
       ++chunk->num_contributed;
-      ready = chunk->num_contributed == options_.num_workers;
+      ready = !chunk->apply_scheduled && StepComplete(*chunk);
+      if (ready) chunk->apply_scheduled = true;
     }
     // A duplicate of a pending push (a retry while the step is still open)
     // only adds a waiter.
     chunk->waiters.push_back({args.rank, args.push_only, std::move(sink)});
   }
-  if (!ready) return absl::OkStatus();
+  if (ready) ScheduleApply(state, chunk);
+  return absl::OkStatus();
+}
+
+void ParameterStore::ScheduleApply(const State& state, Chunk* chunk) {
   if (chunk->spec.bytes() <= kInlineApplyBytes) {
     // A small chunk: updating it here costs less than a thread hop.
     ApplySync(*state.optimizer, chunk);
@@ -328,7 +362,187 @@ absl::Status ParameterStore::PushSync(const State& state, const PushArgs& args,
     const Optimizer* optimizer = state.optimizer.get();
     pool_->Schedule([this, optimizer, chunk] { ApplySync(*optimizer, chunk); });
   }
+}
+
+bool ParameterStore::WaitsFor(uint32_t rank, int64_t step) const {
+  absl::MutexLock lock(&members_mu_);
+  const RankState& r = ranks_[rank];
+  return r.kind == RankState::Kind::kActive && step >= r.from_step;
+}
+
+bool ParameterStore::StepComplete(const Chunk& chunk) const {
+  if (chunk.num_contributed == 0) return false;
+  absl::MutexLock lock(&members_mu_);
+  for (uint32_t r = 0; r < options_.num_workers; ++r) {
+    const RankState& rank = ranks_[r];
+    if (!chunk.contributed[r] && rank.kind == RankState::Kind::kActive &&
+        chunk.version >= rank.from_step) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status ParameterStore::CheckIncarnation(uint32_t rank,
+                                              uint64_t incarnation) const {
+  const RankState& r = ranks_[rank];
+  if (!coordinated_ || !r.seen) return absl::OkStatus();
+  if (incarnation > r.incarnation) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", options_.shard_index,
+        " has not yet seen the coordinator's view in which this worker "
+        "process (rank ",
+        rank, ", incarnation ", incarnation, ") joined; retry"));
+  }
+  if (incarnation < r.incarnation) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank, " is held by a newer worker process (incarnation ",
+        r.incarnation, ") since generation ", r.changed_generation,
+        "; this request comes from incarnation ", incarnation,
+        ", which is no longer part of the job: join it again"));
+  }
+  if (r.kind == RankState::Kind::kGone) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank, " left the job at generation ", r.changed_generation,
+        " (it left or stopped sending heartbeats): join the job again"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status ParameterStore::CheckMember(uint32_t rank, uint64_t incarnation,
+                                         int64_t step) const {
+  SHARDPS_RETURN_IF_ERROR(CheckIncarnation(rank, incarnation));
+  const RankState& r = ranks_[rank];
+  if (r.kind == RankState::Kind::kPending) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank,
+        " joined a running job: declare the step it joins at first "
+        "(DeclareRequest.join)"));
+  }
+  if (step < r.from_step) {
+    return absl::OutOfRangeError(absl::StrCat("step ", step, " of rank ", rank,
+                                              " is before its join step ",
+                                              r.from_step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Join(const State& state,
+                                  const v1::DeclareRequest& req) {
+  const uint32_t rank = req.rank();
+  const int64_t join_step = req.join_step();
+  RankState before;
+  {
+    absl::MutexLock lock(&members_mu_);
+    if (!coordinated_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_index,
+          " follows no coordinator (a static job): a worker cannot join it "
+          "while it runs"));
+    }
+    SHARDPS_RETURN_IF_ERROR(CheckIncarnation(rank, req.incarnation()));
+    before = ranks_[rank];
+    ranks_[rank].kind = RankState::Kind::kActive;
+    ranks_[rank].from_step = join_step;
+  }
+  // Waited for from now on: a chunk that had already completed the join
+  // step without the rank makes the join too late.
+  int64_t past = -1;
+  for (const auto& chunk : state.owned) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    if (options_.mode == Mode::kSync) {
+      if (chunk->version > join_step) past = std::max(past, chunk->version);
+    } else {
+      chunk->last_step[rank] = std::max(chunk->last_step[rank], join_step - 1);
+    }
+  }
+  if (past < 0) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&members_mu_);
+    ranks_[rank] = before;
+  }
+  ReleaseAfterMembershipChange(state);
+  return absl::OutOfRangeError(
+      absl::StrCat("shard ", options_.shard_index, " is at step ", past,
+                   ", past join step ", join_step, ": join at a later step"));
+}
+
+std::vector<std::string> ParameterStore::ApplyView(
+    const v1::ClusterView& view) {
+  using Kind = RankState::Kind;
+  std::vector<std::string> changes;
+  bool released = false;
+  {
+    absl::MutexLock lock(&members_mu_);
+    // A restarted coordinator counts generations from 1 again.
+    const bool same_coordinator =
+        coordinated_ &&
+        view.coordinator_incarnation() == coordinator_incarnation_;
+    if (same_coordinator && view.generation() <= view_generation_) {
+      return changes;
+    }
+    coordinated_ = true;
+    coordinator_incarnation_ = view.coordinator_incarnation();
+    view_generation_ = view.generation();
+    const uint64_t g = view.generation();
+    for (const v1::WorkerSlot& w : view.workers()) {
+      if (w.rank() >= ranks_.size()) continue;
+      RankState& r = ranks_[w.rank()];
+      if (!w.alive()) {
+        // Incarnation 0: no worker held the rank since this coordinator
+        // started (it may have restarted): nothing is known of it.
+        if (r.kind == Kind::kGone || !r.seen || w.incarnation() == 0) continue;
+        released = released || r.kind == Kind::kActive;
+        r.kind = Kind::kGone;
+        r.changed_generation = g;
+        changes.push_back(absl::StrCat(
+            "rank ", w.rank(), w.finished() ? " finished" : " left the job",
+            " (generation ", g, "): steps no longer wait for it"));
+        continue;
+      }
+      if (!r.seen) {  // the first workers arriving
+        r.seen = true;
+        r.incarnation = w.incarnation();
+        continue;
+      }
+      if (r.kind != Kind::kGone && w.incarnation() == r.incarnation) continue;
+      released = released || r.kind == Kind::kActive;
+      r.kind = Kind::kPending;
+      r.incarnation = w.incarnation();
+      r.changed_generation = g;
+      changes.push_back(absl::StrCat(
+          "rank ", w.rank(), " is held by a new worker process (incarnation ",
+          w.incarnation(), ", generation ", g,
+          "): steps wait for it from the join step it declares"));
+    }
+  }
+  if (released) {
+    if (const State* st = state()) ReleaseAfterMembershipChange(*st);
+  }
+  return changes;
+}
+
+void ParameterStore::ReleaseAfterMembershipChange(const State& state) {
+  for (const auto& chunk : state.owned) {
+    if (chunk == nullptr) continue;
+    if (options_.mode == Mode::kSync) {
+      bool ready = false;
+      {
+        absl::MutexLock lock(&chunk->mu);
+        ready = !chunk->apply_scheduled && StepComplete(*chunk);
+        if (ready) chunk->apply_scheduled = true;
+      }
+      if (ready) ScheduleApply(state, chunk.get());
+      continue;
+    }
+    std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
+    {
+      absl::MutexLock lock(&chunk->mu);
+      ReleaseHeld(chunk.get(), &replies);
+    }
+    for (auto& [sink, reply] : replies) Deliver(sink.get(), std::move(reply));
+  }
 }
 
 std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>
@@ -374,15 +588,21 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
   {
     absl::MutexLock lock(&chunk->mu);
     // Rank order makes the sum, and so the weights, bitwise deterministic.
-    std::vector<const float*> contributions(options_.num_workers);
+    // The mean is over the contributions that arrived: a rank that left the
+    // job mid-step is not waited for.
+    std::vector<const float*> contributions;
+    contributions.reserve(chunk->num_contributed);
     for (uint32_t r = 0; r < options_.num_workers; ++r) {
-      contributions[r] = chunk->contributions[r].data();
+      if (chunk->contributed[r]) {
+        contributions.push_back(chunk->contributions[r].data());
+      }
     }
     std::vector<Waiter> waiters;
     waiters.swap(chunk->waiters);
     replies = ApplyLocked(optimizer, chunk, contributions, std::move(waiters));
     chunk->contributed.assign(options_.num_workers, false);
     chunk->num_contributed = 0;
+    chunk->apply_scheduled = false;
   }
   // Delivered outside the lock: sinks start gRPC writes.
   for (auto& [sink, reply] : replies) Deliver(sink.get(), std::move(reply));
@@ -431,10 +651,17 @@ void ParameterStore::HandOverCheckpoint(int64_t version) {
 
 bool ParameterStore::StalenessAllows(const Chunk& chunk, int64_t step) const {
   if (options_.mode != Mode::kSsp) return true;
-  // A rank's clock is the number of steps it has pushed.
-  const int64_t slowest_clock =
-      *std::min_element(chunk.last_step.begin(), chunk.last_step.end()) + 1;
-  return slowest_clock >= step + 1 - options_.staleness;
+  // A rank's clock is the number of steps it has pushed; ranks that left
+  // or have not joined yet hold nobody back.
+  int64_t slowest = -1;
+  bool any = false;
+  absl::MutexLock lock(&members_mu_);
+  for (uint32_t r = 0; r < options_.num_workers; ++r) {
+    if (ranks_[r].kind != RankState::Kind::kActive) continue;
+    slowest = any ? std::min(slowest, chunk.last_step[r]) : chunk.last_step[r];
+    any = true;
+  }
+  return !any || slowest + 1 >= step + 1 - options_.staleness;
 }
 
 void ParameterStore::ReleaseHeld(
@@ -527,7 +754,9 @@ std::vector<ParameterStore::StalledChunk> ParameterStore::Stalled(
     s.step = chunk->version;
     s.waiting = now - chunk->first_contribution;
     for (uint32_t r = 0; r < options_.num_workers; ++r) {
-      if (!chunk->contributed[r]) s.missing_ranks.push_back(r);
+      if (!chunk->contributed[r] && WaitsFor(r, chunk->version)) {
+        s.missing_ranks.push_back(r);
+      }
     }
     out.push_back(std::move(s));
   }
@@ -561,7 +790,13 @@ v1::GetStatusResponse ParameterStore::Status() const {
                 : options_.mode == Mode::kAsync
                     ? "async"
                     : absl::StrCat("ssp:", options_.staleness));
-  resp.set_generation(options_.generation);
+  {
+    absl::MutexLock lock(&members_mu_);
+    resp.set_generation(coordinated_ ? view_generation_ : options_.generation);
+    for (uint32_t r = 0; r < options_.num_workers; ++r) {
+      if (ranks_[r].kind == RankState::Kind::kActive) resp.add_active_ranks(r);
+    }
+  }
   resp.set_pushes_total(pushes_.load());
   resp.set_updates_total(updates_.load());
   resp.set_rejected_total(rejected_.load());

@@ -22,6 +22,7 @@
 #include "common/thread_pool.h"
 #include "server/checkpoint.h"
 #include "server/optimizer.h"
+#include "shardps/v1/coordinator.pb.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps::server {
@@ -76,6 +77,7 @@ class ReplySink {
 struct PushArgs {
   uint32_t rank = 0;
   uint64_t generation = 0;
+  uint64_t incarnation = 0;
   int64_t step = 0;
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
@@ -138,6 +140,17 @@ class ParameterStore {
 
   v1::GetStatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Follows the coordinator's membership (a newer `view` than the last one
+  // applied; older ones are ignored). A worker rank that is no longer alive
+  // stops being waited for: sync steps that waited only for it complete
+  // with the contributions that arrived. A rank held by a new process
+  // (another incarnation) is not waited for until that process declares a
+  // join step. Before the first view every rank is waited for (a static
+  // job, or the first workers still arriving). Returns one line per change,
+  // for the log.
+  std::vector<std::string> ApplyView(const v1::ClusterView& view)
+      ABSL_LOCKS_EXCLUDED(mu_, members_mu_);
+
   // A sync step some workers pushed and others have not, for longer than a
   // timeout: what it waits for.
   struct StalledChunk {
@@ -172,6 +185,8 @@ class ParameterStore {
     uint32_t num_contributed ABSL_GUARDED_BY(mu) = 0;
     absl::Time first_contribution ABSL_GUARDED_BY(mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(mu);
+    // Sync: the complete step's update is queued (ApplySync will run).
+    bool apply_scheduled ABSL_GUARDED_BY(mu) = false;
     // Async and ssp: the last step applied for each rank (-1: none).
     std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
     // Ssp: replies held back until the slowest rank catches up.
@@ -219,7 +234,7 @@ class ParameterStore {
   void HandOverCheckpoint(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // Ssp: true when the reply to `step` may go out (always in async mode).
   bool StalenessAllows(const Chunk& chunk, int64_t step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) ABSL_LOCKS_EXCLUDED(members_mu_);
   // Ssp: moves the held replies that may now go out into `replies`.
   void ReleaseHeld(
       Chunk* chunk,
@@ -230,6 +245,44 @@ class ParameterStore {
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
   // The step `rank` continues from (see DeclareResponse.next_step).
   int64_t NextStep(const State& state, uint32_t rank) const;
+
+  // How this shard treats one worker rank (see ApplyView).
+  struct RankState {
+    enum class Kind {
+      kActive,   // waited for from `from_step` on
+      kPending,  // a new process holds the rank; not waited for yet
+      kGone,     // left or expired; not waited for
+    };
+    Kind kind = Kind::kActive;
+    bool seen = false;  // a view showed the rank alive
+    uint64_t incarnation = 0;
+    int64_t from_step = 0;
+    uint64_t changed_generation = 0;  // of the view that set `kind`
+  };
+  // OK when a request of `rank` from `incarnation` may go on; else the
+  // status that refuses it (UNAVAILABLE: this shard has not seen the
+  // process join yet; ABORTED: the process is no longer part of the job).
+  absl::Status CheckIncarnation(uint32_t rank, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_);
+  // CheckIncarnation, and a push of `step` by a rank that is waited for.
+  absl::Status CheckMember(uint32_t rank, uint64_t incarnation,
+                           int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_);
+  // Whether sync step `step` waits for `rank`.
+  bool WaitsFor(uint32_t rank, int64_t step) const
+      ABSL_LOCKS_EXCLUDED(members_mu_);
+  // Sync: the chunk's current step has every contribution it waits for.
+  bool StepComplete(const Chunk& chunk) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) ABSL_LOCKS_EXCLUDED(members_mu_);
+  // Applies a complete sync step of `chunk` inline or on the pool.
+  void ScheduleApply(const State& state, Chunk* chunk);
+  // Sync: completes the steps that no longer wait for anyone missing;
+  // ssp: releases replies the slowest remaining rank no longer holds back.
+  void ReleaseAfterMembershipChange(const State& state)
+      ABSL_LOCKS_EXCLUDED(mu_, members_mu_);
+  // Declare with `join`: makes `rank` waited for from `join_step`.
+  absl::Status Join(const State& state, const v1::DeclareRequest& req)
+      ABSL_LOCKS_EXCLUDED(members_mu_);
 
   const StoreOptions options_;
   // Destroyed first (in ~ParameterStore): queued updates still use chunks.
@@ -247,6 +300,13 @@ class ParameterStore {
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> weight_copies_{0};
+
+  // Acquired after a chunk's mu, never before.
+  mutable absl::Mutex members_mu_;
+  bool coordinated_ ABSL_GUARDED_BY(members_mu_) = false;
+  uint64_t view_generation_ ABSL_GUARDED_BY(members_mu_) = 0;
+  uint64_t coordinator_incarnation_ ABSL_GUARDED_BY(members_mu_) = 0;
+  std::vector<RankState> ranks_ ABSL_GUARDED_BY(members_mu_);
 
   absl::Mutex snapshot_mu_;  // acquired after a chunk's mu, never before
   std::map<int64_t, size_t> snapshot_counts_ ABSL_GUARDED_BY(snapshot_mu_);

@@ -76,7 +76,7 @@ class StoreFixture : public ::testing::Test {
   }
   absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
                     std::shared_ptr<CollectingSink> sink, uint32_t chunk = 0,
-                    uint64_t generation = 0) {
+                    uint64_t generation = 0, uint64_t incarnation = 0) {
     std::string bytes = Bytes(grad);
     StringByteSource payload(bytes);
     PushArgs args;
@@ -84,6 +84,7 @@ class StoreFixture : public ::testing::Test {
     args.step = step;
     args.chunk_id = chunk;
     args.generation = generation;
+    args.incarnation = incarnation;
     args.payload = &payload;
     return store_->Push(args, sink);
   }
@@ -497,6 +498,147 @@ TEST(ParameterStoreCheckpointTest,
   std::vector<ChunkState> some(at_step_4.begin(), at_step_4.begin() + 3);
   EXPECT_EQ(partial.Restore(MomentumDeclaration(), some).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A coordinator view of `workers` ranks: rank r alive with incarnation
+// incarnations[r] (0: not alive, never held).
+v1::ClusterView View(uint64_t generation, std::vector<uint64_t> incarnations,
+                     std::vector<bool> alive, uint64_t coordinator = 9) {
+  v1::ClusterView view;
+  view.set_generation(generation);
+  view.set_coordinator_incarnation(coordinator);
+  view.set_num_workers(static_cast<uint32_t>(incarnations.size()));
+  for (size_t r = 0; r < incarnations.size(); ++r) {
+    v1::WorkerSlot* w = view.add_workers();
+    w->set_rank(static_cast<uint32_t>(r));
+    w->set_incarnation(incarnations[r]);
+    w->set_alive(alive[r]);
+  }
+  return view;
+}
+
+v1::DeclareRequest JoinDeclaration(uint32_t rank, uint64_t incarnation,
+                                   int64_t step) {
+  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
+  req.set_rank(rank);
+  req.set_incarnation(incarnation);
+  req.set_join(true);
+  req.set_join_step(step);
+  return req;
+}
+
+TEST_F(StoreFixture, StepInFlightCompletesWithTheContributionsThatArrived) {
+  Make(3);
+  store_->ApplyView(View(5, {11, 22, 33}, {true, true, true}));
+  auto sink0 = std::make_shared<CollectingSink>();
+  auto sink1 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 2, 3, 4}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 2, 1, 0}, sink1, 0, 0, 22));
+  EXPECT_EQ(sink0->count(), 0u);  // rank 2 is missing
+  ASSERT_EQ(store_->Stalled(absl::ZeroDuration()).size(), 1u);
+  EXPECT_EQ(store_->Stalled(absl::ZeroDuration())[0].missing_ranks,
+            std::vector<uint32_t>{2});
+  // Rank 2 dies: the step completes with the mean of ranks 0 and 1.
+  const std::vector<std::string> changes =
+      store_->ApplyView(View(6, {11, 22, 33}, {true, true, false}));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_NE(changes[0].find("rank 2 left the job"), std::string::npos);
+  std::vector<ChunkReply> r0 = sink0->Wait(1);
+  ASSERT_EQ(r0.size(), 1u);
+  EXPECT_EQ(Floats(r0[0].weights), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(sink1->Wait(1).size(), 1u);
+  // The next step waits for ranks 0 and 1 only; rank 2's pushes are refused
+  // and change nothing.
+  auto late = std::make_shared<CollectingSink>();
+  const absl::Status refused = Push(2, 1, {9, 9, 9, 9}, late, 0, 0, 33);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  EXPECT_NE(refused.message().find("left the job"), std::string::npos);
+  SHARDPS_ASSERT_OK(Push(0, 1, {2, 2, 2, 2}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(1, 1, {0, 0, 0, 0}, sink1, 0, 0, 22));
+  r0 = sink0->Wait(2);
+  ASSERT_EQ(r0.size(), 2u);
+  EXPECT_EQ(Floats(r0[1].weights), std::vector<float>(4, -2.0f));
+  EXPECT_EQ(late->count(), 0u);
+  EXPECT_EQ(store_->Status().active_ranks_size(), 2);
+}
+
+TEST_F(StoreFixture, NewWorkerJoinsAtTheStepItDeclares) {
+  Make(2);
+  store_->ApplyView(View(3, {11, 22}, {true, true}));
+  store_->ApplyView(View(4, {11, 22}, {true, false}));  // rank 1 died
+  auto sink0 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  ASSERT_EQ(sink0->Wait(1).size(), 1u);  // alone: applied at once
+  // A new process takes rank 1. Before the shard sees it: retry.
+  v1::DeclareRequest join = JoinDeclaration(1, 44, 3);
+  EXPECT_EQ(store_->Declare(join).status().code(),
+            absl::StatusCode::kUnavailable);
+  store_->ApplyView(View(5, {11, 44}, {true, true}));
+  v1::DeclareRequest ask = SgdDeclaration(4, 0, 1, 0);
+  ask.set_rank(1);
+  ask.set_incarnation(44);
+  absl::StatusOr<v1::DeclareResponse> asked = store_->Declare(ask);
+  SHARDPS_ASSERT_OK(asked);
+  EXPECT_TRUE(asked->must_join());
+  EXPECT_EQ(asked->max_version(), 1);
+  // Until it declares its join step it is refused and not waited for.
+  auto sink1 = std::make_shared<CollectingSink>();
+  EXPECT_EQ(Push(1, 1, {5, 5, 5, 5}, sink1, 0, 0, 44).code(),
+            absl::StatusCode::kFailedPrecondition);
+  SHARDPS_ASSERT_OK(Push(0, 1, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  ASSERT_EQ(sink0->Wait(2).size(), 2u);
+  // The old process of rank 1 is fenced off.
+  EXPECT_EQ(store_->Declare(JoinDeclaration(1, 22, 3)).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(Push(1, 2, {5, 5, 5, 5}, sink1, 0, 0, 22).code(),
+            absl::StatusCode::kAborted);
+  // Joining at step 3: step 2 goes on without rank 1, step 3 waits for it.
+  absl::StatusOr<v1::DeclareResponse> joined = store_->Declare(join);
+  SHARDPS_ASSERT_OK(joined);
+  EXPECT_FALSE(joined->must_join());
+  EXPECT_EQ(joined->join_step(), 3);
+  SHARDPS_ASSERT_OK(Push(0, 2, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  ASSERT_EQ(sink0->Wait(3).size(), 3u);
+  EXPECT_EQ(Weights(), std::vector<float>(4, -2.0f));
+  SHARDPS_ASSERT_OK(Push(0, 3, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  EXPECT_EQ(sink0->count(), 3u);  // waits for rank 1 now
+  SHARDPS_ASSERT_OK(Push(1, 3, {3, 3, 3, 3}, sink1, 0, 0, 44));
+  ASSERT_EQ(sink1->Wait(1).size(), 1u);
+  EXPECT_EQ(Floats(sink1->Wait(1)[0].weights), std::vector<float>(4, -4.0f));
+  // A join step the shard has passed is refused, and changes nothing.
+  store_->ApplyView(View(6, {11, 55}, {true, true}));
+  EXPECT_EQ(store_->Declare(JoinDeclaration(1, 55, 2)).status().code(),
+            absl::StatusCode::kOutOfRange);
+  SHARDPS_ASSERT_OK(Push(0, 4, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  EXPECT_EQ(sink0->Wait(5).size(), 5u);  // rank 1 (pending) not waited for
+}
+
+TEST_F(StoreFixture, RestartedCoordinatorKeepsTheRanksItHasNotSeenYet) {
+  Make(2);
+  store_->ApplyView(View(7, {11, 22}, {true, true}, /*coordinator=*/1));
+  // A new coordinator: generations start again, rank 1 has not rejoined.
+  EXPECT_TRUE(
+      store_->ApplyView(View(2, {11, 0}, {true, false}, /*coordinator=*/2))
+          .empty());
+  auto sink0 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  EXPECT_EQ(sink0->count(), 0u);  // still waits for rank 1
+  store_->ApplyView(View(3, {11, 22}, {true, true}, 2));  // it rejoined
+  auto sink1 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink1, 0, 0, 22));
+  EXPECT_EQ(sink0->Wait(1).size(), 1u);
+}
+
+TEST_F(StoreFixture, SspDoesNotWaitForARankThatLeft) {
+  Make(2, Mode::kSsp, /*staleness=*/1);
+  store_->ApplyView(View(2, {11, 22}, {true, true}));
+  auto sink0 = std::make_shared<CollectingSink>();
+  for (int64_t step = 0; step < 3; ++step) {
+    SHARDPS_ASSERT_OK(Push(0, step, {0, 0, 0, 0}, sink0, 0, 0, 11));
+  }
+  EXPECT_EQ(sink0->count(), 1u);  // held: rank 1 is at clock 0
+  store_->ApplyView(View(3, {11, 22}, {true, false}));
+  EXPECT_EQ(sink0->Wait(3).size(), 3u);
 }
 
 }  // namespace

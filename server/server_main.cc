@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/coordinator_client.h"
 #include "common/coordinator_protocol.h"
@@ -72,6 +73,14 @@ constexpr absl::Duration kViewCheckInterval = absl::Milliseconds(100);
 // Leaving is a courtesy (the lease would expire anyway): do not hang on it.
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
 
+// The watchdog's last report, for the coordinator's status (empty: no step
+// is stalled).
+ABSL_CONST_INIT absl::Mutex stall_mu(absl::kConstInit);
+std::string& StallNote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stall_mu) {
+  static std::string* note = new std::string();
+  return *note;
+}
+
 absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
   SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
@@ -110,7 +119,11 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
-  o.on_stall = [](const std::string& what) { LogWarning("%s", what); };
+  o.on_stall = [](const std::string& what) {
+    if (!what.empty()) LogWarning("%s", what);
+    absl::MutexLock lock(&stall_mu);
+    StallNote() = what;
+  };
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -213,24 +226,47 @@ absl::StatusOr<std::unique_ptr<ShardServer>> StartJoinedShard(
   return ShardServer::Start(*options);
 }
 
+// Hands `view` to the store (which ranks sync steps wait for) and logs
+// what changed.
+void ApplyView(const v1::ClusterView& view, ParameterStore* store) {
+  for (const std::string& change : store->ApplyView(view)) {
+    LogInfo("%s", change);
+  }
+}
+
 // Waits for SIGINT or SIGTERM, or for the job to finish (true), logging
-// every generation this shard sees and changes of the coordinator link.
-bool ServeUntilEnd(const CoordinatorClient& client) {
-  uint64_t generation = client.view().generation();
+// every generation this shard sees and changes of the coordinator link, and
+// keeping the store's membership and the coordinator's stall report current.
+bool ServeUntilEnd(CoordinatorClient* client, ParameterStore* store) {
+  v1::ClusterView view = client->view();
+  uint64_t generation = view.generation();
+  uint64_t coordinator = view.coordinator_incarnation();
+  ApplyView(view, store);
   absl::Status health;
   int64_t rejoins = 0;
+  std::string stalled;
   while (true) {
     const int sig = WaitForTerminationSignalFor(kViewCheckInterval);
     if (sig != 0) {
       LogInfo("signal %d: leaving the job and shutting down", sig);
       return false;
     }
-    const v1::ClusterView view = client.view();
-    if (view.generation() != generation) {
+    view = client->view();
+    if (view.generation() != generation ||
+        view.coordinator_incarnation() != coordinator) {
       generation = view.generation();
+      coordinator = view.coordinator_incarnation();
       LogInfo("%s", DescribeView(view));
+      ApplyView(view, store);
     }
-    const absl::Status now = client.health();
+    {
+      absl::MutexLock lock(&stall_mu);
+      if (StallNote() != stalled) {
+        stalled = StallNote();
+        client->SetStalled(stalled);
+      }
+    }
+    const absl::Status now = client->health();
     if (now != health) {
       if (now.ok()) {
         LogInfo("coordinator %s reachable again",
@@ -240,13 +276,13 @@ bool ServeUntilEnd(const CoordinatorClient& client) {
       }
       health = now;
     }
-    if (client.rejoins() != rejoins) {
-      rejoins = client.rejoins();
+    if (client->rejoins() != rejoins) {
+      rejoins = client->rejoins();
       LogWarning(
           "the coordinator had lost this shard: joined again as shard %d",
-          client.index());
+          client->index());
     }
-    if (client.job_finished()) return true;
+    if (client->job_finished()) return true;
   }
 }
 
@@ -323,7 +359,8 @@ absl::Status RunCoordinated(ShardServerOptions options) {
       options.store.num_workers, DescribeView(client->view()));
   const absl::Status status =
       WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
-  const bool finished = status.ok() && ServeUntilEnd(*client);
+  const bool finished =
+      status.ok() && ServeUntilEnd(client.get(), (*server)->store());
   if (finished) {
     LogInfo("job %s finished: every worker completed its training; exiting",
             job);

@@ -137,6 +137,7 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
 
 void ShardServer::Watch(absl::Duration timeout,
                         const std::function<void(const std::string&)>& report) {
+  bool was_stalled = false;
   while (true) {
     {
       absl::MutexLock lock(&watchdog_mu_);
@@ -149,7 +150,12 @@ void ShardServer::Watch(absl::Duration timeout,
     }
     std::vector<ParameterStore::StalledChunk> stalled =
         store_->Stalled(timeout);
-    if (stalled.empty()) continue;
+    if (stalled.empty()) {
+      if (was_stalled) report("");
+      was_stalled = false;
+      continue;
+    }
+    was_stalled = true;
     // One line: the step, the ranks that have not pushed, the chunks.
     std::vector<uint32_t> chunks;
     for (const auto& c : stalled) chunks.push_back(c.chunk_id);

@@ -40,7 +40,8 @@ struct ShardServerOptions {
   std::function<void(const absl::StatusOr<CheckpointWrite>&)> on_checkpoint;
   // Watchdog: a sync step that has waited longer than this since its first
   // contribution is reported to on_stall (every `step_timeout` while it
-  // lasts), naming the ranks and chunks it waits for. Zero: off.
+  // lasts), naming the ranks and chunks it waits for, then with an empty
+  // string once nothing is stalled any more. Zero: off.
   absl::Duration step_timeout = absl::ZeroDuration();
   std::function<void(const std::string& what)> on_stall;
 };

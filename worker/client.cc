@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/partitioner.h"
@@ -127,6 +128,38 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   return client;
 }
 
+absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
+                               v1::DeclareResponse* resp) {
+  Stream& lane = *lanes_[shard * options_.streams_per_shard];
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::Duration backoff = options_.initial_backoff;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);  // servers may still be starting
+    const absl::Status s = FromGrpcStatus(lane.stub->Declare(&ctx, req, resp));
+    // UNAVAILABLE from the shard itself: it has not yet seen the
+    // coordinator's view that admitted this process. Ask again.
+    if (!absl::IsUnavailable(s) || absl::Now() + backoff > deadline) {
+      return WithAddress(
+          s, absl::StrCat("Declare on shard ", shard, " at ", lane.address));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
+  }
+}
+
+v1::DeclareRequest Client::DeclareRequestFor(size_t shard) const {
+  v1::DeclareRequest req;
+  *req.mutable_layout() = layout_;
+  *req.mutable_optimizer() = optimizer_;
+  req.set_num_shards(static_cast<uint32_t>(options_.servers.size()));
+  req.set_shard_index(static_cast<uint32_t>(shard));
+  req.set_rank(options_.rank);
+  req.set_incarnation(options_.incarnation);
+  return req;
+}
+
 absl::Status Client::Declare(const v1::Layout& layout,
                              const v1::OptimizerSpec& optimizer) {
   SHARDPS_RETURN_IF_ERROR(ValidateLayout(layout));
@@ -134,37 +167,34 @@ absl::Status Client::Declare(const v1::Layout& layout,
   std::vector<ChunkSpec> chunks = MakeChunks(layout);
   std::vector<uint32_t> shard_of = PartitionChunks(chunks, num_shards);
   const int k = options_.streams_per_shard;
+  layout_ = layout;
+  optimizer_ = optimizer;
   std::vector<int64_t> versions(num_shards, 0);
+  std::vector<int64_t> max_versions(num_shards, 0);
+  std::vector<char> must_join(num_shards, 0);
   SHARDPS_RETURN_IF_ERROR(RunParallel(num_shards, [&](size_t shard) {
-    v1::DeclareRequest req;
-    *req.mutable_layout() = layout;
-    *req.mutable_optimizer() = optimizer;
-    req.set_num_shards(num_shards);
-    req.set_shard_index(static_cast<uint32_t>(shard));
-    req.set_rank(options_.rank);
     v1::DeclareResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(options_.connect_timeout));
-    ctx.set_wait_for_ready(true);  // servers may still be starting
-    Stream& lane = *lanes_[shard * k];
-    absl::Status s = FromGrpcStatus(lane.stub->Declare(&ctx, req, &resp));
-    SHARDPS_RETURN_IF_ERROR(WithAddress(
-        s, absl::StrCat("Declare on shard ", shard, " at ", lane.address)));
+    SHARDPS_RETURN_IF_ERROR(DeclareOn(shard, DeclareRequestFor(shard), &resp));
     std::vector<uint32_t> want;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (shard_of[i] == shard) want.push_back(static_cast<uint32_t>(i));
     }
     versions[shard] = resp.next_step();
+    max_versions[shard] = resp.max_version();
+    must_join[shard] = resp.must_join();
     if (std::vector<uint32_t>(resp.chunk_ids().begin(),
                               resp.chunk_ids().end()) != want) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shard, " at ", lane.address,
+          "shard ", shard, " at ", lanes_[shard * k]->address,
           " owns other chunks than this worker computed: is it started with "
           "--shard_index=",
           shard, " --num_shards=", num_shards, "?"));
     }
     return absl::OkStatus();
   }));
+  must_join_ = std::any_of(must_join.begin(), must_join.end(),
+                           [](char m) { return m != 0; });
+  max_version_ = *std::max_element(max_versions.begin(), max_versions.end());
   // Resume where the servers are (a restored checkpoint's step). A worker
   // that died mid-step may have left one shard a step ahead: start from the
   // lowest, which that shard answers as a retry.
@@ -195,7 +225,6 @@ absl::Status Client::Declare(const v1::Layout& layout,
   for (auto& lane : lanes_) {
     std::sort(lane->chunk_ids.begin(), lane->chunk_ids.end());
   }
-  layout_ = layout;
   chunks_ = std::move(chunks);
   shard_of_ = std::move(shard_of);
   declared_ = true;
@@ -255,6 +284,7 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
       v1::PushPullRequest header;
       header.set_rank(options_.rank);
       header.set_generation(options_.generation);
+      header.set_incarnation(options_.incarnation);
       header.set_step(step);
       header.set_encoding(v1::ENCODING_FP32);
       header.set_push_only(weights == nullptr);
@@ -429,6 +459,33 @@ absl::Status Client::Pull(const Tensors& weights) {
   return RunParallel(options_.servers.size(), [&](size_t shard) {
     return PullShard(static_cast<uint32_t>(shard), weights);
   });
+}
+
+absl::Status Client::JoinAt(int64_t step) {
+  if (!declared_) {
+    return absl::FailedPreconditionError("call Declare before JoinAt");
+  }
+  SHARDPS_RETURN_IF_ERROR(
+      RunParallel(options_.servers.size(), [&](size_t shard) {
+        v1::DeclareRequest req = DeclareRequestFor(shard);
+        req.set_join(true);
+        req.set_join_step(step);
+        v1::DeclareResponse resp;
+        return DeclareOn(shard, req, &resp);
+      }));
+  must_join_ = false;
+  start_step_ = step;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Client::MinVersion() {
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> statuses,
+                           ShardStatus());
+  int64_t lo = -1;
+  for (const v1::GetStatusResponse& s : statuses) {
+    if (lo < 0 || s.min_version() < lo) lo = s.min_version();
+  }
+  return std::max<int64_t>(lo, 0);
 }
 
 absl::StatusOr<std::vector<v1::GetStatusResponse>> Client::ShardStatus() {

@@ -29,6 +29,9 @@ struct ClientOptions {
   std::vector<std::string> servers;
   uint32_t rank = 0;
   uint64_t generation = 0;
+  // This process's incarnation in a coordinated job (JoinRequest.incarnation);
+  // 0 in a static job.
+  uint64_t incarnation = 0;
   // Parallel streams, each on its own connection, per shard.
   int streams_per_shard = 2;
   // Deadline of one attempt of a step, and of Declare while waiting for the
@@ -66,6 +69,19 @@ class Client {
   // hold its tensor's element count. REQUIRES: Declare succeeded.
   absl::Status PushPull(int64_t step, const ConstTensors& gradients,
                         const Tensors& weights);
+  // After Declare: this process is new to a running job (must_join()), so
+  // the servers wait for it only from the step it declares with JoinAt.
+  bool must_join() const { return must_join_; }
+  // After Declare: the largest version of any chunk (a join step must not
+  // be below it).
+  int64_t max_version() const { return max_version_; }
+  // Declares on every shard that this rank joins at `step`; start_step()
+  // becomes `step`. OutOfRange when a shard has already passed it (pick a
+  // later one). REQUIRES: Declare succeeded.
+  absl::Status JoinAt(int64_t step);
+  // The smallest version over every chunk of every shard.
+  absl::StatusOr<int64_t> MinVersion();
+
   // Pushes without waiting for weights (acknowledged per chunk).
   absl::Status Push(int64_t step, const ConstTensors& gradients);
   // Reads the current weights of every chunk.
@@ -102,10 +118,18 @@ class Client {
                        const ConstTensors& gradients, const Tensors* weights,
                        std::vector<uint32_t>* pending);
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
+  // Declare on one shard, retrying while the shard answers UNAVAILABLE
+  // (not up yet, or not yet aware of this process) until connect_timeout.
+  absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
+                         v1::DeclareResponse* resp);
+  v1::DeclareRequest DeclareRequestFor(size_t shard) const;
 
   ClientOptions options_;
   std::vector<std::unique_ptr<Stream>> lanes_;  // shard-major
   v1::Layout layout_;
+  v1::OptimizerSpec optimizer_;
+  bool must_join_ = false;
+  int64_t max_version_ = 0;
   std::vector<ChunkSpec> chunks_;
   std::vector<uint32_t> shard_of_;
   bool declared_ = false;

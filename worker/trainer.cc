@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -150,8 +151,9 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   std::vector<absl::Span<float>> grads;
   for (auto& g : grads_) grads.emplace_back(absl::MakeSpan(g));
   // scale = W / B: the servers average the W contributions, so the update
-  // uses the mean gradient over the whole global batch.
-  const float scale = static_cast<float>(options_.num_workers) /
+  // uses the mean gradient over the whole global batch (W: the workers
+  // sharing this epoch's batches).
+  const float scale = static_cast<float>(epoch_workers_) /
                       static_cast<float>(options_.batch_size);
   SHARDPS_ASSIGN_OR_RETURN(
       double loss,
@@ -200,9 +202,10 @@ absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
                                       absl::Duration epoch_time,
                                       const EvalResult* eval) {
   if (options_.metrics_csv.empty()) return absl::OkStatus();
-  // A fresh run starts the file; a resumed one appends to it (writing the
-  // header if the file is still empty).
-  const bool truncate = !metrics_started_ && !resumed_;
+  // A fresh run starts the file; a resumed one, or a worker that took over
+  // the lead later, appends to it (writing the header if the file is still
+  // empty).
+  const bool truncate = !metrics_started_ && !resumed_ && epoch == 1;
   metrics_started_ = true;
   std::error_code ec;
   const bool empty =
@@ -246,20 +249,77 @@ absl::Status Trainer::WriteModel(int64_t step) {
                            {"step", absl::StrCat(step)}});
 }
 
+std::vector<uint32_t> Trainer::EpochRanks() const {
+  std::vector<uint32_t> ranks;
+  if (options_.active_ranks) ranks = options_.active_ranks();
+  if (ranks.empty()) {
+    for (uint32_t r = 0; r < options_.num_workers; ++r) ranks.push_back(r);
+  }
+  // This worker trains whatever its view says (it may lag).
+  if (!std::binary_search(ranks.begin(), ranks.end(), options_.rank)) {
+    ranks.insert(std::upper_bound(ranks.begin(), ranks.end(), options_.rank),
+                 options_.rank);
+  }
+  return ranks;
+}
+
+absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
+                                                int64_t total_steps) {
+  // Joining at an epoch's start keeps the data sharding consistent: every
+  // worker splits an epoch's batches over the workers alive at its start.
+  auto epoch_start_from = [&](int64_t step) {
+    const int64_t start =
+        (step + steps_per_epoch - 1) / steps_per_epoch * steps_per_epoch;
+    return std::min(start, total_steps);
+  };
+  int64_t join = epoch_start_from(client_->max_version());
+  while (true) {
+    const absl::Status s = client_->JoinAt(join);
+    if (s.ok()) break;
+    if (!absl::IsOutOfRange(s) || join >= total_steps) return s;
+    join = epoch_start_from(join + 1);
+  }
+  LogInfo(
+      "rank %d joins the running job at step %d (start of epoch %d); the "
+      "servers wait for it from then on",
+      options_.rank, join, join / steps_per_epoch + 1);
+  absl::Time next_log = absl::Now() + absl::Seconds(10);
+  while (true) {
+    SHARDPS_ASSIGN_OR_RETURN(const int64_t at, client_->MinVersion());
+    if (at >= join) break;
+    if (absl::Now() >= next_log) {
+      LogInfo("waiting for the job to reach step %d (now at step %d)", join,
+              at);
+      next_log = absl::Now() + absl::Seconds(10);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return join;
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   SHARDPS_ASSIGN_OR_RETURN(
       const int64_t steps_per_epoch,
       StepsPerEpoch(train_.num_samples(), options_.batch_size,
                     options_.num_workers));
-  local_batch_ = options_.batch_size / options_.num_workers;
-  const int64_t max_batch = std::max<int64_t>(local_batch_, 1000);
+  // Fewer workers may share a batch later: room for the whole batch.
+  const int64_t max_batch = std::max<int64_t>(options_.batch_size, 1000);
   eval_batch_ = max_batch;
   SHARDPS_RETURN_IF_ERROR(backend_->Init(model_, static_cast<int>(max_batch)));
   x_.resize(max_batch * model_.num_features());
   labels_.resize(max_batch);
-  const bool lead = options_.rank == 0;
   SHARDPS_RETURN_IF_ERROR(client_->Declare(
       ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_));
+  const int64_t total_steps =
+      options_.max_steps > 0
+          ? std::min<int64_t>(options_.max_steps,
+                              steps_per_epoch * options_.epochs)
+          : steps_per_epoch * options_.epochs;
+  int64_t step = client_->start_step();
+  if (client_->must_join()) {
+    SHARDPS_ASSIGN_OR_RETURN(step,
+                             JoinRunningJob(steps_per_epoch, total_steps));
+  }
   SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
   LogInfo("model %s (%d parameters) declared; %d steps per epoch, %d epochs",
           model_.ToString(), model_.num_params(), steps_per_epoch,
@@ -267,23 +327,34 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   // Servers restored from a checkpoint are at its step: resume there, at
   // the same place in the same epoch's data order.
-  int64_t step = client_->start_step();
   resumed_ = step > 0;
-  if (step > 0) {
+  if (step > 0 && !client_->must_join()) {
     LogInfo("resuming at step %d (epoch %d)", step, step / steps_per_epoch + 1);
   }
+  std::vector<uint32_t> last_ranks;
+  for (uint32_t r = 0; r < options_.num_workers; ++r) last_ranks.push_back(r);
   const int64_t n = train_.num_samples();
   const int first_epoch = static_cast<int>(step / steps_per_epoch) + 1;
   for (int epoch = first_epoch; epoch <= options_.epochs; ++epoch) {
     const std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
+    const std::vector<uint32_t> ranks = EpochRanks();
+    if (ranks != last_ranks) {
+      LogInfo(
+          "epoch %d: the global batch is sharded over %d worker(s), ranks %s",
+          epoch, ranks.size(), absl::StrJoin(ranks, ","));
+      last_ranks = ranks;
+    }
+    epoch_workers_ = static_cast<uint32_t>(ranks.size());
+    const int position = static_cast<int>(
+        std::lower_bound(ranks.begin(), ranks.end(), options_.rank) -
+        ranks.begin());
     EpochStats stats;
     bool stop = options_.max_steps > 0 && step >= options_.max_steps;
     for (int64_t s = step - (epoch - 1) * steps_per_epoch;
          s < steps_per_epoch && !stop; ++s) {
       const IndexRange slice =
-          WorkerSlice(s * options_.batch_size, options_.batch_size,
-                      static_cast<int>(options_.rank),
-                      static_cast<int>(options_.num_workers));
+          WorkerSlice(s * options_.batch_size, options_.batch_size, position,
+                      static_cast<int>(epoch_workers_));
       if (options_.step_delay > absl::ZeroDuration()) {
         absl::SleepFor(options_.step_delay);
       }
@@ -299,6 +370,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.epoch = epoch;
     result.step = step;
     result.train_loss = stats.loss_sum / std::max<int64_t>(1, stats.steps);
+    const bool lead = options_.lead ? options_.lead() : options_.rank == 0;
     if (lead) {
       std::optional<EvalResult> eval;
       if (test_.has_value() && test_->num_samples() > 0 &&
@@ -323,7 +395,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     }
     if (stop) break;
   }
-  if (lead) SHARDPS_RETURN_IF_ERROR(WriteModel(step));
+  if (options_.lead ? options_.lead() : options_.rank == 0) {
+    SHARDPS_RETURN_IF_ERROR(WriteModel(step));
+  }
   return result;
 }
 

@@ -38,6 +38,15 @@ struct TrainerOptions {
   std::function<void(int64_t step, int epoch)> on_step;
   // Testing only: a pause before every step (an artificially slow worker).
   absl::Duration step_delay;
+  // The ranks training now, ascending (with a coordinator: those alive in
+  // its view). Asked at the start of every epoch: the global batch is split
+  // over them, so the data is re-sharded when workers leave or join. Empty
+  // function: every rank of num_workers.
+  std::function<std::vector<uint32_t>()> active_ranks;
+  // Whether this worker does rank 0's duties (evaluation, metrics, the
+  // model file): the lowest rank still in the job. Asked at every epoch's
+  // end. Empty function: rank 0.
+  std::function<bool()> lead;
 };
 
 // Optimizer settings as given on the command line.
@@ -87,6 +96,13 @@ class Trainer {
   absl::Status Step(int64_t step, absl::Span<const int64_t> indices,
                     EpochStats* stats);
   absl::StatusOr<EvalResult> Evaluate();
+  // A worker new to a running job: declares the first epoch start the
+  // servers have not passed as its join step, waits for the job to get
+  // there and returns that step.
+  absl::StatusOr<int64_t> JoinRunningJob(int64_t steps_per_epoch,
+                                         int64_t total_steps);
+  // The ranks sharing this epoch's batches (including this one).
+  std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
                                absl::Duration epoch_time,
                                const EvalResult* eval);
@@ -102,7 +118,8 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Client> client_;
   const v1::OptimizerSpec optimizer_;
-  int64_t local_batch_ = 0;
+  // Workers sharing the current epoch's global batch.
+  uint32_t epoch_workers_ = 1;
   bool resumed_ = false;  // started from a restored checkpoint's step
   bool metrics_started_ = false;
   int64_t eval_batch_ = 0;

@@ -155,6 +155,44 @@ absl::StatusOr<v1::OptimizerSpec> OptimizerFromFlags(int64_t total_steps) {
   return MakeOptimizerSpec(of, total_steps);
 }
 
+// This process's incarnation (JoinRequest.incarnation): its start time, so
+// that a restarted worker's is larger.
+uint64_t Incarnation() {
+  static const uint64_t incarnation =
+      static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  return incarnation;
+}
+
+// Workers alive in `view`, ascending.
+std::vector<uint32_t> AliveRanks(const v1::ClusterView& view) {
+  std::vector<uint32_t> ranks;
+  for (const v1::WorkerSlot& w : view.workers()) {
+    if (w.alive()) ranks.push_back(w.rank());
+  }
+  return ranks;
+}
+
+// The lowest rank still in the job (alive, or finished its training):
+// it evaluates and writes the metrics and the model. `self` counts as alive.
+uint32_t LeadRank(const v1::ClusterView& view, uint32_t self) {
+  for (const v1::WorkerSlot& w : view.workers()) {
+    if (w.alive() || w.finished() || w.rank() == self) return w.rank();
+  }
+  return self;
+}
+
+// A job can take this worker: every member is there (the first workers
+// start together), or the job is under way and every shard is up (a worker
+// joining a running job does not wait for ranks that left).
+bool ReadyToJoin(const v1::ClusterView& view) {
+  if (ReadyToTrain(view)) return true;
+  if (view.global_step() == 0) return false;
+  for (const v1::ServerSlot& s : view.servers()) {
+    if (!s.alive()) return false;
+  }
+  return true;
+}
+
 // Waits until every server and every worker has joined (or finished), saying
 // what it waits for every few seconds; then takes the servers' addresses.
 absl::Status WaitForCluster(const CoordinatorClient& client,
@@ -162,7 +200,7 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
   const int32_t timeout_s = absl::GetFlag(FLAGS_connect_timeout_s);
   const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
   absl::StatusOr<v1::ClusterView> view = client.WaitForView(
-      ReadyToTrain, std::min(deadline, absl::Now() + absl::Milliseconds(10)));
+      ReadyToJoin, std::min(deadline, absl::Now() + absl::Milliseconds(10)));
   while (!view.ok()) {
     const v1::ClusterView now = client.view();
     const ViewCounts c = CountMembers(now);
@@ -176,7 +214,7 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
           timeout_s, ": ", view.status().message()));
     }
     view = client.WaitForView(
-        ReadyToTrain, std::min(deadline, absl::Now() + kWaitLogInterval));
+        ReadyToJoin, std::min(deadline, absl::Now() + kWaitLogInterval));
   }
   placement->servers.clear();
   for (const v1::ServerSlot& s : view->servers()) {
@@ -192,10 +230,10 @@ absl::Status Train(TrainerOptions o, Placement placement,
                    CoordinatorClient* coordinator) {
   o.rank = placement.rank;
   o.num_workers = placement.num_workers;
-  if (o.rank == 0) {
-    o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
-    o.model_out = absl::GetFlag(FLAGS_model_out);
-  }
+  // Written by the lead worker only: rank 0, or with a coordinator the
+  // lowest rank still in the job.
+  o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
+  o.model_out = absl::GetFlag(FLAGS_model_out);
   SHARDPS_ASSIGN_OR_RETURN(auto data, LoadData(o.rank));
   auto& [train, test] = data;
   SHARDPS_ASSIGN_OR_RETURN(
@@ -212,13 +250,19 @@ absl::Status Train(TrainerOptions o, Placement placement,
   SHARDPS_ASSIGN_OR_RETURN(
       std::unique_ptr<Backend> backend,
       MakeBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_threads)));
+  ClientOptions co;
   if (coordinator != nullptr) {
     SHARDPS_RETURN_IF_ERROR(WaitForCluster(*coordinator, &placement));
     o.on_step = [coordinator](int64_t step, int epoch) {
       coordinator->SetProgress(step, epoch);
     };
+    const uint32_t rank = o.rank;
+    o.active_ranks = [coordinator] { return AliveRanks(coordinator->view()); };
+    o.lead = [coordinator, rank] {
+      return LeadRank(coordinator->view(), rank) == rank;
+    };
+    co.incarnation = Incarnation();
   }
-  ClientOptions co;
   co.servers = placement.servers;
   co.rank = o.rank;
   co.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
@@ -251,6 +295,7 @@ absl::Status RunCoordinated(const TrainerOptions& o, bool json) {
   InitLog("worker", requested, json);
   CoordinatorClientOptions cco;
   cco.coordinator = absl::GetFlag(FLAGS_coordinator);
+  cco.incarnation = Incarnation();
   cco.on_retry = [](const absl::Status& reason, absl::Duration wait) {
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
