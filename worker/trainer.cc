@@ -297,6 +297,32 @@ absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
   return join;
 }
 
+absl::StatusOr<int64_t> Trainer::RejoinAfterDrop(const absl::Status& why,
+                                                 int64_t steps_per_epoch,
+                                                 int64_t total_steps) {
+  if (!options_.rejoin_when_dropped ||
+      !(absl::IsAborted(why) || absl::IsFailedPrecondition(why))) {
+    return why;
+  }
+  LogWarning("the servers refused this worker's push (%s); joining again",
+             why.message());
+  // The coordinator link rejoins by itself once it notices; the shards then
+  // see this process as new to the job.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    const absl::Status s = client_->Declare(
+        ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
+    if (s.ok() && client_->must_join()) break;
+    if (s.ok()) return why;  // still a member: the refusal was something else
+    if (!absl::IsAborted(s) || absl::Now() > deadline) return s;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  SHARDPS_ASSIGN_OR_RETURN(const int64_t step,
+                           JoinRunningJob(steps_per_epoch, total_steps));
+  SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
+  return step;
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   SHARDPS_ASSIGN_OR_RETURN(
       const int64_t steps_per_epoch,
@@ -349,6 +375,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         std::lower_bound(ranks.begin(), ranks.end(), options_.rank) -
         ranks.begin());
     EpochStats stats;
+    int64_t rejoined_at = -1;
     bool stop = options_.max_steps > 0 && step >= options_.max_steps;
     for (int64_t s = step - (epoch - 1) * steps_per_epoch;
          s < steps_per_epoch && !stop; ++s) {
@@ -358,12 +385,24 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       if (options_.step_delay > absl::ZeroDuration()) {
         absl::SleepFor(options_.step_delay);
       }
-      SHARDPS_RETURN_IF_ERROR(Step(
+      const absl::Status pushed = Step(
           step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
-          &stats));
+          &stats);
+      if (!pushed.ok()) {
+        SHARDPS_ASSIGN_OR_RETURN(
+            rejoined_at, RejoinAfterDrop(pushed, steps_per_epoch, total_steps));
+        break;
+      }
       ++step;
       if (options_.on_step) options_.on_step(step, epoch);
       stop = options_.max_steps > 0 && step >= options_.max_steps;
+    }
+    if (rejoined_at >= 0) {  // continue at the epoch joined
+      step = rejoined_at;
+      epoch = static_cast<int>(step / steps_per_epoch);
+      result.step = step;
+      if (step >= total_steps) break;
+      continue;
     }
     const bool last = stop || epoch == options_.epochs;
     const absl::Duration epoch_time = absl::Now() - stats.start;

@@ -47,6 +47,10 @@ struct TrainerOptions {
   // model file): the lowest rank still in the job. Asked at every epoch's
   // end. Empty function: rank 0.
   std::function<bool()> lead;
+  // With a coordinator: a worker the servers dropped (it stopped
+  // heartbeating long enough to be expired, then came back) joins the job
+  // again at the next epoch start instead of failing.
+  bool rejoin_when_dropped = false;
 };
 
 // Optimizer settings as given on the command line.
@@ -101,6 +105,12 @@ class Trainer {
   // there and returns that step.
   absl::StatusOr<int64_t> JoinRunningJob(int64_t steps_per_epoch,
                                          int64_t total_steps);
+  // After a push was refused with `why`: when the servers dropped this
+  // worker from the job, declares again and joins at the next epoch start
+  // (returned); otherwise returns `why`.
+  absl::StatusOr<int64_t> RejoinAfterDrop(const absl::Status& why,
+                                          int64_t steps_per_epoch,
+                                          int64_t total_steps);
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,

@@ -262,6 +262,7 @@ absl::Status Train(TrainerOptions o, Placement placement,
       return LeadRank(coordinator->view(), rank) == rank;
     };
     co.incarnation = Incarnation();
+    o.rejoin_when_dropped = true;
   }
   co.servers = placement.servers;
   co.rank = o.rank;

@@ -144,4 +144,30 @@ Daemon::~Daemon() {
   }
 }
 
+bool WaitForLog(const Daemon& d, const std::string& text,
+                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (d.ReadLog().find(text) == std::string::npos) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+CommandResult RunCommand(const std::string& binary,
+                         std::vector<std::string> args,
+                         absl::Duration timeout) {
+  CommandResult result;
+  absl::StatusOr<std::unique_ptr<Daemon>> d =
+      Daemon::StartProcess("command", binary, std::move(args));
+  if (!d.ok()) {
+    result.output = d.status().ToString();
+    return result;
+  }
+  absl::StatusOr<int> code = (*d)->Wait(timeout);
+  result.code = code.value_or(-1);
+  result.output = (*d)->ReadLog();
+  return result;
+}
+
 }  // namespace shardps::testing

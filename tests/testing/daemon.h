@@ -53,6 +53,20 @@ class Daemon {
 // A fresh directory under $TEST_TMPDIR or /tmp.
 std::string MakeTempDir(const std::string& prefix);
 
+// Polls `d`'s log until it contains `text` (true) or `timeout` passes.
+bool WaitForLog(const Daemon& d, const std::string& text,
+                absl::Duration timeout = absl::Seconds(60));
+
+// Runs `binary` with `args` to its end (at most `timeout`) and returns its
+// exit code (-1 if it did not end) and its output.
+struct CommandResult {
+  int code = -1;
+  std::string output;
+};
+CommandResult RunCommand(const std::string& binary,
+                         std::vector<std::string> args,
+                         absl::Duration timeout = absl::Seconds(30));
+
 }  // namespace shardps::testing
 
 #endif  // SHARDPS_TESTS_TESTING_DAEMON_H_

@@ -1,0 +1,243 @@
+// Workers that leave and join a running job, every daemon a process on
+// 127.0.0.1 through the coordinator: a worker killed and not restarted stops
+// being waited for and the others finish the job (the lead's duties pass to
+// the lowest rank left); a new worker takes the free rank and joins at an
+// epoch start; a paused worker's stalled step shows in `shardps-ctl status`,
+// the paused worker is dropped, and when it comes back it joins again.
+#include <signal.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
+
+namespace shardps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::shardps::testing::Daemon;
+using ::shardps::testing::WaitForLog;
+
+constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
+constexpr char kJob[] = "--job_id=membership";
+// 2048 samples in batches of 64: 32 steps per epoch.
+constexpr int64_t kStepsPerEpoch = 32;
+constexpr absl::Duration kTrainTimeout = absl::Minutes(3);
+
+std::unique_ptr<Daemon> Must(absl::StatusOr<std::unique_ptr<Daemon>> d) {
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
+  ASSERT_NE(d, nullptr);
+  absl::StatusOr<int> code = d->Wait(timeout);
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << d->ReadLog();
+  EXPECT_EQ(*code, 0) << d->ReadLog();
+}
+
+// The number after `prefix` in `text` (first occurrence), or -1.
+int64_t NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return -1;
+  size_t end = at + prefix.size();
+  while (end < text.size() && isdigit(text[end])) ++end;
+  int64_t n = -1;
+  if (!absl::SimpleAtoi(
+          text.substr(at + prefix.size(), end - at - prefix.size()), &n)) {
+    return -1;
+  }
+  return n;
+}
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kFashionMnist)) {
+      GTEST_SKIP() << kFashionMnist
+                   << " is missing: apt-get install dataset-fashion-mnist";
+    }
+    dir_ = testing::MakeTempDir("shardps-membership");
+  }
+
+  // Coordinator and two servers; `heartbeat_ms` is the coordinator's
+  // heartbeat timeout (how long a dead worker holds steps up).
+  void StartCluster(int heartbeat_ms) {
+    coordinator_ = Must(
+        Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
+                      {kJob, "--num_servers=2", "--num_workers=2",
+                       absl::StrCat("--heartbeat_timeout_ms=", heartbeat_ms)}));
+    ASSERT_NE(coordinator_, nullptr);
+    for (int s = 0; s < 2; ++s) {
+      servers_.push_back(
+          Must(Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
+                             {kJob, "--coordinator=" + coordinator_->address(),
+                              "--step_timeout_s=1"})));
+      ASSERT_NE(servers_.back(), nullptr);
+    }
+  }
+
+  // A worker of a job of `epochs` epochs, slowed down so that the test can
+  // act while it trains.
+  std::unique_ptr<Daemon> StartWorker(const std::string& name, int epochs) {
+    return Must(Daemon::StartProcess(
+        name, SHARDPS_WORKER_BIN,
+        {kJob, "--coordinator=" + coordinator_->address(),
+         "--dataset=fashion-mnist", "--model=mlp:784-32-10",
+         absl::StrCat("--epochs=", epochs), "--train_limit=2048",
+         "--test_limit=500", "--batch_size=64", "--backend=cpu",
+         "--fault_step_delay_ms=40", "--model_out=" + model_,
+         "--metrics_csv=" + dir_ + "/metrics.csv"}));
+  }
+
+  // Both servers log that `rank` no longer holds steps up.
+  void ExpectServersDropped(int rank) {
+    for (auto& s : servers_) {
+      EXPECT_TRUE(WaitForLog(*s, absl::StrCat("rank ", rank, " left the job")))
+          << s->ReadLog();
+    }
+  }
+
+  // Servers and coordinator exit 0 by themselves once the workers are done.
+  void ExpectJobEnds() {
+    for (auto& s : servers_) ExpectExitsZero(s.get(), absl::Seconds(60));
+    ExpectExitsZero(coordinator_.get(), absl::Seconds(60));
+  }
+
+  std::string dir_;
+  std::string model_ = "";
+  std::unique_ptr<Daemon> coordinator_;
+  std::vector<std::unique_ptr<Daemon>> servers_;
+};
+
+TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
+  model_ = dir_ + "/model.safetensors";
+  StartCluster(/*heartbeat_ms=*/1000);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 3);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 3);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  // Rank 0, the lead, dies a little into the first epoch.
+  ASSERT_TRUE(WaitForLog(*w0, "declared")) << w0->ReadLog();
+  absl::SleepFor(absl::Milliseconds(700));
+  const absl::StatusOr<int> killed = w0->Stop(SIGKILL, absl::Seconds(10));
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  const absl::Time kill_time = absl::Now();
+  ExpectServersDropped(0);
+  const absl::Duration to_drop = absl::Now() - kill_time;
+
+  ExpectExitsZero(w1.get(), kTrainTimeout);
+  const std::string log = w1->ReadLog();
+  // Re-sharded at the next epoch, and rank 1 took over evaluation and the
+  // model file.
+  EXPECT_TRUE(absl::StrContains(
+      log, "the global batch is sharded over 1 worker(s), ranks 1"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "epoch 3/3 step 96")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "done: epoch 3 step 96")) << log;
+  EXPECT_GT(fs::file_size(model_), 100000u);
+  EXPECT_TRUE(fs::exists(dir_ + "/metrics.csv"));
+  ExpectJobEnds();
+  EXPECT_TRUE(
+      absl::StrContains(coordinator_->ReadLog(), "1 of 2 workers finished"))
+      << coordinator_->ReadLog();
+  std::cout << "rank 0 killed; servers stopped waiting for it after "
+            << absl::FormatDuration(to_drop) << "\n";
+}
+
+TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
+  model_ = dir_ + "/model.safetensors";
+  StartCluster(/*heartbeat_ms=*/1000);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 5);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 5);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(w1->Stop(SIGKILL, absl::Seconds(10)).ok());
+  ExpectServersDropped(1);
+  // Rank 0 trains alone from the next epoch on.
+  ASSERT_TRUE(
+      WaitForLog(*w0, "the global batch is sharded over 1 worker(s), ranks 0"))
+      << w0->ReadLog();
+  // A new process takes the free rank (1) and joins the running job.
+  std::unique_ptr<Daemon> fresh = StartWorker("worker-new", 5);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_TRUE(WaitForLog(*fresh, "joins the running job at step"))
+      << fresh->ReadLog();
+  const int64_t join =
+      NumberAfter(fresh->ReadLog(), "joins the running job at step ");
+  EXPECT_GE(join, 2 * kStepsPerEpoch);
+  EXPECT_LT(join, 5 * kStepsPerEpoch);
+  EXPECT_EQ(join % kStepsPerEpoch, 0) << "not an epoch start: " << join;
+
+  ExpectExitsZero(w0.get(), kTrainTimeout);
+  ExpectExitsZero(fresh.get(), kTrainTimeout);
+  const std::string log0 = w0->ReadLog();
+  EXPECT_TRUE(absl::StrContains(
+      log0, absl::StrCat("epoch ", join / kStepsPerEpoch + 1,
+                         ": the global batch is sharded over 2 worker(s), "
+                         "ranks 0,1")))
+      << log0;
+  EXPECT_TRUE(absl::StrContains(log0, "done: epoch 5 step 160")) << log0;
+  EXPECT_TRUE(absl::StrContains(fresh->ReadLog(), "done: epoch 5 step 160"))
+      << fresh->ReadLog();
+  for (auto& s : servers_) {
+    EXPECT_TRUE(absl::StrContains(s->ReadLog(),
+                                  "rank 1 is held by a new worker process"))
+        << s->ReadLog();
+  }
+  ExpectJobEnds();
+  std::cout << "replacement joined at step " << join << " (epoch "
+            << join / kStepsPerEpoch + 1 << ")\n";
+}
+
+TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
+  StartCluster(/*heartbeat_ms=*/4000);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 5);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 5);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_EQ(kill(w1->pid(), SIGSTOP), 0);
+  // The step waits for rank 1; the servers' watchdog tells the coordinator,
+  // and shardps-ctl status shows what is stalled.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  testing::CommandResult status;
+  while (absl::Now() < deadline) {
+    status = testing::RunCommand(
+        SHARDPS_CTL_BIN,
+        {"status", "--coordinator=" + coordinator_->address()});
+    if (absl::StrContains(status.output, "stalled steps:")) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(status.code, 0) << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "for rank(s) 1"))
+      << status.output;
+  // Paused past the heartbeat timeout, it is dropped; rank 0 goes on alone.
+  ExpectServersDropped(1);
+  ASSERT_EQ(kill(w1->pid(), SIGCONT), 0);
+  // Back, its pushes are refused (it is no longer part of the job) and it
+  // joins again at an epoch start.
+  EXPECT_TRUE(WaitForLog(*w1, "joins the running job at step"))
+      << w1->ReadLog();
+  ExpectExitsZero(w0.get(), kTrainTimeout);
+  ExpectExitsZero(w1.get(), kTrainTimeout);
+  EXPECT_TRUE(absl::StrContains(w1->ReadLog(), "refused this worker's push"))
+      << w1->ReadLog();
+  EXPECT_TRUE(absl::StrContains(w0->ReadLog(), "done: epoch 5 step 160"))
+      << w0->ReadLog();
+  ExpectJobEnds();
+}
+
+}  // namespace
+}  // namespace shardps
