@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunking.h"
+#include "common/security.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps {
@@ -29,6 +30,8 @@ struct ClientOptions {
   std::vector<std::string> servers;
   uint32_t rank = 0;
   uint64_t generation = 0;
+  // TLS, client certificate and bearer token (default: plaintext).
+  SecurityOptions security;
   // Parallel streams, each on its own connection, per shard.
   int streams_per_shard = 2;
   // Deadline of one attempt of a step, and of Declare while waiting for the
