@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, then runs the real daemons with its flags:
 #   1. docker-compose config -q: the Compose file alone and with each override
-#   2. kubectl kustomize: deploy/k8s/base and overlays/gpu render
+#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu and overlays/tls render
 #   3. the rendered manifests against the Kubernetes schemas of the npm
 #      package kubernetes-models (validate_k8s.mjs)
 #   4. npx dockerfile-utils lint: both Dockerfiles
@@ -45,7 +45,9 @@ trap 'rm -rf "$tmp"' EXIT
 compose_config() {
   local c=deploy/compose rc=0
   for extra in "" "$c/docker-compose.host.yml" "$c/docker-compose.gpu.yml" \
-      "$c/docker-compose.host.yml $c/docker-compose.gpu.yml"; do
+      "$c/docker-compose.host.yml $c/docker-compose.gpu.yml" \
+      "$c/docker-compose.tls.yml" \
+      "$c/docker-compose.host.yml $c/docker-compose.tls.yml"; do
     local args=(-f "$c/docker-compose.yml")
     for f in $extra; do args+=(-f "$f"); done
     echo "docker-compose ${args[*]} config -q"
@@ -64,7 +66,8 @@ have_k8s=0
 render() {
   kubectl kustomize deploy/k8s/base > "$tmp/base.yaml" &&
     kubectl kustomize deploy/k8s/overlays/gpu > "$tmp/gpu.yaml" &&
-    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects"
+    kubectl kustomize deploy/k8s/overlays/tls > "$tmp/tls.yaml" &&
+    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects"
 }
 if command -v kubectl >/dev/null 2>&1; then
   kver=$(kubectl version --client 2>/dev/null | tr '\n' ' ')
@@ -79,7 +82,7 @@ have_npm=0
 [ -f "$here/node_modules/.package-lock.json" ] && command -v node >/dev/null 2>&1 &&
   have_npm=1
 if [ $have_npm = 1 ] && [ $have_k8s = 1 ]; then
-  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml"
+  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml"
 else
   skip "kubernetes-models schemas" "needs kubectl and tests/deploy/node_modules (setup.sh)"
 fi
