@@ -8,7 +8,8 @@
 #   5. check_fields.py: ranks, probes, ports, volumes, images, flags (every
 #      flag against the binaries' --helpfull when a build is given)
 #   6. run_local.py: the daemons started with the flags of the Compose file
-#      and of the ConfigMap train the main job to the end (build needed)
+#      and of the ConfigMap train the main job to the end (build needed);
+#      then with overlays/tls: mutual TLS, the token and exec probes
 #   tests/deploy/validate.sh [BUILD_DIR]
 # A step whose tool is missing is skipped with a SKIP line (install them with
 # tests/deploy/setup.sh). SHARDPS_DEPLOY_RUN=0 skips step 6.
