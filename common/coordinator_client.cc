@@ -9,8 +9,6 @@
 #include "common/coordinator_protocol.h"
 #include "common/grpc_status.h"
 #include "grpc/grpc.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 
 namespace shardps {
 namespace {
@@ -43,8 +41,7 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(
               static_cast<int>(absl::ToInt64Milliseconds(o.initial_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
-  return grpc::CreateCustomChannel(o.coordinator,
-                                   grpc::InsecureChannelCredentials(), args);
+  return MakeChannel(o.coordinator, o.security, args);
 }
 
 }  // namespace

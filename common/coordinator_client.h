@@ -19,12 +19,15 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/cluster_view.h"
+#include "common/security.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
 namespace shardps {
 
 struct CoordinatorClientOptions {
   std::string coordinator;  // host:port
+  // TLS, client certificate and bearer token (default: plaintext).
+  SecurityOptions security;
   // Deadline of every unary RPC, and the longest a watch stream stays open
   // before it is reopened is kWatchStreamLifetime (see the .cc).
   absl::Duration rpc_timeout = absl::Seconds(5);

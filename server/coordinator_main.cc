@@ -12,11 +12,11 @@
 #include "absl/time/clock.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/coordinator_service.h"
@@ -106,13 +106,13 @@ class Keeper {
 
 // Builds and starts the gRPC server: the service, health and reflection.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
-    CoordinatorService* service, int* port) {
+    CoordinatorService* service, const SecurityOptions& security, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address =
       ListenAddress(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(address, MakeServerCredentials(security), port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
@@ -168,6 +168,8 @@ void WaitForEnd(const Membership& membership) {
 
 absl::Status Run() {
   SHARDPS_ASSIGN_OR_RETURN(MembershipOptions options, OptionsFromFlags());
+  SHARDPS_ASSIGN_OR_RETURN(SecurityOptions security,
+                           ServerSecurityOptionsFromFlags());
   InitLog("coordinator", -1, absl::GetFlag(FLAGS_log_format) == "json");
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Membership> membership,
                            Membership::Create(options));
@@ -175,7 +177,7 @@ absl::Status Run() {
   CoordinatorService service(membership.get());
   int port = 0;
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
-                           StartServer(&service, &port));
+                           StartServer(&service, security, &port));
   Keeper keeper(membership.get(), options.heartbeat_timeout);
   LogInfo(
       "job %s: coordinator listening on %s:%d (servers=%d, workers=%d, "
@@ -183,6 +185,7 @@ absl::Status Run() {
       options.job_id, absl::GetFlag(FLAGS_host), port, options.num_servers,
       options.num_workers,
       absl::ToInt64Milliseconds(options.heartbeat_timeout));
+  LogInfo("security: %s", DescribeServerSecurity(security));
   absl::Status status = WritePortFile(absl::GetFlag(FLAGS_port_file), port);
   if (status.ok()) WaitForEnd(*membership);
   // Probes see NOT_SERVING from here on; watch streams end with UNAVAILABLE,

@@ -12,9 +12,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/security/credentials.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
@@ -25,8 +23,9 @@ using ::google::protobuf::internal::WireFormatLite;
 
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+std::shared_ptr<grpc::Channel> Channel(const std::string& address,
+                                       const SecurityOptions& security) {
+  return MakeChannel(address, security, grpc::ChannelArguments());
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
@@ -92,9 +91,10 @@ int CountFinished(const v1::JobStatus& status) {
 }  // namespace
 
 absl::StatusOr<v1::JobStatus> FetchJobStatus(const std::string& coordinator,
+                                             const SecurityOptions& security,
                                              absl::Duration timeout) {
   std::unique_ptr<v1::Coordinator::Stub> stub =
-      v1::Coordinator::NewStub(Channel(coordinator));
+      v1::Coordinator::NewStub(Channel(coordinator, security));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, timeout);
   v1::JobStatus status;
@@ -184,8 +184,9 @@ absl::StatusOr<HealthState> DecodeHealthCheckResponse(absl::string_view bytes) {
 
 absl::StatusOr<HealthState> CheckHealth(const std::string& address,
                                         const std::string& service,
+                                        const SecurityOptions& security,
                                         absl::Duration timeout) {
-  grpc::GenericStub stub(Channel(address));
+  grpc::GenericStub stub(Channel(address, security));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, timeout);
   const std::string encoded = EncodeHealthCheckRequest(service);
@@ -216,11 +217,12 @@ absl::StatusOr<HealthState> CheckHealth(const std::string& address,
 }
 
 std::vector<ShardReport> FetchShardReports(
-    const std::vector<std::string>& addresses, absl::Duration timeout) {
+    const std::vector<std::string>& addresses, const SecurityOptions& security,
+    absl::Duration timeout) {
   std::vector<ShardReport> reports;
   for (const std::string& address : addresses) {
     std::unique_ptr<v1::ParameterServer::Stub> stub =
-        v1::ParameterServer::NewStub(Channel(address));
+        v1::ParameterServer::NewStub(Channel(address, security));
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout);
     v1::GetStatusResponse response;

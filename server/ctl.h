@@ -1,6 +1,8 @@
 // The operations behind shardps-ctl: a job's status from the coordinator, a
 // daemon's gRPC health, parameter shards' GetStatus, each rendered as a plain
-// text table. Every RPC has a deadline. Functions are thread-compatible.
+// text table. Every RPC has a deadline and goes over a channel with the given
+// SecurityOptions (TLS, client certificate, bearer token). Functions are
+// thread-compatible.
 #ifndef SHARDPS_SERVER_CTL_H_
 #define SHARDPS_SERVER_CTL_H_
 
@@ -10,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "shardps/v1/coordinator.pb.h"
 #include "shardps/v1/parameter_server.pb.h"
 
@@ -18,6 +21,7 @@ namespace shardps::ctl {
 // Coordinator.GetJobStatus at `coordinator` (host:port). The gRPC error
 // (UNAVAILABLE, DEADLINE_EXCEEDED, ...) with the address in its message.
 absl::StatusOr<v1::JobStatus> FetchJobStatus(const std::string& coordinator,
+                                             const SecurityOptions& security,
                                              absl::Duration timeout);
 // Header lines (job, generation, completeness, progress) and a table with
 // one row per server slot and worker slot.
@@ -33,6 +37,7 @@ std::string HealthStateName(HealthState state);
 // server does not know `service`, UNIMPLEMENTED without a health service.
 absl::StatusOr<HealthState> CheckHealth(const std::string& address,
                                         const std::string& service,
+                                        const SecurityOptions& security,
                                         absl::Duration timeout);
 // The wire form of HealthCheckRequest{service} (Debian ships no health
 // .pb.h), and the reverse for HealthCheckResponse; InvalidArgument when
@@ -47,7 +52,8 @@ struct ShardReport {
 };
 // Asks every address, in order, each with its own deadline.
 std::vector<ShardReport> FetchShardReports(
-    const std::vector<std::string>& addresses, absl::Duration timeout);
+    const std::vector<std::string>& addresses, const SecurityOptions& security,
+    absl::Duration timeout);
 // One row per shard; failures are rows that show the error.
 std::string FormatShardReports(const std::vector<ShardReport>& reports);
 

@@ -10,6 +10,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "common/security_flags.h"
 #include "server/ctl.h"
 
 ABSL_FLAG(std::string, coordinator, "",
@@ -33,27 +34,31 @@ constexpr char kUsage[] =
     "  health --addr=host:port [--service=NAME]  exit 0 only when SERVING\n"
     "  shards --servers=host:port,...           each parameter shard's "
     "status\n"
-    "every RPC has a deadline: --timeout_ms (default 5000)";
+    "every RPC has a deadline: --timeout_ms (default 5000)\n"
+    "TLS: --tls_ca (and --tls_cert --tls_key for mutual TLS), bearer token: "
+    "--auth_token_file, as given to the daemons";
 
 int Fail(const std::string& reason) {
   absl::FPrintF(stderr, "shardps-ctl: %s\n", reason);
   return 1;
 }
 
-int Status(absl::Duration timeout) {
+int Status(const SecurityOptions& security, absl::Duration timeout) {
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (coordinator.empty()) return Fail("status needs --coordinator=host:port");
-  absl::StatusOr<v1::JobStatus> status = FetchJobStatus(coordinator, timeout);
+  absl::StatusOr<v1::JobStatus> status =
+      FetchJobStatus(coordinator, security, timeout);
   if (!status.ok()) return Fail(status.status().ToString());
   absl::PrintF("%s", FormatJobStatus(*status));
   return 0;
 }
 
-int Health(absl::Duration timeout) {
+int Health(const SecurityOptions& security, absl::Duration timeout) {
   const std::string addr = absl::GetFlag(FLAGS_addr);
   if (addr.empty()) return Fail("health needs --addr=host:port");
   const std::string service = absl::GetFlag(FLAGS_service);
-  absl::StatusOr<HealthState> state = CheckHealth(addr, service, timeout);
+  absl::StatusOr<HealthState> state =
+      CheckHealth(addr, service, security, timeout);
   if (!state.ok()) return Fail(state.status().ToString());
   const std::string what =
       service.empty() ? addr : absl::StrFormat("%s (%s)", addr, service);
@@ -64,10 +69,11 @@ int Health(absl::Duration timeout) {
   return 0;
 }
 
-int Shards(absl::Duration timeout) {
+int Shards(const SecurityOptions& security, absl::Duration timeout) {
   const std::vector<std::string> servers = absl::GetFlag(FLAGS_servers);
   if (servers.empty()) return Fail("shards needs --servers=host:port,...");
-  const std::vector<ShardReport> reports = FetchShardReports(servers, timeout);
+  const std::vector<ShardReport> reports =
+      FetchShardReports(servers, security, timeout);
   absl::PrintF("%s", FormatShardReports(reports));
   int failed = 0;
   for (const ShardReport& r : reports) failed += r.status.ok() ? 0 : 1;
@@ -91,10 +97,12 @@ int Main(const std::vector<char*>& args) {
         absl::StrFormat("--timeout_ms=%d must be positive", timeout_ms));
   }
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
+  const absl::StatusOr<SecurityOptions> security = SecurityOptionsFromFlags();
+  if (!security.ok()) return Fail(std::string(security.status().message()));
   const std::string command = args[1];
-  if (command == "status") return Status(timeout);
-  if (command == "health") return Health(timeout);
-  if (command == "shards") return Shards(timeout);
+  if (command == "status") return Status(*security, timeout);
+  if (command == "health") return Health(*security, timeout);
+  if (command == "shards") return Shards(*security, timeout);
   return Fail(
       absl::StrFormat("unknown subcommand \"%s\"\n%s", command, kUsage));
 }
@@ -107,7 +115,8 @@ int main(int argc, char** argv) {
   // Abseil's --help lists flags of a file named after the binary; list ours.
   absl::FlagsUsageConfig config;
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "ctl_main");
+    return absl::StrContains(file, "ctl_main") ||
+           absl::StrContains(file, "security_flags");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

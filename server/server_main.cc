@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/member_flags.h"
 #include "common/port_reservation.h"
+#include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
 #include "server/shard_server.h"
@@ -85,6 +86,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
   SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
   ShardServerOptions o;
+  SHARDPS_ASSIGN_OR_RETURN(o.security, ServerSecurityOptionsFromFlags());
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   const int32_t index = absl::GetFlag(FLAGS_shard_index);
@@ -174,6 +176,7 @@ absl::Status RunStatic(const ShardServerOptions& options) {
   LogInfo("shard %d of %d listening on %s:%d (mode=%s, workers=%d)",
           options.store.shard_index, options.store.num_shards, options.host,
           server->port(), absl::GetFlag(FLAGS_mode), options.store.num_workers);
+  LogInfo("security: %s", DescribeServerSecurity(options.security));
   SHARDPS_RETURN_IF_ERROR(
       WritePortFile(absl::GetFlag(FLAGS_port_file), server->port()));
   const int sig = WaitForTerminationSignal();
@@ -289,10 +292,12 @@ bool ServeUntilEnd(CoordinatorClient* client, ParameterStore* store) {
 // Joins the job as a server reachable at `address`. Stops early with
 // Cancelled, setting *stop_signal, when SIGINT or SIGTERM arrives first.
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
-    const std::string& address, int* stop_signal) {
+    const std::string& address, const SecurityOptions& security,
+    int* stop_signal) {
   const int32_t requested = absl::GetFlag(FLAGS_shard_index);
   CoordinatorClientOptions co;
   co.coordinator = absl::GetFlag(FLAGS_coordinator);
+  co.security = security;
   co.on_retry = [](const absl::Status& reason, absl::Duration wait) {
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
@@ -333,7 +338,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
       absl::StrCat(AdvertiseHost(options.host), ":", reservation->port());
   int stop_signal = 0;
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined =
-      JoinJob(address, &stop_signal);
+      JoinJob(address, options.security, &stop_signal);
   if (stop_signal != 0) {
     LogInfo("signal %d while joining: shutting down", stop_signal);
     return absl::OkStatus();
@@ -357,12 +362,13 @@ absl::Status RunCoordinated(ShardServerOptions options) {
       options.store.shard_index, options.store.num_shards, options.host,
       (*server)->port(), address, absl::GetFlag(FLAGS_mode),
       options.store.num_workers, DescribeView(client->view()));
+  LogInfo("security: %s", DescribeServerSecurity(options.security));
   const absl::Status status =
       WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   const bool finished =
       status.ok() && ServeUntilEnd(client.get(), (*server)->store());
   if (finished) {
-    LogInfo("job %s finished: every worker completed its training; exiting",
+    LogInfo("job %s finished: the workers completed its training; exiting",
             job);
   }
   const absl::Status left = client->Leave(absl::Now() + kLeaveTimeout);

@@ -12,7 +12,6 @@
 #include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
 namespace shardps::server {
@@ -40,6 +39,7 @@ absl::Status ValidateStoreOptions(const StoreOptions& o) {
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
   SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(options.store));
+  SHARDPS_RETURN_IF_ERROR(CheckServerSecurity(options.security));
   int max_message = options.max_message_bytes;
   if (max_message <= 0) max_message = kMaxChunkBytes + kMessageOverheadBytes;
   std::unique_ptr<ShardServer> s(new ShardServer());
@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
           ? absl::StrCat("[", options.host, "]")
           : options.host,
       ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(address, MakeServerCredentials(options.security),
                            &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();

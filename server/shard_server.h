@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/security.h"
 #include "grpcpp/server.h"
 #include "server/parameter_service.h"
 #include "server/parameter_store.h"
@@ -29,6 +30,9 @@ struct ShardServerOptions {
   // Bind with SO_REUSEPORT, so that the port may be held by a
   // PortReservation of this process (common/port_reservation.h).
   bool reuse_port = false;
+  // TLS, client certificates and the bearer token (default: plaintext);
+  // Start checks them with CheckServerSecurity.
+  SecurityOptions security;
   // Checkpoints (off when checkpoint_dir is empty): at start the newest
   // committed checkpoint in the directory is restored; every
   // checkpoint_every steps the shard writes its file there (on a writer

@@ -17,8 +17,6 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace shardps {
@@ -118,9 +116,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       auto lane = std::make_unique<Stream>();
       lane->shard = shard;
       lane->address = o.servers[shard];
-      lane->channel = grpc::CreateCustomChannel(
-          o.servers[shard], grpc::InsecureChannelCredentials(),
-          ClientChannelArguments(max_message, k));
+      lane->channel = MakeChannel(o.servers[shard], o.security,
+                                  ClientChannelArguments(max_message, k));
       lane->stub = v1::ParameterServer::NewStub(lane->channel);
       client->lanes_.push_back(std::move(lane));
     }

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunking.h"
+#include "common/security.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps {
@@ -32,6 +33,8 @@ struct ClientOptions {
   // This process's incarnation in a coordinated job (JoinRequest.incarnation);
   // 0 in a static job.
   uint64_t incarnation = 0;
+  // TLS, client certificate and bearer token (default: plaintext).
+  SecurityOptions security;
   // Parallel streams, each on its own connection, per shard.
   int streams_per_shard = 2;
   // Deadline of one attempt of a step, and of Declare while waiting for the

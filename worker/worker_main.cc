@@ -21,6 +21,7 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/member_flags.h"
+#include "common/security_flags.h"
 #include "common/status.h"
 #include "worker/trainer.h"
 #include "worker/training_flags.h"
@@ -227,7 +228,8 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
 
 // Loads the data, waits for the cluster (with a coordinator), trains.
 absl::Status Train(TrainerOptions o, Placement placement,
-                   CoordinatorClient* coordinator) {
+                   CoordinatorClient* coordinator,
+                   const SecurityOptions& security) {
   o.rank = placement.rank;
   o.num_workers = placement.num_workers;
   // Written by the lead worker only: rank 0, or with a coordinator the
@@ -266,10 +268,11 @@ absl::Status Train(TrainerOptions o, Placement placement,
   }
   co.servers = placement.servers;
   co.rank = o.rank;
+  co.security = security;
   co.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
   co.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
-  LogInfo("rank %d of %d, backend %s, %d servers", o.rank, o.num_workers,
-          backend->name(), co.servers.size());
+  LogInfo("rank %d of %d, backend %s, %d servers, %s", o.rank, o.num_workers,
+          backend->name(), co.servers.size(), DescribeClientSecurity(security));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
   Trainer trainer(o, std::move(model), std::move(train), std::move(test),
                   std::move(backend), std::move(client), optimizer);
@@ -291,12 +294,14 @@ std::string WorkerLabel() {
 
 // Joins the job at --coordinator, trains, and tells the coordinator this
 // rank finished (or leaves, after a failure).
-absl::Status RunCoordinated(const TrainerOptions& o, bool json) {
+absl::Status RunCoordinated(const TrainerOptions& o,
+                            const SecurityOptions& security, bool json) {
   const int32_t requested = absl::GetFlag(FLAGS_rank);
   InitLog("worker", requested, json);
   CoordinatorClientOptions cco;
   cco.coordinator = absl::GetFlag(FLAGS_coordinator);
   cco.incarnation = Incarnation();
+  cco.security = security;
   cco.on_retry = [](const absl::Status& reason, absl::Duration wait) {
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
@@ -322,7 +327,7 @@ absl::Status RunCoordinated(const TrainerOptions& o, bool json) {
           ? absl::FailedPreconditionError(
                 absl::StrCat("--num_workers=", *flag_workers, " but job ", job,
                              " has ", placement.num_workers, " workers"))
-          : Train(o, std::move(placement), coordinator.get());
+          : Train(o, std::move(placement), coordinator.get(), security);
   if (!status.ok()) {
     coordinator->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
     return status;
@@ -345,10 +350,12 @@ absl::Status Run() {
         "give either --servers (static mode) or --coordinator, not both");
   }
   SHARDPS_ASSIGN_OR_RETURN(TrainerOptions o, TrainerOptionsFromFlags());
-  if (UseCoordinator()) return RunCoordinated(o, json);
+  SHARDPS_ASSIGN_OR_RETURN(const SecurityOptions security,
+                           SecurityOptionsFromFlags());
+  if (UseCoordinator()) return RunCoordinated(o, security, json);
   SHARDPS_ASSIGN_OR_RETURN(Placement placement, StaticPlacement());
   InitLog("worker", static_cast<int>(placement.rank), json);
-  return Train(std::move(o), std::move(placement), nullptr);
+  return Train(std::move(o), std::move(placement), nullptr, security);
 }
 
 }  // namespace

@@ -7,11 +7,14 @@ namespace shardps::local {
 
 std::vector<std::string> CoordinatorArgs(const LaunchOptions& o,
                                          const RunDir& dir, int port) {
-  return {absl::StrCat("--num_servers=", o.num_servers),
-          absl::StrCat("--num_workers=", o.num_workers),
-          absl::StrCat("--port=", port),
-          absl::StrCat("--port_file=", dir.PortPath("coordinator")),
-          absl::StrCat("--log_format=", o.log_format)};
+  std::vector<std::string> args = {
+      absl::StrCat("--num_servers=", o.num_servers),
+      absl::StrCat("--num_workers=", o.num_workers),
+      absl::StrCat("--port=", port),
+      absl::StrCat("--port_file=", dir.PortPath("coordinator")),
+      absl::StrCat("--log_format=", o.log_format)};
+  args.insert(args.end(), o.security_args.begin(), o.security_args.end());
+  return args;
 }
 
 std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
@@ -36,6 +39,7 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
   args.push_back(absl::StrCat("--port_file=",
                               dir.PortPath(absl::StrCat("server-", index))));
   args.push_back(absl::StrCat("--log_format=", o.log_format));
+  args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   return args;
 }
 
@@ -57,6 +61,7 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
     args.push_back(absl::StrCat("--model_out=", dir.ModelPath()));
   }
   args.push_back(absl::StrCat("--log_format=", o.log_format));
+  args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   args.insert(args.end(), o.worker_extra_args.begin(),
               o.worker_extra_args.end());
   return args;

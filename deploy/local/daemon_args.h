@@ -1,7 +1,8 @@
 // The command lines shardps-local gives the daemons of a job: with a
 // coordinator, servers and workers get --coordinator and keep their index;
 // in static mode they get the job's shape and the servers' addresses.
-// Servers also get the checkpoint flags, workers the extra test arguments.
+// Servers also get the checkpoint flags, workers the extra test arguments;
+// every daemon gets the security flags.
 // Pure functions.
 #ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
 #define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_

@@ -1,5 +1,6 @@
 #include "deploy/local/daemon_args.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,22 @@ TEST(DaemonArgsTest, CoordinatorGetsTheJobShapeAndAPortFile) {
                 "--port_file=/r/ports/coordinator.port", "--log_format=text"}));
   // A restarted coordinator keeps its port.
   EXPECT_EQ(CoordinatorArgs(Options(), dir, 7000)[2], "--port=7000");
+}
+
+TEST(DaemonArgsTest, EveryDaemonGetsTheSecurityFlags) {
+  const RunDir dir("/r");
+  LaunchOptions o = Options();
+  o.security_args = {"--tls_cert=/t/tls.crt", "--tls_key=/t/tls.key",
+                     "--tls_ca=/t/ca.crt", "--auth_token_file=/t/token"};
+  for (const std::vector<std::string>& args :
+       {CoordinatorArgs(o, dir, 0), ServerArgs(o, dir, 0, "127.0.0.1:7"),
+        ServerArgs(o, dir, 1, ""), WorkerArgs(o, dir, 0, "127.0.0.1:7", {}),
+        WorkerArgs(o, dir, 1, "", {"127.0.0.1:5", "127.0.0.1:6"})}) {
+    for (const std::string& flag : o.security_args) {
+      EXPECT_NE(std::find(args.begin(), args.end(), flag), args.end())
+          << flag << " missing from " << args[0];
+    }
+  }
 }
 
 TEST(DaemonArgsTest, WithACoordinatorMembersGetItsAddressInsteadOfLists) {

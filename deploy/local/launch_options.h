@@ -32,6 +32,9 @@ struct LaunchOptions {
   std::string coordinator_binary;
   std::string server_binary;
   std::string worker_binary;
+  // "--name=value" TLS and token flags (absolute paths) passed to every
+  // daemon, so the whole job runs with the same security.
+  std::vector<std::string> security_args;
   // "--name=value" training flags passed to every worker.
   std::vector<std::string> training_args;
   // Raw arguments appended to every worker's command line, last (so they

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/security_flags.h"
 #include "common/status.h"
 #include "deploy/local/launcher.h"
 #include "worker/training_flags.h"
@@ -89,6 +90,10 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   o.coordinator_binary = absl::GetFlag(FLAGS_coordinator_binary);
   o.server_binary = absl::GetFlag(FLAGS_server_binary);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  // The coordinator and the servers serve with these: check them here, so a
+  // bad flag fails before any process starts.
+  SHARDPS_RETURN_IF_ERROR(ServerSecurityOptionsFromFlags().status());
+  o.security_args = SecurityFlagArgs();
   o.training_args = worker::TrainingFlagArgs();
   o.worker_extra_args = absl::StrSplit(absl::GetFlag(FLAGS_worker_extra_args),
                                        ' ', absl::SkipWhitespace());

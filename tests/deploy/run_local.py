@@ -2,9 +2,10 @@
 """Runs the real daemons on this machine with the flags that
 deploy/compose/docker-compose.yml and deploy/k8s/base (the ConfigMap's flag
 files plus each container's args) give them, and trains the main job to the
-end.
+end; then the same for deploy/k8s/overlays/tls (mutual TLS and the bearer
+token, the Secret made by deploy/tls/make-certs.sh, exec probes).
 
-  tests/deploy/run_local.py --bin_dir=build [--only=compose|k8s]
+  tests/deploy/run_local.py --bin_dir=build [--only=compose|k8s|k8s-tls]
 
 Only what a container or pod changes is changed: every fixed port becomes a
 free port on 127.0.0.1 (--host=0.0.0.0 becomes --host=127.0.0.1), the
@@ -157,8 +158,22 @@ def members_from_compose(tmp, rw):
     return members
 
 
-def members_from_k8s(tmp, rw):
-    text = df.render_kustomize(os.path.join(df.K8S_DIR, "base"))
+def make_secret(tmp, name):
+    """The Secret `name` as a folder shared by every pod; shardps-tls holds a
+    CA, a certificate for the name `shardps` and a token made by
+    deploy/tls/make-certs.sh, as deploy/README.md says to make them."""
+    local = os.path.join(tmp, "secrets", name)
+    if not os.path.isdir(local):
+        os.makedirs(local)
+        if name == "shardps-tls":
+            script = os.path.join(df.ROOT, "deploy", "tls", "make-certs.sh")
+            subprocess.run([script, local, "shardps"], check=True,
+                           stdout=subprocess.DEVNULL)
+    return local
+
+
+def members_from_k8s(tmp, rw, overlay="base"):
+    text = df.render_kustomize(os.path.join(df.K8S_DIR, overlay))
     if text is None:
         return None
     objs = df.k8s_objects(text)
@@ -221,7 +236,10 @@ def members_from_k8s(tmp, rw):
                 mounts.append((m["mountPath"], rw.mount(
                     m["mountPath"], os.path.join(
                         "volumes", v["persistentVolumeClaim"]["claimName"]))))
-            else:  # secret, emptyDir: a folder of its own
+            elif "secret" in v:
+                mounts.append((m["mountPath"],
+                               make_secret(tmp, v["secret"]["secretName"])))
+            else:  # emptyDir: a folder of its own
                 local = os.path.join(tmp, "pods", name, m["name"])
                 os.makedirs(local, exist_ok=True)
                 mounts.append((m["mountPath"], local))
@@ -249,6 +267,20 @@ def members_from_k8s(tmp, rw):
                       f"--addr=127.0.0.1:{rw.address(name, probe['port'])}"]
             if probe.get("service"):
                 health.append(f"--service={probe['service']}")
+        command = ctr.get("readinessProbe", {}).get("exec", {}).get("command")
+        if command:  # shardps-ctl health --addr=127.0.0.1:PORT ...
+            assert command[:2] == ["shardps-ctl", "health"], (name, command)
+            health = command[:2]
+            for a in command[2:]:
+                n, v = df.split_flag(a)
+                if n == "addr":
+                    host, _, p = v.rpartition(":")
+                    # Inside the pod 127.0.0.1 is the pod itself.
+                    assert host == "127.0.0.1", (name, v)
+                    a = f"--addr=127.0.0.1:{rw.address(name, int(p))}"
+                else:
+                    a = rw.args([a], name, mounts, hostnames)[0]
+                health.append(a)
         members.append(Member(name, argv, health))
     return members
 
@@ -364,11 +396,11 @@ def rank0_outputs(members):
     rank0 = next(m for m in members if m.argv[0] == "shardps-worker"
                  and df.flag_dict(m.argv).get("rank") == "0")
     flags = df.flag_dict(rank0.argv)
-    # A flag file may give them instead.
-    flagfile = flags.get("flagfile")
-    if flagfile:
-        with open(flagfile) as f:
-            flags = {**df.flag_dict(df.flagfile_lines(f.read())), **flags}
+    # Flag files (the TLS overlay adds a second) may give them instead.
+    for name, flagfile in df.flags_of(rank0.argv):
+        if name == "flagfile":
+            with open(flagfile) as f:
+                flags = {**df.flag_dict(df.flagfile_lines(f.read())), **flags}
     return flags
 
 
@@ -394,9 +426,10 @@ def check_outputs(c, members):
 def member_flags(m):
     """A member's flags, its flag file's included (later ones win)."""
     flags = df.flag_dict(m.argv)
-    if flags.get("flagfile"):
-        with open(flags["flagfile"]) as f:
-            flags = {**df.flag_dict(df.flagfile_lines(f.read())), **df.flag_dict(m.argv)}
+    for name, flagfile in df.flags_of(m.argv):
+        if name == "flagfile":
+            with open(flagfile) as f:
+                flags = {**df.flag_dict(df.flagfile_lines(f.read())), **flags}
     return flags
 
 
@@ -484,7 +517,7 @@ def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin_dir", required=True)
-    ap.add_argument("--only", choices=["compose", "k8s"])
+    ap.add_argument("--only", choices=["compose", "k8s", "k8s-tls"])
     ap.add_argument("--timeout_s", type=int, default=300)
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs")
     a = ap.parse_args()
@@ -493,6 +526,12 @@ def main():
         scenario(c, "compose", a.bin_dir, members_from_compose, a.timeout_s, a.keep)
     if a.only in (None, "k8s"):
         scenario(c, "k8s", a.bin_dir, members_from_k8s, a.timeout_s, a.keep)
+    if a.only in (None, "k8s-tls"):
+        # The TLS overlay: the same job with mutual TLS and the token, its
+        # exec probes run as they are (the restore is the base's business).
+        scenario(c, "k8s-tls", a.bin_dir,
+                 lambda tmp, rw: members_from_k8s(tmp, rw, "overlays/tls"),
+                 a.timeout_s, a.keep, restore=False)
     print(f"run_local: {c.passed} passed, {c.failed} failed")
     return 0 if c.failed == 0 and c.passed > 0 else 1
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, then runs the real daemons with its flags:
 #   1. docker-compose config -q: the Compose file alone and with each override
-#   2. kubectl kustomize: deploy/k8s/base and overlays/gpu render
+#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu and overlays/tls render
 #   3. the rendered manifests against the Kubernetes schemas of the npm
 #      package kubernetes-models (validate_k8s.mjs)
 #   4. npx dockerfile-utils lint: both Dockerfiles
 #   5. check_fields.py: ranks, probes, ports, volumes, images, flags (every
 #      flag against the binaries' --helpfull when a build is given)
 #   6. run_local.py: the daemons started with the flags of the Compose file
-#      and of the ConfigMap train the main job to the end (build needed)
+#      and of the ConfigMap train the main job to the end (build needed);
+#      then with overlays/tls: mutual TLS, the token and exec probes
 #   tests/deploy/validate.sh [BUILD_DIR]
 # A step whose tool is missing is skipped with a SKIP line (install them with
 # tests/deploy/setup.sh). SHARDPS_DEPLOY_RUN=0 skips step 6.
@@ -45,7 +46,9 @@ trap 'rm -rf "$tmp"' EXIT
 compose_config() {
   local c=deploy/compose rc=0
   for extra in "" "$c/docker-compose.host.yml" "$c/docker-compose.gpu.yml" \
-      "$c/docker-compose.host.yml $c/docker-compose.gpu.yml"; do
+      "$c/docker-compose.host.yml $c/docker-compose.gpu.yml" \
+      "$c/docker-compose.tls.yml" \
+      "$c/docker-compose.host.yml $c/docker-compose.tls.yml"; do
     local args=(-f "$c/docker-compose.yml")
     for f in $extra; do args+=(-f "$f"); done
     echo "docker-compose ${args[*]} config -q"
@@ -64,7 +67,8 @@ have_k8s=0
 render() {
   kubectl kustomize deploy/k8s/base > "$tmp/base.yaml" &&
     kubectl kustomize deploy/k8s/overlays/gpu > "$tmp/gpu.yaml" &&
-    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects"
+    kubectl kustomize deploy/k8s/overlays/tls > "$tmp/tls.yaml" &&
+    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects"
 }
 if command -v kubectl >/dev/null 2>&1; then
   kver=$(kubectl version --client 2>/dev/null | tr '\n' ' ')
@@ -79,7 +83,7 @@ have_npm=0
 [ -f "$here/node_modules/.package-lock.json" ] && command -v node >/dev/null 2>&1 &&
   have_npm=1
 if [ $have_npm = 1 ] && [ $have_k8s = 1 ]; then
-  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml"
+  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml"
 else
   skip "kubernetes-models schemas" "needs kubectl and tests/deploy/node_modules (setup.sh)"
 fi

@@ -22,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::WaitForLog;
 
 constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
 constexpr char kJob[] = "--job_id=e2e";
@@ -80,17 +81,6 @@ void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
   absl::StatusOr<int> code = d->Wait(timeout);
   ASSERT_TRUE(code.ok()) << code.status() << "\n" << d->ReadLog();
   EXPECT_EQ(*code, 0) << d->ReadLog();
-}
-
-// Polls `d`'s log until it contains `text` or `timeout` passes.
-bool WaitForLog(const Daemon& d, const std::string& text,
-                absl::Duration timeout = absl::Seconds(60)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!absl::StrContains(d.ReadLog(), text)) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
 }
 
 // The model of the same job with static lists: explicit shapes and

@@ -25,6 +25,7 @@ namespace shardps {
 namespace {
 
 using ::shardps::testing::Daemon;
+using ::shardps::testing::WaitForLog;
 
 constexpr char kServerA[] = "127.0.0.1:50001";
 constexpr char kServerB[] = "127.0.0.1:50002";
@@ -144,17 +145,6 @@ CtlResult RunCtl(std::vector<std::string> args) {
   result.code = code.value_or(-1);
   result.output = (*ctl)->ReadLog();
   return result;
-}
-
-// Polls the daemon's log until it contains `text` or `timeout` passes.
-bool WaitForLog(const Daemon& d, const std::string& text,
-                absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!absl::StrContains(d.ReadLog(), text)) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
 }
 
 TEST(CoordinatorE2ETest, MembersJoinAndWatchersSeeEveryGeneration) {

@@ -85,16 +85,17 @@ class MembershipTest : public ::testing::Test {
     }
   }
 
-  // A worker of a job of `epochs` epochs, slowed down so that the test can
-  // act while it trains.
-  std::unique_ptr<Daemon> StartWorker(const std::string& name, int epochs) {
+  // A worker of a job of `epochs` epochs asking for `rank` (-1: any),
+  // slowed down so that the test can act while it trains.
+  std::unique_ptr<Daemon> StartWorker(const std::string& name, int rank,
+                                      int epochs) {
     return Must(Daemon::StartProcess(
         name, SHARDPS_WORKER_BIN,
         {kJob, "--coordinator=" + coordinator_->address(),
-         "--dataset=fashion-mnist", "--model=mlp:784-32-10",
-         absl::StrCat("--epochs=", epochs), "--train_limit=2048",
-         "--test_limit=500", "--batch_size=64", "--backend=cpu",
-         "--fault_step_delay_ms=40", "--model_out=" + model_,
+         absl::StrCat("--rank=", rank), "--dataset=fashion-mnist",
+         "--model=mlp:784-32-10", absl::StrCat("--epochs=", epochs),
+         "--train_limit=2048", "--test_limit=500", "--batch_size=64",
+         "--backend=cpu", "--fault_step_delay_ms=40", "--model_out=" + model_,
          "--metrics_csv=" + dir_ + "/metrics.csv"}));
   }
 
@@ -121,8 +122,8 @@ class MembershipTest : public ::testing::Test {
 TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 3);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 3);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 3);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 3);
   ASSERT_NE(w0, nullptr);
   ASSERT_NE(w1, nullptr);
   // Rank 0, the lead, dies a little into the first epoch.
@@ -156,8 +157,8 @@ TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
 TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 5);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 5);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 5);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 5);
   ASSERT_NE(w0, nullptr);
   ASSERT_NE(w1, nullptr);
   ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
@@ -169,7 +170,7 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
       WaitForLog(*w0, "the global batch is sharded over 1 worker(s), ranks 0"))
       << w0->ReadLog();
   // A new process takes the free rank (1) and joins the running job.
-  std::unique_ptr<Daemon> fresh = StartWorker("worker-new", 5);
+  std::unique_ptr<Daemon> fresh = StartWorker("worker-new", -1, 5);
   ASSERT_NE(fresh, nullptr);
   ASSERT_TRUE(WaitForLog(*fresh, "joins the running job at step"))
       << fresh->ReadLog();
@@ -202,8 +203,8 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
 
 TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   StartCluster(/*heartbeat_ms=*/4000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 5);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 5);
+  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 5);
+  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 5);
   ASSERT_NE(w0, nullptr);
   ASSERT_NE(w1, nullptr);
   ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
