@@ -18,6 +18,7 @@
 #include "worker/client.h"
 #include "worker/dataset.h"
 #include "worker/model.h"
+#include "worker/worker_metrics.h"
 
 namespace shardps::worker {
 
@@ -38,6 +39,8 @@ struct TrainerOptions {
   std::function<void(int64_t step, int epoch)> on_step;
   // Testing only: a pause before every step (an artificially slow worker).
   absl::Duration step_delay;
+  // Told about every step; null: no metrics. Must outlive the Trainer.
+  WorkerMetrics* metrics = nullptr;
 };
 
 // Optimizer settings as given on the command line.

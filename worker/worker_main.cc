@@ -21,6 +21,7 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/member_flags.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "worker/trainer.h"
 #include "worker/training_flags.h"
@@ -190,6 +191,13 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
 // Loads the data, waits for the cluster (with a coordinator), trains.
 absl::Status Train(TrainerOptions o, Placement placement,
                    CoordinatorClient* coordinator) {
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<MetricsExporter> exporter,
+                           ServeMetricsFromFlags());
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (exporter != nullptr) {
+    metrics = std::make_unique<WorkerMetrics>(exporter->registry());
+    o.metrics = metrics.get();
+  }
   o.rank = placement.rank;
   o.num_workers = placement.num_workers;
   if (o.rank == 0) {
