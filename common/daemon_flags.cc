@@ -22,6 +22,11 @@ ABSL_FLAG(int32_t, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the bound port to this file once serving.");
 ABSL_FLAG(std::string, log_format, "text", "Log format: text or json.");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "Serve Prometheus metrics at http://--host:PORT/metrics; 0 picks a "
+          "free port, -1: off.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, write the bound metrics port to this file once serving.");
 
 namespace shardps {
 
@@ -54,7 +59,26 @@ absl::Status CheckDaemonFlags() {
   if (absl::GetFlag(FLAGS_host).empty()) {
     return absl::InvalidArgumentError("--host is empty");
   }
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_port=", metrics_port, " is outside [-1, 65535]"));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> ServeMetricsFromFlags() {
+  const int32_t port = absl::GetFlag(FLAGS_metrics_port);
+  if (port == -1) return nullptr;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Serve(host, port);
+  if (!exporter.ok()) return exporter.status();
+  LogInfo("metrics at http://%s:%d/metrics", host, (*exporter)->port());
+  absl::Status written = WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
+                                       (*exporter)->port());
+  if (!written.ok()) return written;
+  return exporter;
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

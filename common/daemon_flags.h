@@ -1,20 +1,27 @@
-// Flags every daemon shares (--host, --port, --port_file, --log_format) and
-// the process plumbing around them: port files, termination signals, and
-// turning a Status into an exit code. Only *_main.cc files include this.
+// Flags every daemon shares (--host, --port, --port_file, --log_format,
+// --metrics_port, --metrics_port_file) and the process plumbing around them:
+// port files, the metrics endpoint, termination signals, and turning a Status
+// into an exit code. Only *_main.cc files include this.
 #ifndef SHARDPS_COMMON_DAEMON_FLAGS_H_
 #define SHARDPS_COMMON_DAEMON_FLAGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/metrics.h"
 
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(int32_t, port);
 ABSL_DECLARE_FLAG(std::string, port_file);
 ABSL_DECLARE_FLAG(std::string, log_format);
+ABSL_DECLARE_FLAG(int32_t, metrics_port);
+ABSL_DECLARE_FLAG(std::string, metrics_port_file);
 
 namespace shardps {
 
@@ -29,6 +36,11 @@ absl::Status CheckDaemonFlags();
 // Writes `port` to `path` atomically (temporary file, then rename), so a
 // reader never sees a partial number. Empty path: does nothing.
 absl::Status WritePortFile(const std::string& path, int port);
+
+// Serves Prometheus metrics on --host:--metrics_port and writes the bound
+// port to --metrics_port_file; nullptr (and no error) when --metrics_port is
+// -1. Unavailable naming --metrics_port when the port cannot be bound.
+absl::StatusOr<std::unique_ptr<MetricsExporter>> ServeMetricsFromFlags();
 
 // Blocks SIGINT and SIGTERM in the calling thread and every thread it starts
 // afterwards; call first thing in main. WaitForTerminationSignal then

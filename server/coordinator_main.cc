@@ -13,12 +13,14 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/security_flags.h"
+#include "common/metrics.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/coordinator_metrics.h"
 #include "server/coordinator_service.h"
 #include "server/membership.h"
 
@@ -65,12 +67,14 @@ std::string ListenAddress(const std::string& host, int port) {
   return absl::StrCat(ipv6 ? absl::StrCat("[", host, "]") : host, ":", port);
 }
 
-// Logs membership events and expires silent members, on its own thread,
-// until destroyed.
+// Logs (and counts, when `metrics` is not null) membership events and
+// expires silent members, on its own thread, until destroyed.
 class Keeper {
  public:
-  explicit Keeper(Membership* membership, absl::Duration timeout)
+  Keeper(Membership* membership, absl::Duration timeout,
+         CoordinatorMetrics* metrics)
       : membership_(membership),
+        metrics_(metrics),
         // Expiry lags the timeout by at most a tenth of it (and 250 ms).
         tick_(std::clamp(timeout / 10, absl::Milliseconds(10),
                          absl::Milliseconds(250))),
@@ -90,6 +94,7 @@ class Keeper {
   }
   void LogEvents(absl::Time deadline) {
     for (const MembershipEvent& e : membership_->AwaitEvents(deadline)) {
+      if (metrics_ != nullptr) metrics_->Event(e);
       if (e.kind == MembershipEvent::Kind::kRejected) {
         LogWarning("%s", DescribeEvent(e));
       } else {
@@ -99,6 +104,7 @@ class Keeper {
   }
 
   Membership* const membership_;
+  CoordinatorMetrics* const metrics_;
   const absl::Duration tick_;
   absl::Notification stop_;
   std::thread thread_;  // last: starts once the rest is built
@@ -173,12 +179,19 @@ absl::Status Run() {
   InitLog("coordinator", -1, absl::GetFlag(FLAGS_log_format) == "json");
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Membership> membership,
                            Membership::Create(options));
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<MetricsExporter> exporter,
+                           ServeMetricsFromFlags());
+  std::unique_ptr<CoordinatorMetrics> metrics;
+  if (exporter != nullptr) {
+    metrics =
+        std::make_unique<CoordinatorMetrics>(exporter.get(), membership.get());
+  }
   // Declared before the server: it must outlive it.
-  CoordinatorService service(membership.get());
+  CoordinatorService service(membership.get(), metrics.get());
   int port = 0;
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
                            StartServer(&service, security, &port));
-  Keeper keeper(membership.get(), options.heartbeat_timeout);
+  Keeper keeper(membership.get(), options.heartbeat_timeout, metrics.get());
   LogInfo(
       "job %s: coordinator listening on %s:%d (servers=%d, workers=%d, "
       "heartbeat timeout %d ms)",

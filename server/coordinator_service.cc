@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "server/coordinator_metrics.h"
 
 namespace shardps::server {
 namespace {
@@ -138,8 +139,11 @@ void WatchReactor::Pump() {
   }
 }
 
-CoordinatorService::CoordinatorService(Membership* membership)
-    : membership_(membership), notifier_([this] { NotifyLoop(); }) {}
+CoordinatorService::CoordinatorService(Membership* membership,
+                                       CoordinatorMetrics* metrics)
+    : membership_(membership),
+      metrics_(metrics),
+      notifier_([this] { NotifyLoop(); }) {}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
@@ -215,6 +219,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
     grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
+  if (metrics_ != nullptr) metrics_->Heartbeat();
   return Reply(ctx, membership_->Heartbeat(*request), response);
 }
 
@@ -227,6 +232,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(
 grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
     grpc::CallbackServerContext* ctx, const v1::ProgressRequest* request,
     v1::ProgressResponse* response) {
+  if (metrics_ != nullptr) metrics_->Heartbeat();
   return Reply(ctx, membership_->ReportProgress(*request), response);
 }
 

@@ -17,15 +17,17 @@
 
 namespace shardps::server {
 
+class CoordinatorMetrics;
 class WatchReactor;
 
-// `membership` must outlive the service. The service must outlive the
-// grpc::Server it is registered with (watch streams call back into it until
-// their OnDone).
+// `membership` (and `metrics`, when not null) must outlive the service. The
+// service must outlive the grpc::Server it is registered with (watch streams
+// call back into it until their OnDone).
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   // Starts the notifier thread.
-  explicit CoordinatorService(Membership* membership);
+  explicit CoordinatorService(Membership* membership,
+                              CoordinatorMetrics* metrics = nullptr);
   // Calls Shutdown().
   ~CoordinatorService() override;
 
@@ -63,6 +65,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   Membership* const membership_;
+  CoordinatorMetrics* const metrics_;
   absl::Notification stop_;
 
   mutable absl::Mutex mu_;

@@ -11,6 +11,7 @@
 #include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/wire.h"
+#include "server/server_metrics.h"
 
 namespace shardps::server {
 namespace {
@@ -120,11 +121,15 @@ void PushPullReactor::OnReadDone(bool ok) {
     args.push_only = request_.push_only();
     args.payload = &payload_;
     status = store_->Push(args, shared_from_this());
+    if (status.ok() && service_->metrics() != nullptr) {
+      service_->metrics()->Pushed(payload_.size());
+    }
   }
   // The store has copied what it keeps: let go of the received slices.
   payload_.Clear();
   buffer_.Clear();
   if (!status.ok()) {
+    if (service_->metrics() != nullptr) service_->metrics()->Rejected(status);
     {
       absl::MutexLock lock(&mu_);
       --unanswered_;
@@ -150,6 +155,9 @@ void PushPullReactor::ReadNext() {
 }
 
 void PushPullReactor::Deliver(ChunkReply reply) {
+  if (reply.weights != nullptr && service_->metrics() != nullptr) {
+    service_->metrics()->Sent(reply.weights->size() * 4);
+  }
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
@@ -216,8 +224,9 @@ void PushPullReactor::Pump() {
 // Streams the requested chunks one message at a time.
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids)
-      : store_(store), chunk_ids_(std::move(chunk_ids)) {
+  PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids,
+              ServerMetrics* metrics)
+      : store_(store), chunk_ids_(std::move(chunk_ids)), metrics_(metrics) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -237,8 +246,13 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     absl::StatusOr<ChunkReply> reply = store_->Read(chunk_ids_[next_++]);
     if (!reply.ok()) {
+      if (metrics_ != nullptr) metrics_->Rejected(reply.status());
       Finish(ToGrpcStatus(reply.status()));
       return;
+    }
+    if (metrics_ != nullptr) {
+      metrics_->Pulled();
+      metrics_->Sent(reply->weights->size() * 4);
     }
     response_ = EncodeReply(*std::move(reply));
     StartWrite(&response_);
@@ -246,6 +260,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   ParameterStore* const store_;
   const std::vector<uint32_t> chunk_ids_;
+  ServerMetrics* const metrics_;
   size_t next_ = 0;
   grpc::ByteBuffer response_;
 };
@@ -253,7 +268,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // Finishes a streaming RPC at once with an error.
 class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FailedPull(const absl::Status& status) {
+  FailedPull(const absl::Status& status, ServerMetrics* metrics) {
+    if (metrics != nullptr) metrics->Rejected(status);
     Finish(ToGrpcStatus(status));
   }
   void OnDone() override { delete this; }
@@ -287,28 +303,33 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
   grpc::ByteBuffer copy(*request);  // Deserialize consumes its argument
   if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &parsed)
            .ok()) {
-    return new FailedPull(absl::InvalidArgumentError("malformed PullRequest"));
+    return new FailedPull(absl::InvalidArgumentError("malformed PullRequest"),
+                          metrics());
   }
   const v1::PullRequest* req = &parsed;
   if (EffectiveEncoding(req->encoding()) != v1::ENCODING_FP32) {
-    return new FailedPull(absl::InvalidArgumentError(absl::StrCat(
-        "unsupported encoding ", v1::Encoding_Name(req->encoding()),
-        " for Pull; this server sends ENCODING_FP32")));
+    return new FailedPull(
+        absl::InvalidArgumentError(absl::StrCat(
+            "unsupported encoding ", v1::Encoding_Name(req->encoding()),
+            " for Pull; this server sends ENCODING_FP32")),
+        metrics());
   }
   std::vector<uint32_t> ids(req->chunk_ids().begin(), req->chunk_ids().end());
   if (ids.empty()) {
     ids = store_->OwnedChunks();
     if (ids.empty()) {
-      return new FailedPull(absl::FailedPreconditionError(
-          "no model is declared on this shard yet: call Declare first"));
+      return new FailedPull(
+          absl::FailedPreconditionError(
+              "no model is declared on this shard yet: call Declare first"),
+          metrics());
     }
   }
   // Reject unknown chunks before streaming anything.
   for (uint32_t id : ids) {
     absl::Status owned = store_->CheckOwned(id);
-    if (!owned.ok()) return new FailedPull(owned);
+    if (!owned.ok()) return new FailedPull(owned, metrics());
   }
-  return new PullReactor(store_, std::move(ids));
+  return new PullReactor(store_, std::move(ids), metrics());
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStatus(

@@ -17,6 +17,8 @@ struct ServiceOptions {
   // Fault injection for tests: when > 0, every Nth PushPull reply is dropped
   // and its stream ends with UNAVAILABLE, as if the network lost it.
   int64_t drop_reply_every = 0;
+  // Request and byte counters; null: none. Must outlive the service.
+  ServerMetrics* metrics = nullptr;
 };
 
 // `store` must outlive the service and every RPC it started.
@@ -44,6 +46,7 @@ class ParameterService final
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
+  ServerMetrics* metrics() const { return options_.metrics; }
 
  private:
   ParameterStore* const store_;

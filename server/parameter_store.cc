@@ -9,6 +9,7 @@
 #include "common/init.h"
 #include "common/partitioner.h"
 #include "common/status.h"
+#include "server/server_metrics.h"
 
 namespace shardps::server {
 namespace {
@@ -566,8 +567,12 @@ ParameterStore::ApplyLocked(const Optimizer& optimizer, Chunk* chunk,
     chunk->weights = std::make_shared<std::vector<float>>(*chunk->weights);
     weight_copies_.fetch_add(1, std::memory_order_relaxed);
   }
+  const absl::Time start = absl::Now();
   optimizer.Apply(chunk->version, contributions, chunk->weights->data(), slots,
                   chunk->spec.num_elements);
+  if (options_.metrics != nullptr) {
+    options_.metrics->Aggregated(absl::Now() - start);
+  }
   ++chunk->version;
   updates_.fetch_add(1, std::memory_order_relaxed);
   MaybeSnapshot(chunk);
@@ -600,6 +605,9 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
     std::vector<Waiter> waiters;
     waiters.swap(chunk->waiters);
     replies = ApplyLocked(optimizer, chunk, contributions, std::move(waiters));
+    if (options_.metrics != nullptr) {
+      options_.metrics->StepDone(absl::Now() - chunk->first_contribution);
+    }
     chunk->contributed.assign(options_.num_workers, false);
     chunk->num_contributed = 0;
     chunk->apply_scheduled = false;
@@ -694,6 +702,11 @@ absl::Status ParameterStore::PushAsync(const State& state, const PushArgs& args,
           "step ", args.step, " of chunk ", chunk->spec.id, " from rank ",
           args.rank, " is in the ", args.step < last ? "past" : "future",
           ": the last step applied for this rank is ", last));
+    }
+    if (options_.metrics != nullptr) {
+      const int64_t newest =
+          *std::max_element(chunk->last_step.begin(), chunk->last_step.end());
+      options_.metrics->Staleness(std::max<int64_t>(0, newest - args.step));
     }
     if (args.step == last + 1) {
       // Applied on arrival, on this thread. (A push of `last` is a retry:

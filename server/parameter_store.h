@@ -33,6 +33,8 @@ namespace shardps::server {
 // step t - staleness, so no worker runs more than `staleness` steps ahead.
 enum class Mode { kSync, kAsync, kSsp };
 
+class ServerMetrics;
+
 struct StoreOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
@@ -51,6 +53,9 @@ struct StoreOptions {
   int64_t checkpoint_every = 0;
   std::function<void(int64_t step, std::vector<ChunkState> chunks)>
       on_checkpoint;
+  // Step, aggregation and staleness histograms; null: none. Must outlive
+  // the store.
+  ServerMetrics* metrics = nullptr;
 };
 
 // The weights of one chunk at one version. Shared with the transport, which

@@ -21,10 +21,12 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/member_flags.h"
+#include "common/metrics.h"
 #include "common/port_reservation.h"
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
+#include "server/server_metrics.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(int32_t, shard_index, -1,
@@ -147,6 +149,54 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   return o;
 }
 
+// The shard's metrics when --metrics_port is set; both null otherwise.
+struct Metrics {
+  std::unique_ptr<MetricsExporter> exporter;
+  std::unique_ptr<ServerMetrics> shard;
+};
+
+// Serves /metrics and hands the handles to the store, the service and the
+// checkpoint report.
+absl::StatusOr<Metrics> StartMetrics(ShardServerOptions* options) {
+  Metrics m;
+  SHARDPS_ASSIGN_OR_RETURN(m.exporter, ServeMetricsFromFlags());
+  if (m.exporter == nullptr) return m;
+  m.shard = std::make_unique<ServerMetrics>(m.exporter->registry());
+  ServerMetrics* shard = m.shard.get();
+  options->store.metrics = shard;
+  options->service.metrics = shard;
+  options->on_checkpoint = [shard, log = options->on_checkpoint](
+                               const absl::StatusOr<CheckpointWrite>& w) {
+    shard->CheckpointDone(w);
+    log(w);
+  };
+  return m;
+}
+
+// Sets the shard's gauges at every scrape: its step, and the generation and
+// live workers of the coordinator's view (`client`; null in static mode).
+std::unique_ptr<ScrapeHook> WatchShard(const Metrics& m, ShardServer* server,
+                                       const CoordinatorClient* client) {
+  if (m.exporter == nullptr) return nullptr;
+  if (server->restored().has_value())
+    m.shard->Restored(server->restored()->step);
+  ServerMetrics* shard = m.shard.get();
+  return m.exporter->OnScrape([shard, server, client] {
+    const v1::GetStatusResponse status = server->store()->Status();
+    shard->step().Set(static_cast<double>(status.min_version()));
+    if (client == nullptr) {
+      shard->generation().Set(static_cast<double>(status.generation()));
+      shard->live_workers().Set(status.num_workers());
+      return;
+    }
+    const v1::ClusterView view = client->view();
+    shard->generation().Set(static_cast<double>(view.generation()));
+    shard->live_workers().Set(static_cast<double>(
+        std::count_if(view.workers().begin(), view.workers().end(),
+                      [](const v1::WorkerSlot& w) { return w.alive(); })));
+  });
+}
+
 // Logs where the shard started from.
 void LogRestore(const ShardServer& server) {
   if (!server.restored().has_value()) return;
@@ -167,11 +217,14 @@ void Stop(ShardServer* server) {
           status.rejected_total());
 }
 
-absl::Status RunStatic(const ShardServerOptions& options) {
+absl::Status RunStatic(ShardServerOptions options) {
   InitLog("server", static_cast<int>(options.store.shard_index),
           absl::GetFlag(FLAGS_log_format) == "json");
+  SHARDPS_ASSIGN_OR_RETURN(Metrics metrics, StartMetrics(&options));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server,
                            ShardServer::Start(options));
+  const std::unique_ptr<ScrapeHook> hook =
+      WatchShard(metrics, server.get(), nullptr);
   LogRestore(*server);
   LogInfo("shard %d of %d listening on %s:%d (mode=%s, workers=%d)",
           options.store.shard_index, options.store.num_shards, options.host,
@@ -331,6 +384,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
 absl::Status RunCoordinated(ShardServerOptions options) {
   const bool json = absl::GetFlag(FLAGS_log_format) == "json";
   InitLog("server", absl::GetFlag(FLAGS_shard_index), json);
+  SHARDPS_ASSIGN_OR_RETURN(Metrics metrics, StartMetrics(&options));
   SHARDPS_ASSIGN_OR_RETURN(
       std::unique_ptr<PortReservation> reservation,
       PortReservation::Reserve(options.host, options.port));
@@ -355,6 +409,8 @@ absl::Status RunCoordinated(ShardServerOptions options) {
     client->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
     return server.status();
   }
+  const std::unique_ptr<ScrapeHook> hook =
+      WatchShard(metrics, server->get(), client.get());
   LogRestore(**server);
   LogInfo(
       "shard %d of %d listening on %s:%d, advertised as %s (mode=%s, "
@@ -368,8 +424,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   const bool finished =
       status.ok() && ServeUntilEnd(client.get(), (*server)->store());
   if (finished) {
-    LogInfo("job %s finished: the workers completed its training; exiting",
-            job);
+    LogInfo("job %s finished: training completed; exiting", job);
   }
   const absl::Status left = client->Leave(absl::Now() + kLeaveTimeout);
   // After the job's end the coordinator may be gone already.
@@ -381,7 +436,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
 absl::Status Run() {
   SHARDPS_ASSIGN_OR_RETURN(ShardServerOptions options, OptionsFromFlags());
   if (UseCoordinator()) return RunCoordinated(std::move(options));
-  return RunStatic(options);
+  return RunStatic(std::move(options));
 }
 
 }  // namespace

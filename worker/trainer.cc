@@ -170,6 +170,12 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   stats->loss_sum += loss;
   ++stats->steps;
   stats->samples += options_.batch_size;
+  if (options_.metrics != nullptr) {
+    const uint64_t bytes = 4 * model_.num_params();  // fp32 both ways
+    options_.metrics->StepDone({step, b, loss, computed - start,
+                                client_->last_push_time(), exchange, bytes,
+                                bytes, client_->retries()});
+  }
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "worker/client.h"
 #include "worker/dataset.h"
 #include "worker/model.h"
+#include "worker/worker_metrics.h"
 
 namespace shardps::worker {
 
@@ -51,6 +52,8 @@ struct TrainerOptions {
   // heartbeating long enough to be expired, then came back) joins the job
   // again at the next epoch start instead of failing.
   bool rejoin_when_dropped = false;
+  // Told about every step; null: no metrics. Must outlive the Trainer.
+  WorkerMetrics* metrics = nullptr;
 };
 
 // Optimizer settings as given on the command line.

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/member_flags.h"
 #include "common/security_flags.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "worker/trainer.h"
 #include "worker/training_flags.h"
@@ -230,6 +231,13 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
 absl::Status Train(TrainerOptions o, Placement placement,
                    CoordinatorClient* coordinator,
                    const SecurityOptions& security) {
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<MetricsExporter> exporter,
+                           ServeMetricsFromFlags());
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (exporter != nullptr) {
+    metrics = std::make_unique<WorkerMetrics>(exporter->registry());
+    o.metrics = metrics.get();
+  }
   o.rank = placement.rank;
   o.num_workers = placement.num_workers;
   // Written by the lead worker only: rank 0, or with a coordinator the

@@ -14,7 +14,8 @@ log() { printf '\n== %s\n' "$*" >&2; }
 packages=(cmake g++ make pkg-config clang clang-format libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-  zlib1g-dev dataset-fashion-mnist python3)
+  zlib1g-dev prometheus-cpp-dev dataset-fashion-mnist python3
+  prometheus)  # prometheus: promtool, which the metrics tests run
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -27,7 +27,7 @@ STATE_DIR = "/var/lib/shardps"
 JOB_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # Flags each pod gets in its args, not from the shared settings.
 PER_MEMBER_FLAGS = {"rank", "shard_index", "coordinator", "advertise_host",
-                    "host", "port"}
+                    "host", "port", "metrics_port"}
 
 
 class Checker:
@@ -87,6 +87,7 @@ def check_compose(c):
     coord_addr = f"coordinator:{cflags.get('port')}"
 
     ports = {}
+    metrics_ports = {}
     for name, svc in sorted(services.items()):
         argv = svc.get("command", [])
         binary = argv[0] if argv else None
@@ -102,6 +103,15 @@ def check_compose(c):
                 f"compose {name}: restart on-failure (exit 0 ends it)")
         c.check("ports" not in svc and "networks" not in svc,
                 f"compose {name}: no published ports or networks (host override)")
+        mport = int(flags.get("metrics_port", -1))
+        c.check(mport > 0 and mport not in ports.values() and
+                mport not in metrics_ports.values(),
+                f"compose {name}: --metrics_port={mport} fixed and unique")
+        metrics_ports[name] = mport
+        c.check(str(mport) in [str(e) for e in svc.get("expose", [])],
+                f"compose {name}: exposes its metrics port")
+        c.equal(flags.get("host"), "0.0.0.0",
+                f"compose {name}: --host (gRPC and /metrics reachable)")
         if name != "coordinator":
             c.equal(flags.get("coordinator"), coord_addr,
                     f"compose {name}: --coordinator")
@@ -110,7 +120,6 @@ def check_compose(c):
             c.check(f"checkpoints:{STATE_DIR}" in vols,
                     f"compose {name}: volume checkpoints at {STATE_DIR}")
         if binary in ("shardps-coordinator", "shardps-server"):
-            c.equal(flags.get("host"), "0.0.0.0", f"compose {name}: --host")
             port = int(flags.get("port", 0))
             c.check(port > 0 and port not in ports.values(),
                     f"compose {name}: --port={port} fixed and unique")
@@ -152,9 +161,10 @@ def check_compose(c):
             "compose: servers share every setting but index, port and name")
     workers = [services[f"worker-{i}"]["command"] for i in range(num_workers)
                if f"worker-{i}" in services]
-    stripped = [[a for a in w if not a.startswith("--rank=")] for w in workers]
+    stripped = [[a for a in w if not a.startswith(("--rank=", "--metrics_port="))]
+                for w in workers]
     c.check(all(s == stripped[0] for s in stripped),
-            "compose: workers differ only in --rank")
+            "compose: workers differ only in --rank and --metrics_port")
     c.check("checkpoints" in (base.get("volumes") or {}),
             "compose: named volume checkpoints")
 
@@ -270,6 +280,19 @@ def check_probes(c, name, ctr, port):
                 f"k8s {name}: {probe} is a gRPC probe on --port")
 
 
+def check_metrics(c, name, job, flags, ctr):
+    """The pod serves /metrics on its port named metrics, and says so."""
+    ports = {p["name"]: p["containerPort"] for p in ctr.get("ports", [])}
+    mport = int(flags.get("metrics_port", -1))
+    c.check(mport > 0 and ports.get("metrics") == mport,
+            f"k8s {name}: containerPort metrics is --metrics_port={mport}")
+    c.equal(flags.get("host"), "0.0.0.0", f"k8s {name}: --host (for /metrics)")
+    ann = job["spec"]["template"]["metadata"].get("annotations", {})
+    c.equal((ann.get("prometheus.io/scrape"), ann.get("prometheus.io/port"),
+             ann.get("prometheus.io/path")), ("true", str(mport), "/metrics"),
+            f"k8s {name}: prometheus.io annotations")
+
+
 def check_service(c, svc, job, port):
     name = svc["metadata"]["name"]
     labels = job["spec"]["template"]["metadata"]["labels"]
@@ -326,6 +349,7 @@ def check_k8s(c, objs, gpu_objs, compose):
     c.equal(flags.get("host"), "0.0.0.0", "k8s coordinator: --host")
     cport = int(flags.get("port", 0))
     check_probes(c, "coordinator", ctr, cport)
+    check_metrics(c, "coordinator", cjob, flags, ctr)
     csvc = df.find(objs, "Service", "coordinator")
     coord_addr = f"coordinator:{check_service(c, csvc, cjob, cport)}"
 
@@ -356,6 +380,7 @@ def check_k8s(c, objs, gpu_objs, compose):
     c.equal(flags.get("coordinator"), coord_addr, "k8s server: --coordinator")
     sport = int(flags.get("port", 0))
     check_probes(c, "server", ctr, sport)
+    check_metrics(c, "server", sjob, flags, ctr)
     check_service(c, headless, sjob, sport)
     startup = ctr.get("startupProbe", {})
     c.equal(startup.get("grpc", {}).get("port"), sport,
@@ -368,6 +393,7 @@ def check_k8s(c, objs, gpu_objs, compose):
     # Workers.
     wjob = df.find(objs, "Job", "worker")
     flags, ctr = check_pod_common(c, "worker", wjob, objs, cm)
+    check_metrics(c, "worker", wjob, flags, ctr)
     spec = wjob["spec"]
     c.equal(ctr.get("command"), ["shardps-worker"], "k8s worker: command")
     c.equal(spec.get("completionMode"), "Indexed", "k8s worker: Indexed Job")

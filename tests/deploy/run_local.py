@@ -20,7 +20,10 @@ check that a member started before its peers logs that it waits and retries.
 Then: the health checks (Compose's shardps-ctl command, the Kubernetes gRPC
 probe ports) must report SERVING, every process must exit 0, rank 0 must
 write metrics.csv with a row per epoch and a safetensors model holding the
-MLP's tensors, and the servers must have committed checkpoints. Last, the
+MLP's tensors, and the servers must have committed checkpoints. Every daemon
+with --metrics_port is scraped while it runs: its /metrics must show the
+job's work (pushes, steps, members) and pass 'promtool check metrics' when
+promtool is installed (Debian package prometheus). Last, the
 same deployment starts again on the same volume: the servers restore the
 newest checkpoint, the workers resume at its step and train to the end.
 Ends with 'run_local: N passed, M failed'.
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import deploy_files as df
 
@@ -62,6 +66,18 @@ class Member:
         self.proc = None
         self.log_path = None
         self.healthy = False
+        self.metrics_port = int(df.flag_dict(argv).get("metrics_port", -1))
+        self.scraped = ""  # the last exposition /metrics returned
+
+    def scrape(self):
+        if self.metrics_port <= 0:
+            return
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                self.scraped = r.read().decode()
+        except OSError:
+            pass  # not serving yet, or gone
 
     def log(self):
         try:
@@ -108,8 +124,8 @@ class Rewriter:
                 out.append(arg)
             elif name == "host":
                 out.append("--host=127.0.0.1")
-            elif name == "port":
-                out.append(f"--port={self.address(own_host, value)}")
+            elif name in ("port", "metrics_port"):
+                out.append(f"--{name}={self.address(own_host, value)}")
             elif name == "advertise_host":
                 if value not in hostnames:
                     raise ValueError(f"{own_host}: --advertise_host={value} "
@@ -349,6 +365,8 @@ class Run:
             for m in self.members:
                 if m.health_argv and not m.healthy and m.proc.poll() is None:
                     self.probe(m)
+                if m.proc.poll() is None:
+                    m.scrape()
             if all(m.proc.poll() is not None for m in self.members):
                 break
             time.sleep(0.5)
@@ -421,6 +439,34 @@ def check_outputs(c, members):
         if rows:
             acc = float(rows[-1][4])
             c.check(acc >= 0.80, f"final test accuracy {acc:.4f} >= 0.80")
+
+
+# A counter or gauge per binary that the main job must have moved.
+METRIC_MOVED = {"shardps-coordinator": "shardps_coordinator_heartbeats_total",
+                "shardps-server": "shardps_server_pushes_total",
+                "shardps-worker": "shardps_worker_steps_total"}
+
+
+def check_metrics(c, members):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        print("     SKIP promtool check metrics: promtool is not installed "
+              "(apt-get install prometheus)")
+    for m in members:
+        if m.metrics_port <= 0:
+            continue
+        if not c.check(m.scraped, f"{m.name}: /metrics scraped while running"):
+            continue
+        want = METRIC_MOVED.get(m.argv[0])
+        values = [float(l.split()[-1]) for l in m.scraped.splitlines()
+                  if l.startswith(want + " ")] if want else [1.0]
+        c.check(values and values[0] > 0,
+                f"{m.name}: {want} = {values[0] if values else 'missing'} > 0")
+        if promtool is not None:
+            r = subprocess.run([promtool, "check", "metrics"], input=m.scraped,
+                               capture_output=True, text=True, timeout=60)
+            c.check(r.returncode == 0,
+                    f"{m.name}: promtool check metrics{': ' + r.stdout + r.stderr if r.returncode else ''}")
 
 
 def member_flags(m):
@@ -500,6 +546,7 @@ def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True):
     try:
         run.run(timeout_s)
         check_outputs(c, members)
+        check_metrics(c, members)
     finally:
         for m in members:
             Run.stop(m)

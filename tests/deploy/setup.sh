@@ -2,7 +2,8 @@
 # Installs what the deploy checks need and is missing; idempotent and quick
 # when everything is there.
 #   tests/deploy/setup.sh            # validation: docker-compose (1.29),
-#                                    # PyYAML, node + npm packages, kubectl
+#                                    # PyYAML, promtool, node + npm packages,
+#                                    # kubectl
 #   tests/deploy/setup.sh --engine   # also a Docker engine (docker.io) and
 #                                    # mmdebstrap, for tests/deploy/compose_up.sh
 # Debian packages come through apt; the npm tools are pinned in
@@ -15,7 +16,8 @@ log() { printf '== setup: %s\n' "$*" >&2; }
 engine=0
 [ "${1:-}" = "--engine" ] && engine=1
 
-packages=(docker-compose python3-yaml)
+# prometheus: promtool checks the daemons' /metrics in run_local.py.
+packages=(docker-compose python3-yaml prometheus)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 [ $engine = 1 ] && packages+=(docker.io mmdebstrap)

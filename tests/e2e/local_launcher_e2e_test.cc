@@ -140,7 +140,7 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
   EXPECT_TRUE(std::any_of(server_log.begin(), server_log.end(),
                           [](const std::string& line) {
                             return absl::StrContains(
-                                line, "every worker completed its training");
+                                line, "finished: training completed");
                           }))
       << absl::StrJoin(server_log, "\n");
 }

@@ -1,0 +1,81 @@
+// The metrics of one parameter shard (shardps_server_*, shardps_checkpoint_*):
+// handles registered once in the process's registry and passed by pointer
+// to the store and the service, where a null pointer means no metrics.
+// Thread-safe: every handle is atomic.
+#ifndef SHARDPS_SERVER_SERVER_METRICS_H_
+#define SHARDPS_SERVER_SERVER_METRICS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+
+namespace shardps::server {
+
+struct CheckpointWrite;
+
+class ServerMetrics {
+ public:
+  // Registers the shard's metrics in `registry`, which must outlive this.
+  explicit ServerMetrics(prometheus::Registry& registry);
+
+  // An accepted gradient chunk of `bytes` payload bytes.
+  void Pushed(uint64_t bytes) {
+    pushes_.Increment();
+    received_bytes_.Increment(static_cast<double>(bytes));
+  }
+  // A weights chunk of `bytes` handed to the transport (PushPull or Pull).
+  void Sent(uint64_t bytes) {
+    sent_bytes_.Increment(static_cast<double>(bytes));
+  }
+  // A chunk read by Pull.
+  void Pulled() { pulls_.Increment(); }
+  // A push or pull refused with `status` (not OK).
+  void Rejected(const absl::Status& status);
+  // Sync: a chunk's update applied `waited` after its step's first push.
+  void StepDone(absl::Duration waited) {
+    step_seconds_.Observe(Seconds(waited));
+  }
+  // One reduce plus optimizer update of a chunk.
+  void Aggregated(absl::Duration took) {
+    aggregation_seconds_.Observe(Seconds(took));
+  }
+  // Async and ssp: how many steps the pushing worker is behind the most
+  // advanced one.
+  void Staleness(int64_t steps) {
+    staleness_steps_.Observe(static_cast<double>(steps));
+  }
+  // A checkpoint write finished (or failed, or was skipped).
+  void CheckpointDone(const absl::StatusOr<CheckpointWrite>& write);
+  // The shard started from the checkpoint of `step`.
+  void Restored(int64_t step) { last_committed_step_.Set(step); }
+
+  // Gauges a scrape hook refreshes from the store and the cluster view.
+  prometheus::Gauge& step() { return step_; }
+  prometheus::Gauge& generation() { return generation_; }
+  prometheus::Gauge& live_workers() { return live_workers_; }
+
+ private:
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Counter& pushes_;
+  prometheus::Counter& pulls_;
+  prometheus::Counter& received_bytes_;
+  prometheus::Counter& sent_bytes_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& aggregation_seconds_;
+  prometheus::Histogram& staleness_steps_;
+  prometheus::Gauge& step_;
+  prometheus::Gauge& generation_;
+  prometheus::Gauge& live_workers_;
+  prometheus::Histogram& checkpoint_seconds_;
+  prometheus::Counter& checkpoint_bytes_;
+  prometheus::Family<prometheus::Counter>& checkpoint_failures_;
+  prometheus::Gauge& last_written_step_;
+  prometheus::Gauge& last_committed_step_;
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_SERVER_METRICS_H_
