@@ -93,6 +93,10 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string& address,
   request.set_role(role);
   request.set_address(address);
   request.set_incarnation(options_.incarnation);
+  if (options_.restored_step >= 0) {
+    request.set_restored(true);
+    request.set_restored_step(options_.restored_step);
+  }
   request.set_requested_index(requested_index < 0 ? kAnyIndex
                                                   : requested_index);
   absl::Duration backoff = options_.initial_backoff;

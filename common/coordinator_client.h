@@ -44,6 +44,9 @@ struct CoordinatorClientOptions {
   std::function<bool()> cancelled;
   // JoinRequest.incarnation: identifies this process across rejoins.
   uint64_t incarnation = 0;
+  // Servers: the step of the checkpoint the shard restored at start
+  // (JoinRequest.restored_step); -1: none.
+  int64_t restored_step = -1;
 };
 
 class CoordinatorClient {

@@ -35,6 +35,8 @@ const char* KindText(MembershipEvent::Kind kind) {
       return "finished its training and left";
     case MembershipEvent::Kind::kJobFinished:
       return "job finished";
+    case MembershipEvent::Kind::kRollback:
+      return "restarted from the last committed checkpoint";
   }
   return "changed";
 }
@@ -57,6 +59,11 @@ std::string DescribeEvent(const MembershipEvent& e) {
   if (e.kind == MembershipEvent::Kind::kJobFinished) {
     return absl::StrCat("job finished (", e.detail, "); generation ",
                         e.generation);
+  }
+  if (e.kind == MembershipEvent::Kind::kRollback) {
+    return absl::StrCat(RoleName(e.role), " ", e.index, " (", e.address, ") ",
+                        KindText(e.kind), ": ", e.detail,
+                        " for every member; generation ", e.generation);
   }
   return absl::StrCat(
       RoleName(e.role), " ", e.index,
@@ -203,6 +210,9 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
   const SlotRef ref(r.role(), index);
   Slot& slot = Slots(r.role())[index];
   MembershipEvent::Kind kind = MembershipEvent::Kind::kJoined;
+  // Held before: a server restarting. Its state comes from the job's last
+  // committed checkpoint, which the other shards are past: roll back.
+  const bool restart = slot.last_heartbeat != absl::InfinitePast();
   if (slot.alive()) {
     members_.erase(slot.member_id);
     kind = MembershipEvent::Kind::kReplaced;
@@ -219,6 +229,19 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
   members_[slot.member_id] = ref;
   ++generation_;
   Record(kind, ref);
+  if (restart && r.role() == v1::ROLE_SERVER && r.restored()) {
+    ++rollback_id_;
+    rollback_step_ = r.restored_step();
+    MembershipEvent e;
+    e.kind = MembershipEvent::Kind::kRollback;
+    e.role = r.role();
+    e.index = index;
+    e.address = r.address();
+    e.generation = generation_;
+    e.detail =
+        absl::StrCat("rollback ", rollback_id_, " to step ", rollback_step_);
+    AddEvent(std::move(e));
+  }
 
   v1::JoinResponse response;
   response.set_member_id(slot.member_id);
@@ -398,6 +421,8 @@ v1::ClusterView Membership::ViewLocked() const {
   view.set_epoch(epoch_);
   view.set_job_finished(job_finished_);
   view.set_coordinator_incarnation(options_.incarnation);
+  view.set_rollback_id(rollback_id_);
+  view.set_rollback_step(rollback_step_);
   return view;
 }
 

@@ -47,6 +47,7 @@ struct MembershipEvent {
     kRejected,     // a join that was refused; nothing changed
     kFinished,     // a worker left having completed its training
     kJobFinished,  // every worker has finished; role and index are unset
+    kRollback,     // a restarted server rolls the job back (detail: how)
   };
   Kind kind = Kind::kJoined;
   v1::Role role = v1::ROLE_UNSPECIFIED;
@@ -174,6 +175,8 @@ class Membership {
   int64_t global_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool job_finished_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t rollback_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rollback_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<MembershipEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 

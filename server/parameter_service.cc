@@ -66,6 +66,10 @@ class PushPullReactor final
 
   // Queues a reply; called by the store from any thread.
   void Deliver(ChunkReply reply) override;
+  // Ends the stream with `status` (the shard was reset).
+  void Fail(const absl::Status& status) override {
+    RequestFinish(ToGrpcStatus(status));
+  }
 
  private:
   // Every StartRead, StartWrite and Finish is decided under mu_ and issued

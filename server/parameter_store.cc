@@ -162,22 +162,18 @@ int64_t ParameterStore::NextStep(const State& state, uint32_t rank) const {
   return std::max<int64_t>(next, 0);
 }
 
-absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
-                                     std::vector<ChunkState> chunks) {
-  v1::DeclareRequest req = declaration;
-  req.set_num_shards(options_.num_shards);
-  req.set_shard_index(options_.shard_index);
-  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
-  if (chunks.size() != built->num_owned) {
+absl::Status ParameterStore::CheckSavedChunks(
+    const State& state, const std::vector<ChunkState>& chunks) const {
+  if (chunks.size() != state.num_owned) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint holds ", chunks.size(), " chunks for shard ",
-                     options_.shard_index, ", which owns ", built->num_owned));
+                     options_.shard_index, ", which owns ", state.num_owned));
   }
-  std::vector<bool> seen(built->owned.size(), false);
-  for (ChunkState& saved : chunks) {
-    Chunk* chunk = saved.chunk_id < built->owned.size()
-                       ? built->owned[saved.chunk_id].get()
-                       : nullptr;
+  std::vector<bool> seen(state.owned.size(), false);
+  for (const ChunkState& saved : chunks) {
+    const Chunk* chunk = saved.chunk_id < state.owned.size()
+                             ? state.owned[saved.chunk_id].get()
+                             : nullptr;
     if (chunk != nullptr && seen[saved.chunk_id]) chunk = nullptr;
     if (chunk != nullptr) seen[saved.chunk_id] = true;
     if (saved.version < 0 || saved.version != chunks.front().version) {
@@ -190,9 +186,9 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
           absl::StrCat("checkpoint chunk ", saved.chunk_id,
                        " is not owned by shard ", options_.shard_index));
     }
-    absl::MutexLock lock(&chunk->mu);
-    bool sizes_ok = saved.weights.size() == chunk->weights->size() &&
-                    saved.slots.size() == chunk->slots.size();
+    bool sizes_ok =
+        saved.weights.size() == static_cast<size_t>(chunk->spec.num_elements) &&
+        saved.slots.size() == state.optimizer->num_slots();
     for (const std::vector<float>& slot : saved.slots) {
       sizes_ok = sizes_ok && slot.size() == saved.weights.size();
     }
@@ -202,6 +198,20 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
                        " has another size or "
                        "optimizer state than the declaration"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
+                                     std::vector<ChunkState> chunks) {
+  v1::DeclareRequest req = declaration;
+  req.set_num_shards(options_.num_shards);
+  req.set_shard_index(options_.shard_index);
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
+  SHARDPS_RETURN_IF_ERROR(CheckSavedChunks(*built, chunks));
+  for (ChunkState& saved : chunks) {
+    Chunk* chunk = built->owned[saved.chunk_id].get();
+    absl::MutexLock lock(&chunk->mu);
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
@@ -214,6 +224,42 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
         "this shard is already declared; restore before any Declare");
   }
   state_ = std::move(built);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
+                                     const absl::Status& why,
+                                     uint64_t rollback_id) {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard: nothing to reset");
+  }
+  SHARDPS_RETURN_IF_ERROR(CheckSavedChunks(*st, chunks));
+  std::vector<std::shared_ptr<ReplySink>> failed;
+  for (ChunkState& saved : chunks) {
+    Chunk* chunk = st->owned[saved.chunk_id].get();
+    absl::MutexLock lock(&chunk->mu);
+    // A new buffer: replies being sent may still hold the old one.
+    chunk->weights =
+        std::make_shared<std::vector<float>>(std::move(saved.weights));
+    chunk->slots = std::move(saved.slots);
+    chunk->version = saved.version;
+    chunk->last_step.assign(options_.num_workers, saved.version - 1);
+    chunk->contributed.assign(options_.num_workers, false);
+    chunk->num_contributed = 0;
+    chunk->snapshots.clear();
+    for (Waiter& w : chunk->waiters) failed.push_back(std::move(w.sink));
+    for (Waiter& w : chunk->held) failed.push_back(std::move(w.sink));
+    chunk->waiters.clear();
+    chunk->held.clear();
+  }
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    snapshot_counts_.clear();
+  }
+  rollback_id_.store(rollback_id);
+  for (const auto& sink : failed) sink->Fail(why);
   return absl::OkStatus();
 }
 
@@ -592,6 +638,11 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
   {
     absl::MutexLock lock(&chunk->mu);
+    // A reset (ResetTo) between scheduling and now dropped the step.
+    if (chunk->num_contributed == 0) {
+      chunk->apply_scheduled = false;
+      return;
+    }
     // Rank order makes the sum, and so the weights, bitwise deterministic.
     // The mean is over the contributions that arrived: a rank that left the
     // job mid-step is not waited for.
@@ -816,6 +867,7 @@ v1::GetStatusResponse ParameterStore::Status() const {
   resp.set_bytes_in_total(bytes_in_.load());
   resp.set_bytes_out_total(bytes_out_.load());
   resp.set_weight_copies_total(weight_copies_.load());
+  resp.set_rollback_id(rollback_id_.load());
   const State* st = state();
   if (st == nullptr) return resp;
   resp.set_declared(true);

@@ -76,6 +76,9 @@ class ReplySink {
  public:
   virtual ~ReplySink() = default;
   virtual void Deliver(ChunkReply reply) = 0;
+  // The push will never be answered (the shard was reset to a checkpoint):
+  // the sink ends its call with `status`. Same threading rules as Deliver.
+  virtual void Fail(const absl::Status& status) = 0;
 };
 
 // One gradient chunk of one worker, as it came off the wire.
@@ -127,6 +130,18 @@ class ParameterStore {
   // the chunks do not match; InvalidArgument for a bad declaration.
   absl::Status Restore(const v1::DeclareRequest& declaration,
                        std::vector<ChunkState> chunks) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A job-wide rollback: resets every owned chunk (weights, optimizer
+  // slots, version) to `chunks`, the checkpoint this shard's chunks were
+  // saved in, drops the contributions of the step in flight and fails every
+  // push waiting for a reply with `why`. `rollback_id` is reported by
+  // Status(). FailedPrecondition before Declare or for chunks that do not
+  // match the declaration (nothing changed then).
+  absl::Status ResetTo(std::vector<ChunkState> chunks, const absl::Status& why,
+                       uint64_t rollback_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Records a rollback that needed no reset (see ResetTo).
+  void NoteRollback(uint64_t rollback_id) { rollback_id_.store(rollback_id); }
 
   // Copies out the weights of `chunk_id` with their version. NotFound if the
   // chunk is not declared on this shard; FailedPrecondition before Declare.
@@ -214,6 +229,10 @@ class ParameterStore {
 
   absl::StatusOr<std::unique_ptr<State>> BuildState(
       const v1::DeclareRequest& req) const;
+  // Checks that `chunks` hold exactly the chunks `state` owns, all at one
+  // step, with the sizes and optimizer slots of the declaration.
+  absl::Status CheckSavedChunks(const State& state,
+                                const std::vector<ChunkState>& chunks) const;
   // The chunk for `chunk_id`, or NotFound / FailedPrecondition.
   absl::StatusOr<Chunk*> FindChunk(const State& state, uint32_t chunk_id) const;
   absl::Status CheckPush(const PushArgs& args, const Chunk& chunk) const;
@@ -305,6 +324,7 @@ class ParameterStore {
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> weight_copies_{0};
+  std::atomic<uint64_t> rollback_id_{0};
 
   // Acquired after a chunk's mu, never before.
   mutable absl::Mutex members_mu_;

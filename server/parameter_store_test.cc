@@ -20,6 +20,14 @@ class CollectingSink : public ReplySink {
     absl::MutexLock lock(&mu_);
     replies_.push_back(std::move(reply));
   }
+  void Fail(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    failures_.push_back(status);
+  }
+  std::vector<absl::Status> failures() {
+    absl::MutexLock lock(&mu_);
+    return failures_;
+  }
   std::vector<ChunkReply> Wait(size_t n) {
     absl::MutexLock lock(&mu_);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -36,6 +44,7 @@ class CollectingSink : public ReplySink {
  private:
   absl::Mutex mu_;
   std::vector<ChunkReply> replies_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> failures_ ABSL_GUARDED_BY(mu_);
 };
 
 std::vector<float> Floats(const WeightsBuffer& weights) {
@@ -639,6 +648,41 @@ TEST_F(StoreFixture, SspDoesNotWaitForARankThatLeft) {
   EXPECT_EQ(sink0->count(), 1u);  // held: rank 1 is at clock 0
   store_->ApplyView(View(3, {11, 22}, {true, false}));
   EXPECT_EQ(sink0->Wait(3).size(), 3u);
+}
+
+TEST_F(StoreFixture, ResetToACheckpointFailsTheWaitingPushesAndRewinds) {
+  Make(2);
+  auto sink0 = std::make_shared<CollectingSink>();
+  auto sink1 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0));
+  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink1));
+  ASSERT_EQ(sink0->Wait(1).size(), 1u);                // step 0 applied: w = 0
+  SHARDPS_ASSERT_OK(Push(0, 1, {5, 5, 5, 5}, sink0));  // waits for rank 1
+  ChunkState saved;
+  saved.chunk_id = 0;
+  saved.version = 0;
+  saved.weights = {7, 7, 7, 7};
+  // A checkpoint that does not fit changes nothing.
+  ChunkState wrong = saved;
+  wrong.weights.resize(3);
+  EXPECT_EQ(store_->ResetTo({wrong}, absl::AbortedError("x"), 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Weights(), std::vector<float>(4, 0.0f));
+  EXPECT_TRUE(sink0->failures().empty());
+
+  SHARDPS_ASSERT_OK(
+      store_->ResetTo({saved}, absl::AbortedError("rolled back"), 3));
+  ASSERT_EQ(sink0->failures().size(), 1u);
+  EXPECT_EQ(sink0->failures()[0].code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Weights(), std::vector<float>(4, 7.0f));
+  EXPECT_EQ(store_->Status().max_version(), 0);
+  EXPECT_EQ(store_->Status().rollback_id(), 3u);
+  // Training goes on from the checkpoint's step; rank 0's dropped push of
+  // step 1 is gone.
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 3, 3, 3}, sink1));
+  ASSERT_EQ(sink1->Wait(2).size(), 2u);
+  EXPECT_EQ(Weights(), std::vector<float>(4, 5.0f));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
+#include "server/checkpoint.h"
 #include "server/server_metrics.h"
 #include "server/shard_server.h"
 
@@ -290,14 +292,36 @@ void ApplyView(const v1::ClusterView& view, ParameterStore* store) {
   }
 }
 
+// Applies a rollback of `view` newer than *applied (see
+// ClusterView.rollback_id).
+void MaybeRollBack(const v1::ClusterView& view, ShardServer* server,
+                   uint64_t* applied) {
+  if (view.rollback_id() <= *applied) return;
+  *applied = view.rollback_id();
+  const absl::Time start = absl::Now();
+  const absl::Status s =
+      server->RollBack(view.rollback_id(), view.rollback_step());
+  if (!s.ok()) {
+    LogError("rollback %d to step %d failed: %s", view.rollback_id(),
+             view.rollback_step(), s.ToString());
+    return;
+  }
+  LogInfo("rollback %d: shard reset to the checkpoint of step %d in %s",
+          view.rollback_id(), view.rollback_step(),
+          absl::FormatDuration(absl::Now() - start));
+}
+
 // Waits for SIGINT or SIGTERM, or for the job to finish (true), logging
 // every generation this shard sees and changes of the coordinator link, and
 // keeping the store's membership and the coordinator's stall report current.
-bool ServeUntilEnd(CoordinatorClient* client, ParameterStore* store) {
+bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
+  ParameterStore* store = server->store();
   v1::ClusterView view = client->view();
   uint64_t generation = view.generation();
   uint64_t coordinator = view.coordinator_incarnation();
   ApplyView(view, store);
+  uint64_t rollback = 0;
+  MaybeRollBack(view, server, &rollback);
   absl::Status health;
   int64_t rejoins = 0;
   std::string stalled;
@@ -311,9 +335,14 @@ bool ServeUntilEnd(CoordinatorClient* client, ParameterStore* store) {
     if (view.generation() != generation ||
         view.coordinator_incarnation() != coordinator) {
       generation = view.generation();
+      if (view.coordinator_incarnation() != coordinator) {
+        // A restarted coordinator counts rollbacks from 0 again.
+        rollback = view.rollback_id();
+      }
       coordinator = view.coordinator_incarnation();
       LogInfo("%s", DescribeView(view));
       ApplyView(view, store);
+      MaybeRollBack(view, server, &rollback);
     }
     {
       absl::MutexLock lock(&stall_mu);
@@ -355,6 +384,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
   };
+  // The shard will start from the newest committed checkpoint: say so when
+  // joining, so that a restart rolls the job back to it.
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir)) {
+    absl::StatusOr<CheckpointInfo> latest = LatestCommitted(checkpoint_dir);
+    if (latest.ok()) co.restored_step = latest->step;
+  }
   // Signals are taken synchronously: look for one between attempts.
   co.cancelled = [stop_signal] {
     if (*stop_signal == 0) {
@@ -422,7 +458,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   const absl::Status status =
       WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   const bool finished =
-      status.ok() && ServeUntilEnd(client.get(), (*server)->store());
+      status.ok() && ServeUntilEnd(client.get(), server->get());
   if (finished) {
     LogInfo("job %s finished: training completed; exiting", job);
   }

@@ -26,6 +26,7 @@ class CountingSink : public ReplySink {
     absl::MutexLock lock(&mu_);
     ++count_;
   }
+  void Fail(const absl::Status& status) override {}
   bool Wait(int n) {
     absl::MutexLock lock(&mu_);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

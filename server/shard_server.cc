@@ -171,6 +171,50 @@ void ShardServer::Watch(absl::Duration timeout,
   }
 }
 
+void ShardServer::SetServing(bool serving) {
+  if (server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);
+}
+
+absl::Status ShardServer::RollBack(uint64_t rollback_id, int64_t step) {
+  const v1::GetStatusResponse now = store_->Status();
+  if (now.declared() && now.min_version() == step &&
+      now.max_version() == step) {
+    store_->NoteRollback(rollback_id);  // already there (the restarted one)
+    return absl::OkStatus();
+  }
+  if (checkpointer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rollback ", rollback_id, " to step ", step,
+                     " needs the job's checkpoints, and this server has no "
+                     "--checkpoint_dir"));
+  }
+  SetServing(false);
+  absl::StatusOr<std::optional<RestoredShard>> latest =
+      checkpointer_->LoadLatest();
+  absl::Status status = latest.status();
+  if (status.ok() && (!latest->has_value() || (*latest)->step != step)) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "rollback ", rollback_id, " is to step ", step,
+        ", but the newest committed checkpoint is ",
+        latest->has_value() ? absl::StrCat("of step ", (*latest)->step)
+                            : "missing"));
+  }
+  if (status.ok()) {
+    status = store_->ResetTo(
+        std::move((*latest)->chunks),
+        absl::AbortedError(absl::StrCat(
+            "the job rolls back to step ", step,
+            ": a server restarted from the last committed checkpoint; "
+            "redo the step from there")),
+        rollback_id);
+  }
+  SetServing(true);
+  return status;
+}
+
 void ShardServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
   server_->Shutdown(std::chrono::system_clock::now() +

@@ -62,6 +62,16 @@ class ShardServer {
   // The restored checkpoint, if the shard started from one.
   const std::optional<RestoredShard>& restored() const { return restored_; }
   ParameterStore* store() { return store_.get(); }
+  // A job-wide rollback (ClusterView.rollback_id): reloads the newest
+  // committed checkpoint, which must be of `step`, and resets the shard to
+  // it; pushes waiting for replies fail with ABORTED. The health service
+  // reports NOT_SERVING meanwhile. A shard already at `step` with nothing
+  // applied beyond it keeps its state. FailedPrecondition without
+  // checkpoints or when the newest committed checkpoint is another step.
+  absl::Status RollBack(uint64_t rollback_id, int64_t step);
+  // The gRPC health status of the whole server and its service.
+  void SetServing(bool serving);
+
   // Stops accepting RPCs and cancels the ones in flight after `grace`.
   void Shutdown(absl::Duration grace);
 

@@ -303,30 +303,71 @@ absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
   return join;
 }
 
-absl::StatusOr<int64_t> Trainer::RejoinAfterDrop(const absl::Status& why,
-                                                 int64_t steps_per_epoch,
-                                                 int64_t total_steps) {
-  if (!options_.rejoin_when_dropped ||
-      !(absl::IsAborted(why) || absl::IsFailedPrecondition(why))) {
-    return why;
-  }
-  LogWarning("the servers refused this worker's push (%s); joining again",
-             why.message());
-  // The coordinator link rejoins by itself once it notices; the shards then
-  // see this process as new to the job.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+absl::Status Trainer::AwaitRollback(uint64_t id, int64_t step, int64_t at) {
+  LogWarning(
+      "the job rolls back to step %d (rollback %d) from step %d, %d step(s) "
+      "to redo: a server restarted from the last committed checkpoint; "
+      "waiting for every shard to reset",
+      step, id, at, at - step);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (true) {
-    const absl::Status s = client_->Declare(
-        ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
-    if (s.ok() && client_->must_join()) break;
-    if (s.ok()) return why;  // still a member: the refusal was something else
-    if (!absl::IsAborted(s) || absl::Now() > deadline) return s;
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
+        client_->ShardStatus();
+    bool ready = shards.ok();
+    if (shards.ok()) {
+      for (const v1::GetStatusResponse& s : *shards) {
+        ready = ready && s.rollback_id() >= id && s.min_version() == step &&
+                s.max_version() <= step + 1;
+      }
+    }
+    if (ready) break;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the shards did not all reset to step ", step, " for rollback ", id,
+          shards.ok() ? "" : absl::StrCat(": ", shards.status().message())));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  seen_rollback_ = id;
+  return client_->Pull(WeightViews());
+}
+
+absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& why, int64_t at,
+                                         int64_t steps_per_epoch,
+                                         int64_t total_steps) {
+  if (!options_.rollback && !options_.rejoin_when_dropped) return why;
+  // The coordinator's news may trail the refusal a little.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool dropped_checked = false;
+  while (true) {
+    if (options_.rollback) {
+      const auto [id, step] = options_.rollback();
+      if (id > seen_rollback_) {
+        SHARDPS_RETURN_IF_ERROR(AwaitRollback(id, step, at));
+        return step;
+      }
+    }
+    const bool refused =
+        absl::IsAborted(why) || absl::IsFailedPrecondition(why);
+    if (options_.rejoin_when_dropped && refused && !dropped_checked) {
+      // Dropped: the shards see this process as new to the job.
+      const absl::Status s = client_->Declare(
+          ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
+      if (s.ok() && client_->must_join()) {
+        LogWarning("the servers refused this worker's push (%s); joining again",
+                   why.message());
+        SHARDPS_ASSIGN_OR_RETURN(const int64_t step,
+                                 JoinRunningJob(steps_per_epoch, total_steps));
+        SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
+        return step;
+      }
+      // Still a member: wait for a rollback; an ABORTED Declare means the
+      // drop is not visible everywhere yet: ask again.
+      dropped_checked = s.ok();
+    }
+    if (absl::Now() > deadline) return why;
     absl::SleepFor(absl::Milliseconds(100));
   }
-  SHARDPS_ASSIGN_OR_RETURN(const int64_t step,
-                           JoinRunningJob(steps_per_epoch, total_steps));
-  SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
-  return step;
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
@@ -347,6 +388,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           ? std::min<int64_t>(options_.max_steps,
                               steps_per_epoch * options_.epochs)
           : steps_per_epoch * options_.epochs;
+  if (options_.rollback) seen_rollback_ = options_.rollback().first;
   int64_t step = client_->start_step();
   if (client_->must_join()) {
     SHARDPS_ASSIGN_OR_RETURN(step,
@@ -396,14 +438,14 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           &stats);
       if (!pushed.ok()) {
         SHARDPS_ASSIGN_OR_RETURN(
-            rejoined_at, RejoinAfterDrop(pushed, steps_per_epoch, total_steps));
+            rejoined_at, Recover(pushed, step, steps_per_epoch, total_steps));
         break;
       }
       ++step;
       if (options_.on_step) options_.on_step(step, epoch);
       stop = options_.max_steps > 0 && step >= options_.max_steps;
     }
-    if (rejoined_at >= 0) {  // continue at the epoch joined
+    if (rejoined_at >= 0) {  // continue where the job goes on
       step = rejoined_at;
       epoch = static_cast<int>(step / steps_per_epoch);
       result.step = step;

@@ -52,6 +52,12 @@ struct TrainerOptions {
   // heartbeating long enough to be expired, then came back) joins the job
   // again at the next epoch start instead of failing.
   bool rejoin_when_dropped = false;
+  // With a coordinator: the newest job-wide rollback as (rollback id, step)
+  // (ClusterView.rollback_id, rollback_step). When a step fails and a newer
+  // rollback shows, the worker waits for every shard to be reset, takes the
+  // weights and goes on from that step (same data position). Empty
+  // function: no rollbacks.
+  std::function<std::pair<uint64_t, int64_t>()> rollback;
   // Told about every step; null: no metrics. Must outlive the Trainer.
   WorkerMetrics* metrics = nullptr;
 };
@@ -108,12 +114,16 @@ class Trainer {
   // there and returns that step.
   absl::StatusOr<int64_t> JoinRunningJob(int64_t steps_per_epoch,
                                          int64_t total_steps);
-  // After a push was refused with `why`: when the servers dropped this
-  // worker from the job, declares again and joins at the next epoch start
-  // (returned); otherwise returns `why`.
-  absl::StatusOr<int64_t> RejoinAfterDrop(const absl::Status& why,
-                                          int64_t steps_per_epoch,
-                                          int64_t total_steps);
+  // After a step failed with `why`: when the job rolled back, the
+  // rollback's step once every shard is there; when the servers dropped
+  // this worker, declares again and returns the epoch start it joins at;
+  // otherwise (or when neither shows within a while) returns `why`.
+  // `at`: the step that failed.
+  absl::StatusOr<int64_t> Recover(const absl::Status& why, int64_t at,
+                                  int64_t steps_per_epoch, int64_t total_steps);
+  // Waits until every shard applied rollback `id` to `step`, then takes
+  // the weights. `at`: the step this worker was at.
+  absl::Status AwaitRollback(uint64_t id, int64_t step, int64_t at);
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
@@ -135,6 +145,7 @@ class Trainer {
   uint32_t epoch_workers_ = 1;
   bool resumed_ = false;  // started from a restored checkpoint's step
   bool metrics_started_ = false;
+  uint64_t seen_rollback_ = 0;  // the last rollback id acted on
   int64_t eval_batch_ = 0;
   std::vector<std::vector<float>> weights_;
   std::vector<std::vector<float>> grads_;

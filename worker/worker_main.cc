@@ -273,6 +273,10 @@ absl::Status Train(TrainerOptions o, Placement placement,
     };
     co.incarnation = Incarnation();
     o.rejoin_when_dropped = true;
+    o.rollback = [coordinator] {
+      const v1::ClusterView view = coordinator->view();
+      return std::make_pair(view.rollback_id(), view.rollback_step());
+    };
   }
   co.servers = placement.servers;
   co.rank = o.rank;

@@ -3,11 +3,15 @@
 // being waited for and the others finish the job (the lead's duties pass to
 // the lowest rank left); a new worker takes the free rank and joins at an
 // epoch start; a paused worker's stalled step shows in `shardps-ctl status`,
-// the paused worker is dropped, and when it comes back it joins again.
+// the paused worker is dropped, and when it comes back it joins again; a
+// server killed and restarted alone rolls the whole job back to the last
+// committed checkpoint, and the job ends with the uninterrupted run's model.
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -238,6 +242,85 @@ TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   EXPECT_TRUE(absl::StrContains(w0->ReadLog(), "done: epoch 5 step 160"))
       << w0->ReadLog();
   ExpectJobEnds();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A sync job with checkpoints every 10 steps; `kill_server` kills server 1
+// once a checkpoint is committed and restarts it alone at the same address.
+// Returns the model file's bytes.
+std::string RunCheckpointedJob(const std::string& dir, bool kill_server) {
+  auto coordinator =
+      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
+                         {kJob, "--num_servers=2", "--num_workers=2",
+                          "--heartbeat_timeout_ms=2000"}));
+  if (coordinator == nullptr) return "";
+  std::vector<std::string> server_args = {
+      kJob, "--coordinator=" + coordinator->address(),
+      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every_steps=10"};
+  std::vector<std::unique_ptr<Daemon>> servers;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::string> args = server_args;
+    args.push_back(absl::StrCat("--shard_index=", s));
+    servers.push_back(Must(
+        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args)));
+    if (servers.back() == nullptr) return "";
+  }
+  const std::string model = dir + "/model.safetensors";
+  std::vector<std::unique_ptr<Daemon>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(Must(Daemon::StartProcess(
+        absl::StrCat("worker-", r), SHARDPS_WORKER_BIN,
+        {kJob, "--coordinator=" + coordinator->address(),
+         absl::StrCat("--rank=", r), "--dataset=fashion-mnist",
+         "--model=mlp:784-32-10", "--epochs=3", "--train_limit=2048",
+         "--test_limit=500", "--batch_size=64", "--backend=cpu",
+         "--optimizer=adam", "--lr=0.003", "--fault_step_delay_ms=30",
+         "--model_out=" + model})));
+    if (workers.back() == nullptr) return "";
+  }
+  if (kill_server) {
+    EXPECT_TRUE(WaitForLog(*servers[1], "(all shards written)"))
+        << servers[1]->ReadLog();
+    absl::SleepFor(absl::Milliseconds(150));  // a few steps past it
+    const int port = servers[1]->port();
+    EXPECT_TRUE(servers[1]->Stop(SIGKILL, absl::Seconds(10)).ok());
+    const absl::Time killed = absl::Now();
+    std::vector<std::string> args = server_args;
+    args.push_back("--shard_index=1");
+    args.push_back(absl::StrCat("--port=", port));
+    servers[1] =
+        Must(Daemon::Start("server-1-restarted", SHARDPS_SERVER_BIN, args));
+    if (servers[1] == nullptr) return "";
+    EXPECT_TRUE(WaitForLog(*servers[0], "rollback 1: shard reset"))
+        << servers[0]->ReadLog();
+    for (auto& w : workers) {
+      EXPECT_TRUE(WaitForLog(*w, "the job rolls back to step")) << w->ReadLog();
+    }
+    const std::string log = workers[0]->ReadLog();
+    const size_t at = log.find("the job rolls back to step");
+    std::cout << "server 1 killed and restarted; every shard reset after "
+              << absl::FormatDuration(absl::Now() - killed)
+              << "; worker 0: " << log.substr(at, log.find(':', at) - at)
+              << "\n";
+  }
+  for (auto& w : workers) ExpectExitsZero(w.get(), kTrainTimeout);
+  for (auto& s : servers) ExpectExitsZero(s.get(), absl::Seconds(60));
+  ExpectExitsZero(coordinator.get(), absl::Seconds(60));
+  return ReadFile(model);
+}
+
+TEST_F(MembershipTest, ServerRestartedAloneRollsTheJobBackToItsCheckpoint) {
+  const std::string reference = RunCheckpointedJob(dir_ + "/reference", false);
+  ASSERT_GT(reference.size(), 100000u);
+  const std::string recovered = RunCheckpointedJob(dir_ + "/killed", true);
+  EXPECT_TRUE(recovered == reference)
+      << "the model after the rollback differs from the uninterrupted run's";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -74,7 +75,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     std::vector<std::string> args, absl::Duration timeout) {
   const std::string dir = MakeTempDir("shardps-" + name);
   const std::string port_file = dir + "/port";
-  args.push_back("--port=0");
+  const bool has_port = std::any_of(
+      args.begin(), args.end(),
+      [](const std::string& a) { return a.rfind("--port=", 0) == 0; });
+  if (!has_port) args.push_back("--port=0");
   args.push_back("--port_file=" + port_file);
   std::unique_ptr<Daemon> d(new Daemon());
   d->log_path_ = dir + "/" + name + ".log";

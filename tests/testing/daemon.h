@@ -17,8 +17,9 @@ namespace shardps::testing {
 
 class Daemon {
  public:
-  // Starts `binary` with `args` plus --port=0 --port_file=<tmp> and waits
-  // up to `timeout` for the port. Output goes to <tmp dir>/<name>.log.
+  // Starts `binary` with `args` plus --port=0 (unless `args` has a --port)
+  // and --port_file=<tmp>, and waits up to `timeout` for the port. Output goes
+  // to <tmp dir>/<name>.log.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const std::string& name, const std::string& binary,
       std::vector<std::string> args,
