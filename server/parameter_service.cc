@@ -269,6 +269,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer response_;
 };
 
+// Finishes a PushPull stream at once with an error.
+class FailedPushPull final : public PushPullReactorBase {
+ public:
+  explicit FailedPushPull(const absl::Status& status) {
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
 // Finishes a streaming RPC at once with an error.
 class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
@@ -281,6 +290,12 @@ class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+absl::Status ParameterService::NotReady() const {
+  absl::MutexLock lock(&mu_);
+  return absl::UnavailableError(
+      absl::StrCat("this shard is not serving yet: ", waiting_, "; retry"));
+}
+
 bool ParameterService::DropNextReply() {
   if (options_.drop_reply_every <= 0) return false;
   return (replies_.fetch_add(1) + 1) % options_.drop_reply_every == 0;
@@ -290,7 +305,12 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
     grpc::CallbackServerContext* ctx, const v1::DeclareRequest* req,
     v1::DeclareResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::DeclareResponse> result = store_->Declare(*req);
+  ParameterStore* store = this->store();
+  if (store == nullptr) {
+    reactor->Finish(ToGrpcStatus(NotReady()));
+    return reactor;
+  }
+  absl::StatusOr<v1::DeclareResponse> result = store->Declare(*req);
   if (result.ok()) *resp = *std::move(result);
   reactor->Finish(ToGrpcStatus(result.status()));
   return reactor;
@@ -298,11 +318,15 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
-  return PushPullReactor::Start(store_, this);
+  ParameterStore* store = this->store();
+  if (store == nullptr) return new FailedPushPull(NotReady());
+  return PushPullReactor::Start(store, this);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  ParameterStore* store = this->store();
+  if (store == nullptr) return new FailedPull(NotReady(), metrics());
   v1::PullRequest parsed;
   grpc::ByteBuffer copy(*request);  // Deserialize consumes its argument
   if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &parsed)
@@ -320,7 +344,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
   }
   std::vector<uint32_t> ids(req->chunk_ids().begin(), req->chunk_ids().end());
   if (ids.empty()) {
-    ids = store_->OwnedChunks();
+    ids = store->OwnedChunks();
     if (ids.empty()) {
       return new FailedPull(
           absl::FailedPreconditionError(
@@ -330,17 +354,22 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
   }
   // Reject unknown chunks before streaming anything.
   for (uint32_t id : ids) {
-    absl::Status owned = store_->CheckOwned(id);
+    absl::Status owned = store->CheckOwned(id);
     if (!owned.ok()) return new FailedPull(owned, metrics());
   }
-  return new PullReactor(store_, std::move(ids), metrics());
+  return new PullReactor(store, std::move(ids), metrics());
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStatus(
     grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
     v1::GetStatusResponse* resp) {
-  *resp = store_->Status();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  ParameterStore* store = this->store();
+  if (store == nullptr) {
+    reactor->Finish(ToGrpcStatus(NotReady()));
+    return reactor;
+  }
+  *resp = store->Status();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

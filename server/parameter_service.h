@@ -7,7 +7,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "server/parameter_store.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
@@ -21,7 +25,8 @@ struct ServiceOptions {
   ServerMetrics* metrics = nullptr;
 };
 
-// `store` must outlive the service and every RPC it started.
+// Serves the store given to Install, which must outlive the service and
+// every RPC it started; before Install every method answers UNAVAILABLE.
 class ParameterService final
     : public v1::ParameterServer::WithCallbackMethod_Declare<
           v1::ParameterServer::WithRawCallbackMethod_PushPull<
@@ -29,8 +34,21 @@ class ParameterService final
                   v1::ParameterServer::WithCallbackMethod_GetStatus<
                       v1::ParameterServer::Service>>>> {
  public:
+  explicit ParameterService(ServiceOptions options) : options_(options) {}
   ParameterService(ParameterStore* store, ServiceOptions options)
-      : store_(store), options_(options) {}
+      : options_(options) {
+    Install(store);
+  }
+
+  // Starts serving `store`.
+  void Install(ParameterStore* store) {
+    store_.store(store, std::memory_order_release);
+  }
+  // Why the shard is not serving yet, for the UNAVAILABLE answers.
+  void SetWaiting(std::string why) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    waiting_ = std::move(why);
+  }
 
   grpc::ServerUnaryReactor* Declare(grpc::CallbackServerContext* ctx,
                                     const v1::DeclareRequest* req,
@@ -44,13 +62,21 @@ class ParameterService final
                                       const v1::GetStatusRequest* req,
                                       v1::GetStatusResponse* resp) override;
 
+  // The installed store, or null with the UNAVAILABLE status to answer.
+  ParameterStore* store() const {
+    return store_.load(std::memory_order_acquire);
+  }
+  absl::Status NotReady() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
   ServerMetrics* metrics() const { return options_.metrics; }
 
  private:
-  ParameterStore* const store_;
+  std::atomic<ParameterStore*> store_{nullptr};
   const ServiceOptions options_;
+  mutable absl::Mutex mu_;
+  std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";
   std::atomic<int64_t> replies_{0};
 };
 

@@ -23,7 +23,6 @@
 #include "common/log.h"
 #include "common/member_flags.h"
 #include "common/metrics.h"
-#include "common/port_reservation.h"
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
@@ -275,13 +274,12 @@ absl::Status AdoptJobShape(const CoordinatorClient& client,
   return ValidateStoreOptions(*store);
 }
 
-// Starts serving the shard the coordinator assigned, on the reserved `port`.
-absl::StatusOr<std::unique_ptr<ShardServer>> StartJoinedShard(
-    const CoordinatorClient& client, int port, ShardServerOptions* options) {
+// Serves the shard the coordinator assigned on the listening `server`.
+absl::Status InstallJoinedShard(const CoordinatorClient& client,
+                                ShardServerOptions* options,
+                                ShardServer* server) {
   SHARDPS_RETURN_IF_ERROR(AdoptJobShape(client, &options->store));
-  options->port = port;
-  options->reuse_port = true;
-  return ShardServer::Start(*options);
+  return server->Install(*options);
 }
 
 // Hands `view` to the store (which ranks sync steps wait for) and logs
@@ -411,26 +409,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
 }
 
 // The server binds its port before it can join (it advertises host:port),
-// but the store it serves needs the shard index the join answers. So a
-// PortReservation holds the port (the kernel's pick for --port=0) while the
-// shard joins, and the gRPC server binds the same port with SO_REUSEPORT
-// once the index is known. The alternative, a service that answers
-// UNAVAILABLE until its store exists, would have to mirror every
-// ParameterServer method.
+// but the store it serves needs the shard index the join answers. So the
+// gRPC server listens first, with health NOT_SERVING and the
+// ParameterServer methods answering UNAVAILABLE ("waiting for the shard
+// map", then "loading its checkpoint"), and installs the store once joined.
 absl::Status RunCoordinated(ShardServerOptions options) {
   const bool json = absl::GetFlag(FLAGS_log_format) == "json";
   InitLog("server", absl::GetFlag(FLAGS_shard_index), json);
   SHARDPS_ASSIGN_OR_RETURN(Metrics metrics, StartMetrics(&options));
-  SHARDPS_ASSIGN_OR_RETURN(
-      std::unique_ptr<PortReservation> reservation,
-      PortReservation::Reserve(options.host, options.port));
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Listen(options);
+  SHARDPS_RETURN_IF_ERROR(server.status());
+  (*server)->SetWaiting("waiting for the coordinator's shard map");
   const std::string address =
-      absl::StrCat(AdvertiseHost(options.host), ":", reservation->port());
+      absl::StrCat(AdvertiseHost(options.host), ":", (*server)->port());
   int stop_signal = 0;
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined =
       JoinJob(address, options.security, &stop_signal);
   if (stop_signal != 0) {
     LogInfo("signal %d while joining: shutting down", stop_signal);
+    (*server)->Shutdown(absl::Seconds(1));
     return absl::OkStatus();
   }
   SHARDPS_RETURN_IF_ERROR(joined.status());
@@ -438,12 +436,11 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   const std::string job = absl::GetFlag(FLAGS_job_id);
   // Only this thread logs; the client's threads never do.
   InitLog("server", static_cast<int>(client->index()), json);
-  absl::StatusOr<std::unique_ptr<ShardServer>> server =
-      StartJoinedShard(*client, reservation->port(), &options);
-  reservation.reset();
-  if (!server.ok()) {
+  const absl::Status installed =
+      InstallJoinedShard(*client, &options, server->get());
+  if (!installed.ok()) {
     client->Leave(absl::Now() + kLeaveTimeout).IgnoreError();
-    return server.status();
+    return installed;
   }
   const std::unique_ptr<ScrapeHook> hook =
       WatchShard(metrics, server->get(), client.get());

@@ -39,28 +39,23 @@ absl::Status ValidateStoreOptions(const StoreOptions& o) {
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
   SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(options.store));
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> s, Listen(options));
+  SHARDPS_RETURN_IF_ERROR(s->Install(options));
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Listen(
+    const ShardServerOptions& options) {
   SHARDPS_RETURN_IF_ERROR(CheckServerSecurity(options.security));
   int max_message = options.max_message_bytes;
   if (max_message <= 0) max_message = kMaxChunkBytes + kMessageOverheadBytes;
   std::unique_ptr<ShardServer> s(new ShardServer());
-  StoreOptions store_options = options.store;
-  SHARDPS_RETURN_IF_ERROR(s->StartCheckpoints(options, &store_options));
-  s->store_ = std::make_unique<ParameterStore>(store_options);
-  if (s->restored_.has_value()) {
-    SHARDPS_RETURN_IF_ERROR(s->store_->Restore(
-        s->restored_->declaration, std::move(s->restored_->chunks)));
-    s->restored_->chunks.clear();
-  }
-  s->service_ =
-      std::make_unique<ParameterService>(s->store_.get(), options.service);
+  s->service_ = std::make_unique<ParameterService>(options.service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ConfigureServer(&builder, max_message);
-  if (options.reuse_port) {
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);
-  }
   const std::string address = absl::StrCat(
       options.host.find(':') != std::string::npos && options.host.front() != '['
           ? absl::StrCat("[", options.host, "]")
@@ -73,14 +68,33 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
-  if (options.step_timeout > absl::ZeroDuration() && options.on_stall) {
-    ShardServer* raw = s.get();
-    s->watchdog_ = std::thread(
-        [raw, timeout = options.step_timeout, report = options.on_stall] {
-          raw->Watch(timeout, report);
-        });
-  }
+  s->SetServing(false);  // until Install
   return s;
+}
+
+absl::Status ShardServer::Install(const ShardServerOptions& options) {
+  SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(options.store));
+  if (store_ != nullptr) {
+    return absl::FailedPreconditionError("the shard is already installed");
+  }
+  service_->SetWaiting("loading its checkpoint");
+  StoreOptions store_options = options.store;
+  SHARDPS_RETURN_IF_ERROR(StartCheckpoints(options, &store_options));
+  auto store = std::make_unique<ParameterStore>(store_options);
+  if (restored_.has_value()) {
+    SHARDPS_RETURN_IF_ERROR(
+        store->Restore(restored_->declaration, std::move(restored_->chunks)));
+    restored_->chunks.clear();
+  }
+  store_ = std::move(store);
+  service_->Install(store_.get());
+  if (options.step_timeout > absl::ZeroDuration() && options.on_stall) {
+    watchdog_ =
+        std::thread([this, timeout = options.step_timeout,
+                     report = options.on_stall] { Watch(timeout, report); });
+  }
+  SetServing(true);
+  return absl::OkStatus();
 }
 
 absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
@@ -216,6 +230,9 @@ absl::Status ShardServer::RollBack(uint64_t rollback_id, int64_t step) {
 }
 
 void ShardServer::Shutdown(absl::Duration grace) {
+  if (store_ == nullptr && server_ != nullptr) {
+    service_->SetWaiting("shutting down");
+  }
   if (server_ == nullptr) return;
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(grace));

@@ -27,9 +27,6 @@ struct ShardServerOptions {
   ServiceOptions service;
   // Largest message accepted (bigger ones get RESOURCE_EXHAUSTED).
   int max_message_bytes = 0;  // 0: kMaxChunkBytes + overhead
-  // Bind with SO_REUSEPORT, so that the port may be held by a
-  // PortReservation of this process (common/port_reservation.h).
-  bool reuse_port = false;
   // TLS, client certificates and the bearer token (default: plaintext);
   // Start checks them with CheckServerSecurity.
   SecurityOptions security;
@@ -52,14 +49,27 @@ struct ShardServerOptions {
 
 class ShardServer {
  public:
-  // InvalidArgument for inconsistent options; Unavailable if the address
-  // cannot be bound.
+  // Listen, then Install. InvalidArgument for inconsistent options;
+  // Unavailable if the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const ShardServerOptions& options);
+  // Binds options.host:options.port and serves gRPC health (NOT_SERVING)
+  // and reflection; the ParameterServer methods answer UNAVAILABLE until
+  // Install. Lets a shard advertise its address before it knows its index.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Listen(
+      const ShardServerOptions& options);
+  // Loads the newest committed checkpoint of options.checkpoint_dir (if
+  // any), creates the store for options.store and serves it; health then
+  // reports SERVING. FailedPrecondition when called twice.
+  absl::Status Install(const ShardServerOptions& options);
+  // What the ParameterServer methods answer UNAVAILABLE with before
+  // Install ("waiting for the coordinator's shard map").
+  void SetWaiting(const std::string& why) { service_->SetWaiting(why); }
   ~ShardServer();
 
   int port() const { return port_; }
-  // The restored checkpoint, if the shard started from one.
+  // The restored checkpoint, if the shard started from one. REQUIRES:
+  // Install succeeded (also for store()).
   const std::optional<RestoredShard>& restored() const { return restored_; }
   ParameterStore* store() { return store_.get(); }
   // A job-wide rollback (ClusterView.rollback_id): reloads the newest

@@ -191,5 +191,45 @@ TEST_F(CoordinatedJobTest, EarlyWorkersWaitForTheServersAndCtlListsMembers) {
   EXPECT_TRUE(fs::exists(model));
 }
 
+TEST_F(CoordinatedJobTest, ServerIsNotServingUntilItHasItsShard) {
+  // The coordinator is not up yet: the server listens, answers health
+  // NOT_SERVING and its methods UNAVAILABLE while it waits for the shard map.
+  const int coordinator_port = testing::FreePort();
+  const int server_port = testing::FreePort();
+  ASSERT_GT(coordinator_port, 0);
+  ASSERT_GT(server_port, 0);
+  std::unique_ptr<Daemon> server = Must(Daemon::StartProcess(
+      "server", SHARDPS_SERVER_BIN,
+      {kJob, absl::StrCat("--coordinator=127.0.0.1:", coordinator_port),
+       absl::StrCat("--port=", server_port)}));
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(WaitForLog(*server, "not joined yet")) << server->ReadLog();
+  const std::string addr = absl::StrCat("--addr=127.0.0.1:", server_port);
+  testing::CommandResult health =
+      testing::RunCommand(SHARDPS_CTL_BIN, {"health", addr});
+  EXPECT_NE(health.code, 0) << health.output;
+  EXPECT_TRUE(absl::StrContains(health.output, "NOT_SERVING")) << health.output;
+  testing::CommandResult shards = testing::RunCommand(
+      SHARDPS_CTL_BIN,
+      {"shards", absl::StrCat("--servers=127.0.0.1:", server_port)});
+  EXPECT_TRUE(absl::StrContains(shards.output,
+                                "waiting for the coordinator's shard map"))
+      << shards.output;
+  // Once the coordinator is there, the shard is joined and installed.
+  std::unique_ptr<Daemon> coordinator =
+      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
+                         {kJob, "--num_servers=1", "--num_workers=1",
+                          absl::StrCat("--port=", coordinator_port)}));
+  ASSERT_NE(coordinator, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    health = testing::RunCommand(SHARDPS_CTL_BIN, {"health", addr});
+    if (health.code == 0) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(health.code, 0) << health.output << server->ReadLog();
+  EXPECT_TRUE(absl::StrContains(health.output, "SERVING")) << health.output;
+}
+
 }  // namespace
 }  // namespace shardps

@@ -54,6 +54,9 @@ class Daemon {
 // A fresh directory under $TEST_TMPDIR or /tmp.
 std::string MakeTempDir(const std::string& prefix);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed).
+int FreePort();
+
 // Polls `d`'s log until it contains `text` (true) or `timeout` passes.
 bool WaitForLog(const Daemon& d, const std::string& text,
                 absl::Duration timeout = absl::Seconds(60));
