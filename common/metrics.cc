@@ -122,6 +122,24 @@ std::string MetricsExporter::Scrape() {
   return prometheus::TextSerializer().Serialize(collector_->Collect());
 }
 
+prometheus::Counter& AddCounter(prometheus::Registry& r,
+                                const std::string& name,
+                                const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Gauge& AddGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Histogram& AddHistogram(
+    prometheus::Registry& r, const std::string& name, const std::string& help,
+    const prometheus::Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+      {}, buckets);
+}
+
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
           0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,

@@ -94,6 +94,16 @@ class MetricsExporter {
 // Histogram buckets (upper bounds) for latencies from 50 us to 60 s, about
 // three per decade: step, compute and push times, aggregation, checkpoints.
 prometheus::Histogram::BucketBoundaries LatencyBuckets();
+
+// One metric without labels, registered in `r` under `name`.
+prometheus::Counter& AddCounter(prometheus::Registry& r,
+                                const std::string& name,
+                                const std::string& help);
+prometheus::Gauge& AddGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help);
+prometheus::Histogram& AddHistogram(
+    prometheus::Registry& r, const std::string& name, const std::string& help,
+    const prometheus::Histogram::BucketBoundaries& buckets);
 // Buckets for small non-negative counts (staleness in steps): 0, 1, 2, 4,
 // ... 1024.
 prometheus::Histogram::BucketBoundaries CountBuckets();

@@ -6,11 +6,6 @@
 namespace shardps::server {
 namespace {
 
-prometheus::Gauge& Gauge(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
 const char* EventName(MembershipEvent::Kind kind) {
   switch (kind) {
     case MembershipEvent::Kind::kJoined:
@@ -27,6 +22,8 @@ const char* EventName(MembershipEvent::Kind kind) {
       return "finished";
     case MembershipEvent::Kind::kJobFinished:
       return "job_finished";
+    case MembershipEvent::Kind::kRollback:
+      return "rollback";
   }
   return "unknown";
 }
@@ -51,20 +48,21 @@ CoordinatorMetrics::CoordinatorMetrics(MetricsExporter* exporter,
                    .Register(exporter->registry())),
       servers_(members_.Add({{"role", "server"}})),
       workers_(members_.Add({{"role", "worker"}})),
-      finished_workers_(Gauge(exporter->registry(),
-                              "shardps_coordinator_finished_workers",
-                              "Worker ranks that finished their training.")),
-      generation_(Gauge(exporter->registry(), "shardps_coordinator_generation",
-                        "Cluster generation (bumps at every membership "
-                        "change).")),
-      global_step_(Gauge(exporter->registry(),
-                         "shardps_coordinator_global_step",
-                         "Largest step any member reported.")),
-      epoch_(Gauge(exporter->registry(), "shardps_coordinator_epoch",
-                   "Largest epoch any member reported.")),
-      job_finished_(Gauge(exporter->registry(),
-                          "shardps_coordinator_job_finished",
-                          "1 once every worker finished, else 0.")),
+      finished_workers_(AddGauge(exporter->registry(),
+                                 "shardps_coordinator_finished_workers",
+                                 "Worker ranks that finished their training.")),
+      generation_(AddGauge(exporter->registry(),
+                           "shardps_coordinator_generation",
+                           "Cluster generation (bumps at every membership "
+                           "change).")),
+      global_step_(AddGauge(exporter->registry(),
+                            "shardps_coordinator_global_step",
+                            "Largest step any member reported.")),
+      epoch_(AddGauge(exporter->registry(), "shardps_coordinator_epoch",
+                      "Largest epoch any member reported.")),
+      job_finished_(AddGauge(exporter->registry(),
+                             "shardps_coordinator_job_finished",
+                             "1 once every worker finished, else 0.")),
       hook_(exporter->OnScrape([this, membership] { Refresh(*membership); })) {
   for (auto kind :
        {MembershipEvent::Kind::kJoined, MembershipEvent::Kind::kLeft,

@@ -188,7 +188,7 @@ absl::Status ParameterStore::CheckSavedChunks(
     }
     bool sizes_ok =
         saved.weights.size() == static_cast<size_t>(chunk->spec.num_elements) &&
-        saved.slots.size() == state.optimizer->num_slots();
+        saved.slots.size() == static_cast<size_t>(state.optimizer->num_slots());
     for (const std::vector<float>& slot : saved.slots) {
       sizes_ok = sizes_ok && slot.size() == saved.weights.size();
     }

@@ -5,76 +5,57 @@
 #include "server/shard_checkpointer.h"
 
 namespace shardps::server {
-namespace {
-
-prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name,
-                             const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Gauge& Gauge(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Histogram& Histogram(
-    prometheus::Registry& r, const std::string& name, const std::string& help,
-    const prometheus::Histogram::BucketBoundaries& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
-      {}, buckets);
-}
-
-}  // namespace
 
 ServerMetrics::ServerMetrics(prometheus::Registry& r)
     : rejected_(prometheus::BuildCounter()
                     .Name("shardps_server_rejected_requests_total")
                     .Help("Pushes and pulls refused, by gRPC status code.")
                     .Register(r)),
-      pushes_(Counter(r, "shardps_server_pushes_total",
-                      "Gradient chunks accepted (PushPull and Push).")),
-      pulls_(Counter(r, "shardps_server_pulls_total",
-                     "Weight chunks read by Pull.")),
-      received_bytes_(Counter(r, "shardps_server_received_bytes_total",
-                              "Gradient payload bytes accepted.")),
-      sent_bytes_(Counter(r, "shardps_server_sent_bytes_total",
-                          "Weight payload bytes sent (PushPull replies and "
-                          "Pull).")),
-      step_seconds_(Histogram(r, "shardps_server_step_seconds",
-                              "Sync mode: from the first push of a chunk's "
-                              "step to its update being applied.",
-                              LatencyBuckets())),
-      aggregation_seconds_(Histogram(
+      pushes_(AddCounter(r, "shardps_server_pushes_total",
+                         "Gradient chunks accepted (PushPull and Push).")),
+      pulls_(AddCounter(r, "shardps_server_pulls_total",
+                        "Weight chunks read by Pull.")),
+      received_bytes_(AddCounter(r, "shardps_server_received_bytes_total",
+                                 "Gradient payload bytes accepted.")),
+      sent_bytes_(AddCounter(r, "shardps_server_sent_bytes_total",
+                             "Weight payload bytes sent (PushPull replies and "
+                             "Pull).")),
+      step_seconds_(AddHistogram(r, "shardps_server_step_seconds",
+                                 "Sync mode: from the first push of a chunk's "
+                                 "step to its update being applied.",
+                                 LatencyBuckets())),
+      aggregation_seconds_(AddHistogram(
           r, "shardps_server_aggregation_seconds",
           "Reduce plus optimizer update of one chunk.", LatencyBuckets())),
-      staleness_steps_(Histogram(r, "shardps_server_staleness_steps",
-                                 "Async and ssp modes: steps a push is behind "
-                                 "the most advanced worker's last push.",
-                                 CountBuckets())),
-      step_(Gauge(r, "shardps_server_step",
-                  "Step every owned chunk has completed (lowest version).")),
-      generation_(Gauge(r, "shardps_server_generation",
-                        "Cluster generation: the coordinator's view, or "
-                        "--generation in static mode.")),
-      live_workers_(Gauge(r, "shardps_server_live_workers",
-                          "Live workers: the coordinator's view, or "
-                          "--num_workers in static mode.")),
+      staleness_steps_(
+          AddHistogram(r, "shardps_server_staleness_steps",
+                       "Async and ssp modes: steps a push is behind "
+                       "the most advanced worker's last push.",
+                       CountBuckets())),
+      step_(AddGauge(r, "shardps_server_step",
+                     "Step every owned chunk has completed (lowest version).")),
+      generation_(AddGauge(r, "shardps_server_generation",
+                           "Cluster generation: the coordinator's view, or "
+                           "--generation in static mode.")),
+      live_workers_(AddGauge(r, "shardps_server_live_workers",
+                             "Live workers: the coordinator's view, or "
+                             "--num_workers in static mode.")),
       checkpoint_seconds_(
-          Histogram(r, "shardps_checkpoint_duration_seconds",
-                    "Writing this shard's checkpoint file, fsync included.",
-                    LatencyBuckets())),
-      checkpoint_bytes_(Counter(r, "shardps_checkpoint_bytes_total",
-                                "Bytes of checkpoint files written.")),
+          AddHistogram(r, "shardps_checkpoint_duration_seconds",
+                       "Writing this shard's checkpoint file, fsync included.",
+                       LatencyBuckets())),
+      checkpoint_bytes_(AddCounter(r, "shardps_checkpoint_bytes_total",
+                                   "Bytes of checkpoint files written.")),
       checkpoint_failures_(prometheus::BuildCounter()
                                .Name("shardps_checkpoint_failures_total")
                                .Help("Checkpoints not written, by reason: "
                                      "skipped (the previous one was still "
                                      "being written) or error.")
                                .Register(r)),
-      last_written_step_(Gauge(r, "shardps_checkpoint_last_written_step",
-                               "Step of this shard's newest checkpoint file "
-                               "(0: none).")),
-      last_committed_step_(Gauge(
+      last_written_step_(AddGauge(r, "shardps_checkpoint_last_written_step",
+                                  "Step of this shard's newest checkpoint file "
+                                  "(0: none).")),
+      last_committed_step_(AddGauge(
           r, "shardps_checkpoint_last_committed_step",
           "Newest checkpoint step this shard committed or restored (the last "
           "shard to write a step commits it; the job's is the max over "

@@ -4,51 +4,38 @@
 #include <string>
 
 namespace shardps::worker {
-namespace {
-
-prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name,
-                             const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Gauge& Gauge(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Histogram& Latency(prometheus::Registry& r, const std::string& name,
-                               const std::string& help) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
-      {}, LatencyBuckets());
-}
-
-}  // namespace
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
-    : steps_(Counter(r, "shardps_worker_steps_total",
-                     "Training steps completed.")),
-      samples_(Counter(r, "shardps_worker_samples_total",
-                       "Training samples this worker computed gradients "
-                       "on.")),
-      retries_(Counter(r, "shardps_worker_push_retries_total",
-                       "Push attempts that failed and were retried.")),
-      pushed_bytes_(Counter(r, "shardps_worker_pushed_bytes_total",
-                            "Gradient bytes pushed (once per step, retries "
-                            "not counted again).")),
-      pulled_bytes_(Counter(r, "shardps_worker_pulled_bytes_total",
-                            "Weight bytes received in step replies.")),
-      step_seconds_(Latency(r, "shardps_worker_step_seconds",
-                            "One training step: compute, push and wait.")),
-      compute_seconds_(Latency(r, "shardps_worker_compute_seconds",
-                               "Forward and backward of one step.")),
-      push_seconds_(Latency(r, "shardps_worker_push_seconds",
-                            "Sending one step's gradient chunks.")),
-      wait_seconds_(Latency(r, "shardps_worker_wait_seconds",
-                            "Waiting for the updated weights after the "
-                            "push.")),
-      step_(Gauge(r, "shardps_worker_step", "Steps this job has completed.")),
-      loss_(Gauge(r, "shardps_worker_loss",
-                  "Training loss of the last step (this worker's slice).")) {}
+    : steps_(AddCounter(r, "shardps_worker_steps_total",
+                        "Training steps completed.")),
+      samples_(AddCounter(r, "shardps_worker_samples_total",
+                          "Training samples this worker computed gradients "
+                          "on.")),
+      retries_(AddCounter(r, "shardps_worker_push_retries_total",
+                          "Push attempts that failed and were retried.")),
+      pushed_bytes_(AddCounter(r, "shardps_worker_pushed_bytes_total",
+                               "Gradient bytes pushed (once per step, retries "
+                               "not counted again).")),
+      pulled_bytes_(AddCounter(r, "shardps_worker_pulled_bytes_total",
+                               "Weight bytes received in step replies.")),
+      step_seconds_(AddHistogram(r, "shardps_worker_step_seconds",
+                                 "One training step: compute, push and wait.",
+                                 LatencyBuckets())),
+      compute_seconds_(AddHistogram(r, "shardps_worker_compute_seconds",
+                                    "Forward and backward of one step.",
+                                    LatencyBuckets())),
+      push_seconds_(AddHistogram(r, "shardps_worker_push_seconds",
+                                 "Sending one step's gradient chunks.",
+                                 LatencyBuckets())),
+      wait_seconds_(AddHistogram(r, "shardps_worker_wait_seconds",
+                                 "Waiting for the updated weights after the "
+                                 "push.",
+                                 LatencyBuckets())),
+      step_(
+          AddGauge(r, "shardps_worker_step", "Steps this job has completed.")),
+      loss_(AddGauge(r, "shardps_worker_loss",
+                     "Training loss of the last step (this worker's slice).")) {
+}
 
 void WorkerMetrics::StepDone(const StepReport& r) {
   steps_.Increment();

@@ -16,12 +16,16 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::ExpectExitsZero;
+using ::shardps::testing::Must;
+using ::shardps::testing::ReadFile;
 using ::shardps::testing::WaitForLog;
 
 constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
@@ -38,18 +42,6 @@ std::vector<std::string> TrainingArgs() {
           "--test_limit=500",
           "--batch_size=64",
           "--backend=cpu"};
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::unique_ptr<Daemon> Must(absl::StatusOr<std::unique_ptr<Daemon>> d) {
-  EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? *std::move(d) : nullptr;
 }
 
 std::unique_ptr<Daemon> StartCoordinator() {
@@ -73,14 +65,6 @@ std::unique_ptr<Daemon> StartWorker(const std::string& name,
   args.push_back(absl::StrCat("--coordinator=", coordinator.address()));
   args.push_back(absl::StrCat("--model_out=", model_out));
   return Must(Daemon::StartProcess(name, SHARDPS_WORKER_BIN, args));
-}
-
-// Waits for `d` to exit by itself and expects exit code 0.
-void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
-  ASSERT_NE(d, nullptr);
-  absl::StatusOr<int> code = d->Wait(timeout);
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << d->ReadLog();
-  EXPECT_EQ(*code, 0) << d->ReadLog();
 }
 
 // The model of the same job with static lists: explicit shapes and

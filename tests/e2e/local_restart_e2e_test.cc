@@ -25,12 +25,14 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::ReadFile;
 
 constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
 constexpr int kEvery = 20;      // --checkpoint_every_steps
@@ -55,13 +57,6 @@ std::vector<std::string> JobFlags(const std::string& run_dir) {
           "--worker_extra_args=--fault_step_delay_ms=5",
           "--timeout_s=300",
           "--run_dir=" + run_dir};
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // The time stamp of the first line of the log at `path` that contains

@@ -22,12 +22,16 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::ExpectExitsZero;
+using ::shardps::testing::Must;
+using ::shardps::testing::ReadFile;
 using ::shardps::testing::WaitForLog;
 
 constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
@@ -35,18 +39,6 @@ constexpr char kJob[] = "--job_id=membership";
 // 2048 samples in batches of 64: 32 steps per epoch.
 constexpr int64_t kStepsPerEpoch = 32;
 constexpr absl::Duration kTrainTimeout = absl::Minutes(3);
-
-std::unique_ptr<Daemon> Must(absl::StatusOr<std::unique_ptr<Daemon>> d) {
-  EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? *std::move(d) : nullptr;
-}
-
-void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
-  ASSERT_NE(d, nullptr);
-  absl::StatusOr<int> code = d->Wait(timeout);
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << d->ReadLog();
-  EXPECT_EQ(*code, 0) << d->ReadLog();
-}
 
 // The number after `prefix` in `text` (first occurrence), or -1.
 int64_t NumberAfter(const std::string& text, const std::string& prefix) {
@@ -103,6 +95,23 @@ class MembershipTest : public ::testing::Test {
          "--metrics_csv=" + dir_ + "/metrics.csv"}));
   }
 
+  // Workers 0 and 1 (asking for those ranks) of an `epochs`-epoch job.
+  std::vector<std::unique_ptr<Daemon>> StartWorkers(int epochs) {
+    std::vector<std::unique_ptr<Daemon>> workers;
+    for (int r = 0; r < 2; ++r) {
+      workers.push_back(StartWorker(absl::StrCat("worker-", r), r, epochs));
+      EXPECT_NE(workers.back(), nullptr);
+    }
+    return workers;
+  }
+
+  // Lets `w` train for `after`, then kills it with SIGKILL.
+  static void KillWhileTraining(Daemon* w, absl::Duration after) {
+    ASSERT_TRUE(WaitForLog(*w, "declared")) << w->ReadLog();
+    absl::SleepFor(after);
+    ASSERT_TRUE(w->Stop(SIGKILL, absl::Seconds(10)).ok());
+  }
+
   // Both servers log that `rank` no longer holds steps up.
   void ExpectServersDropped(int rank) {
     for (auto& s : servers_) {
@@ -126,20 +135,17 @@ class MembershipTest : public ::testing::Test {
 TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 3);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 3);
-  ASSERT_NE(w0, nullptr);
-  ASSERT_NE(w1, nullptr);
+  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(3);
+  ASSERT_FALSE(HasFailure());
+  Daemon* w1 = workers[1].get();
   // Rank 0, the lead, dies a little into the first epoch.
-  ASSERT_TRUE(WaitForLog(*w0, "declared")) << w0->ReadLog();
-  absl::SleepFor(absl::Milliseconds(700));
-  const absl::StatusOr<int> killed = w0->Stop(SIGKILL, absl::Seconds(10));
-  ASSERT_TRUE(killed.ok()) << killed.status();
+  KillWhileTraining(workers[0].get(), absl::Milliseconds(700));
+  ASSERT_FALSE(HasFailure());
   const absl::Time kill_time = absl::Now();
   ExpectServersDropped(0);
   const absl::Duration to_drop = absl::Now() - kill_time;
 
-  ExpectExitsZero(w1.get(), kTrainTimeout);
+  ExpectExitsZero(w1, kTrainTimeout);
   const std::string log = w1->ReadLog();
   // Re-sharded at the next epoch, and rank 1 took over evaluation and the
   // model file.
@@ -161,13 +167,11 @@ TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
 TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 5);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 5);
-  ASSERT_NE(w0, nullptr);
-  ASSERT_NE(w1, nullptr);
-  ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
-  absl::SleepFor(absl::Milliseconds(500));
-  ASSERT_TRUE(w1->Stop(SIGKILL, absl::Seconds(10)).ok());
+  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(5);
+  ASSERT_FALSE(HasFailure());
+  Daemon* w0 = workers[0].get();
+  KillWhileTraining(workers[1].get(), absl::Milliseconds(500));
+  ASSERT_FALSE(HasFailure());
   ExpectServersDropped(1);
   // Rank 0 trains alone from the next epoch on.
   ASSERT_TRUE(
@@ -184,7 +188,7 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   EXPECT_LT(join, 5 * kStepsPerEpoch);
   EXPECT_EQ(join % kStepsPerEpoch, 0) << "not an epoch start: " << join;
 
-  ExpectExitsZero(w0.get(), kTrainTimeout);
+  ExpectExitsZero(w0, kTrainTimeout);
   ExpectExitsZero(fresh.get(), kTrainTimeout);
   const std::string log0 = w0->ReadLog();
   EXPECT_TRUE(absl::StrContains(
@@ -207,10 +211,10 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
 
 TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   StartCluster(/*heartbeat_ms=*/4000);
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-0", 0, 5);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-1", 1, 5);
-  ASSERT_NE(w0, nullptr);
-  ASSERT_NE(w1, nullptr);
+  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(5);
+  ASSERT_FALSE(HasFailure());
+  Daemon* w0 = workers[0].get();
+  Daemon* w1 = workers[1].get();
   ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
   absl::SleepFor(absl::Milliseconds(500));
   ASSERT_EQ(kill(w1->pid(), SIGSTOP), 0);
@@ -235,20 +239,13 @@ TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   // joins again at an epoch start.
   EXPECT_TRUE(WaitForLog(*w1, "joins the running job at step"))
       << w1->ReadLog();
-  ExpectExitsZero(w0.get(), kTrainTimeout);
-  ExpectExitsZero(w1.get(), kTrainTimeout);
+  ExpectExitsZero(w0, kTrainTimeout);
+  ExpectExitsZero(w1, kTrainTimeout);
   EXPECT_TRUE(absl::StrContains(w1->ReadLog(), "refused this worker's push"))
       << w1->ReadLog();
   EXPECT_TRUE(absl::StrContains(w0->ReadLog(), "done: epoch 5 step 160"))
       << w0->ReadLog();
   ExpectJobEnds();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // A sync job with checkpoints every 10 steps; `kill_server` kills server 1

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/http_get.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 using ::shardps::testing::Daemon;
 using ::shardps::testing::HttpGet;
+using ::shardps::testing::Must;
 using ::shardps::testing::ParseExposition;
 using ::shardps::testing::SampleOr;
 using ::shardps::testing::Samples;
@@ -39,11 +41,6 @@ using ::shardps::testing::Samples;
 constexpr char kJob[] = "--job_id=metrics";
 // Waits allow a loaded 2-core machine; none is a timing assertion.
 constexpr absl::Duration kWait = absl::Seconds(120);
-
-std::unique_ptr<Daemon> Must(absl::StatusOr<std::unique_ptr<Daemon>> d) {
-  EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? *std::move(d) : nullptr;
-}
 
 // The flags that serve metrics on a free port, reported in `port_file`.
 std::vector<std::string> MetricsArgs(const std::string& port_file) {
