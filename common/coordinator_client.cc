@@ -151,8 +151,11 @@ void CoordinatorClient::Adopt(const v1::JoinResponse& response) {
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   index_ = response.index();
-  // A rejoin asks for the same index again.
+  // A rejoin asks for the same index again, and is no restart: the state
+  // restored at start is long behind.
   request_.set_requested_index(static_cast<int32_t>(response.index()));
+  request_.clear_restored();
+  request_.clear_restored_step();
   // Heartbeating every third of the timeout survives two lost beats.
   heartbeat_interval_ =
       std::max(absl::Milliseconds(response.heartbeat_timeout_ms()) / 3,

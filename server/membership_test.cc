@@ -432,6 +432,34 @@ TEST_F(MembershipTest, JobFinishesWhenTheOtherWorkersDiedUnreplaced) {
       << DescribeEvent(events.back());
 }
 
+TEST_F(MembershipTest, RestartedServerWithACheckpointRollsTheJobBack) {
+  v1::JoinRequest first = Request(v1::ROLE_SERVER, "h:1", 0);
+  first.set_restored(true);  // a job resumed: no rollback at a first join
+  first.set_restored_step(10);
+  MustJoin(first);
+  Server("h:2", 1);
+  EXPECT_EQ(membership_->View().rollback_id(), 0u);
+  // Shard 1 restarts (same address: it replaces its old membership) from
+  // the checkpoint of step 40.
+  v1::JoinRequest again = Request(v1::ROLE_SERVER, "h:2", 1);
+  again.set_restored(true);
+  again.set_restored_step(40);
+  const v1::JoinResponse r = MustJoin(again);
+  EXPECT_EQ(r.view().rollback_id(), 1u);
+  EXPECT_EQ(r.view().rollback_step(), 40);
+  // Without a checkpoint there is nothing to roll back to.
+  MustJoin(Request(v1::ROLE_SERVER, "h:2", 1));
+  EXPECT_EQ(membership_->View().rollback_id(), 1u);
+  std::vector<MembershipEvent> events =
+      membership_->AwaitEvents(absl::Now() + absl::Seconds(10));
+  const bool logged =
+      std::any_of(events.begin(), events.end(), [](const MembershipEvent& e) {
+        return e.kind == MembershipEvent::Kind::kRollback &&
+               absl::StrContains(DescribeEvent(e), "rollback 1 to step 40");
+      });
+  EXPECT_TRUE(logged);
+}
+
 TEST_F(MembershipTest, ServersReportWhatTheirStepsWaitFor) {
   const v1::JoinResponse s = Server("h:1");
   v1::HeartbeatRequest beat;

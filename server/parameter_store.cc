@@ -248,6 +248,7 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
     chunk->last_step.assign(options_.num_workers, saved.version - 1);
     chunk->contributed.assign(options_.num_workers, false);
     chunk->num_contributed = 0;
+    chunk->apply_scheduled = false;
     chunk->snapshots.clear();
     for (Waiter& w : chunk->waiters) failed.push_back(std::move(w.sink));
     for (Waiter& w : chunk->held) failed.push_back(std::move(w.sink));
@@ -499,7 +500,9 @@ absl::Status ParameterStore::Join(const State& state,
     if (chunk == nullptr) continue;
     absl::MutexLock lock(&chunk->mu);
     if (options_.mode == Mode::kSync) {
-      if (chunk->version > join_step) past = std::max(past, chunk->version);
+      // A step whose update is already decided cannot wait for the rank.
+      const int64_t decided = chunk->version + (chunk->apply_scheduled ? 1 : 0);
+      if (decided > join_step) past = std::max(past, decided);
     } else {
       chunk->last_step[rank] = std::max(chunk->last_step[rank], join_step - 1);
     }
@@ -638,8 +641,9 @@ void ParameterStore::ApplySync(const Optimizer& optimizer, Chunk* chunk) {
   std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>> replies;
   {
     absl::MutexLock lock(&chunk->mu);
-    // A reset (ResetTo) between scheduling and now dropped the step.
-    if (chunk->num_contributed == 0) {
+    // A reset (ResetTo) or a join between scheduling and now: the step is
+    // not complete any more; the push that completes it schedules again.
+    if (!StepComplete(*chunk)) {
       chunk->apply_scheduled = false;
       return;
     }

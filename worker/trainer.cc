@@ -303,24 +303,36 @@ absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
   return join;
 }
 
-absl::Status Trainer::AwaitRollback(uint64_t id, int64_t step, int64_t at) {
-  LogWarning(
-      "the job rolls back to step %d (rollback %d) from step %d, %d step(s) "
-      "to redo: a server restarted from the last committed checkpoint; "
-      "waiting for every shard to reset",
-      step, id, at, at - step);
+absl::StatusOr<bool> Trainer::AwaitRollback(uint64_t id, int64_t step,
+                                            int64_t at) {
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  bool announced = false;
   while (true) {
     absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
         client_->ShardStatus();
-    bool ready = shards.ok();
+    bool applied = shards.ok();
+    bool there = shards.ok();
     if (shards.ok()) {
       for (const v1::GetStatusResponse& s : *shards) {
-        ready = ready && s.rollback_id() >= id && s.min_version() == step &&
-                s.max_version() <= step + 1;
+        applied = applied && s.rollback_id() >= id;
+        there = there && s.min_version() == step && s.max_version() <= step + 1;
       }
     }
-    if (ready) break;
+    if (applied && !there && !announced) {
+      // Every shard took the rollback long ago (it needed no reset, or the
+      // job has moved on since): nothing to go back to.
+      seen_rollback_ = id;
+      return false;
+    }
+    if (!announced) {
+      LogWarning(
+          "the job rolls back to step %d (rollback %d) from step %d, %d "
+          "step(s) to redo: a server restarted from the last committed "
+          "checkpoint; waiting for every shard to reset",
+          step, id, at, at - step);
+      announced = true;
+    }
+    if (applied && there) break;
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the shards did not all reset to step ", step, " for rollback ", id,
@@ -329,7 +341,8 @@ absl::Status Trainer::AwaitRollback(uint64_t id, int64_t step, int64_t at) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   seen_rollback_ = id;
-  return client_->Pull(WeightViews());
+  SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
+  return true;
 }
 
 absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& why, int64_t at,
@@ -343,8 +356,9 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& why, int64_t at,
     if (options_.rollback) {
       const auto [id, step] = options_.rollback();
       if (id > seen_rollback_) {
-        SHARDPS_RETURN_IF_ERROR(AwaitRollback(id, step, at));
-        return step;
+        SHARDPS_ASSIGN_OR_RETURN(const bool rolled_back,
+                                 AwaitRollback(id, step, at));
+        if (rolled_back) return step;
       }
     }
     const bool refused =

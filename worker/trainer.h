@@ -122,8 +122,10 @@ class Trainer {
   absl::StatusOr<int64_t> Recover(const absl::Status& why, int64_t at,
                                   int64_t steps_per_epoch, int64_t total_steps);
   // Waits until every shard applied rollback `id` to `step`, then takes
-  // the weights. `at`: the step this worker was at.
-  absl::Status AwaitRollback(uint64_t id, int64_t step, int64_t at);
+  // the weights (true). False when every shard applied it long ago (it
+  // needed no reset, or the job moved on): nothing to go back to. `at`: the
+  // step this worker was at.
+  absl::StatusOr<bool> AwaitRollback(uint64_t id, int64_t step, int64_t at);
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
