@@ -334,10 +334,16 @@ void Membership::MaybeFinishJob() {
   if (job_finished_) return;
   // Finished once training completed somewhere and nobody trains any more:
   // a rank whose worker died and was not replaced does not hold the job up.
+  // A rank nobody held since this coordinator started may belong to a
+  // worker that has not rejoined a restarted coordinator yet: it holds the
+  // job up until it had a heartbeat timeout's time to come back.
+  const bool settled = options_.clock() - start_ > options_.heartbeat_timeout;
   size_t finished = 0;
   for (const Slot& w : workers_) {
     if (w.alive()) return;
     if (w.finished) ++finished;
+    const bool never_held = w.last_heartbeat == absl::InfinitePast();
+    if (!w.finished && never_held && !settled) return;
   }
   if (finished == 0) return;
   job_finished_ = true;
@@ -370,7 +376,7 @@ int Membership::ExpireLocked() {
       }
     }
   }
-  if (expired > 0) MaybeFinishJob();
+  MaybeFinishJob();
   return expired;
 }
 

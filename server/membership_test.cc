@@ -460,6 +460,18 @@ TEST_F(MembershipTest, RestartedServerWithACheckpointRollsTheJobBack) {
   EXPECT_TRUE(logged);
 }
 
+TEST_F(MembershipTest, RankNotYetBackAfterACoordinatorRestartHoldsTheEnd) {
+  // A restarted coordinator: rank 0 rejoined and finished, rank 1 has not
+  // rejoined yet and may still be training.
+  const v1::JoinResponse w0 = Worker(0);
+  SHARDPS_ASSERT_OK(LeaveFinished(membership_.get(), w0.member_id()));
+  EXPECT_FALSE(membership_->job_finished());
+  // Nobody came back within a heartbeat timeout: rank 1 is gone.
+  clock_.Advance(kTimeout + absl::Milliseconds(1));
+  membership_->Expire();
+  EXPECT_TRUE(membership_->job_finished());
+}
+
 TEST_F(MembershipTest, ServersReportWhatTheirStepsWaitFor) {
   const v1::JoinResponse s = Server("h:1");
   v1::HeartbeatRequest beat;
