@@ -336,8 +336,26 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
     grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
     v1::GetStatusResponse* resp) {
   *resp = store_->Status();
+  if (options_.checkpoints != nullptr) {
+    const CheckpointProgress progress = options_.checkpoints->Progress();
+    resp->set_checkpoint_dir(options_.checkpoints->dir());
+    resp->set_last_checkpoint_step(progress.written_step);
+    resp->set_last_committed_checkpoint_step(progress.committed_step);
+    resp->set_failed_checkpoint_step(progress.failed_step);
+    resp->set_checkpoint_error(progress.error);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterService::Checkpoint(
+    grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
+    v1::CheckpointResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Status status = store_->RequestCheckpoint(req->step());
+  if (status.ok()) resp->set_step(req->step());
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "server/parameter_store.h"
+#include "server/shard_checkpointer.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps::server {
@@ -19,6 +20,9 @@ struct ServiceOptions {
   int64_t drop_reply_every = 0;
   // Request and byte counters; null: none. Must outlive the service.
   ServerMetrics* metrics = nullptr;
+  // The shard's checkpoints, reported by GetStatus; null: the shard writes
+  // none. Must outlive the service.
+  const ShardCheckpointer* checkpoints = nullptr;
 };
 
 // `store` must outlive the service and every RPC it started.
@@ -27,7 +31,8 @@ class ParameterService final
           v1::ParameterServer::WithRawCallbackMethod_PushPull<
               v1::ParameterServer::WithRawCallbackMethod_Pull<
                   v1::ParameterServer::WithCallbackMethod_GetStatus<
-                      v1::ParameterServer::Service>>>> {
+                      v1::ParameterServer::WithCallbackMethod_Checkpoint<
+                          v1::ParameterServer::Service>>>>> {
  public:
   ParameterService(ParameterStore* store, ServiceOptions options)
       : store_(store), options_(options) {}
@@ -43,6 +48,9 @@ class ParameterService final
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* req,
                                       v1::GetStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const v1::CheckpointRequest* req,
+                                       v1::CheckpointResponse* resp) override;
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
