@@ -405,7 +405,7 @@ absl::Status AskCheckpoint(const std::string& address,
 // Asks every shard for `step`, the most advanced first: it is the one that
 // may already have passed the step, and a shard that accepted keeps the
 // request (its file of that step is left uncommitted, and pruned after the
-// next commit).
+// next commit). REQUIRES: every report is OK (NextCheckpointStep passed).
 absl::Status AskEveryShard(const std::vector<std::string>& servers,
                            const std::vector<ShardReport>& reports,
                            const SecurityOptions& security,
