@@ -671,6 +671,17 @@ absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir) {
                                           absl::StrJoin(skipped, "; ")));
 }
 
+absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir) {
+  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListSteps(dir));
+  for (const auto& [step, name] : steps) {
+    std::error_code ec;
+    if (fs::exists(absl::StrCat(dir, "/", name, "/", kManifestName), ec)) {
+      return step;
+    }
+  }
+  return 0;
+}
+
 absl::StatusOr<std::vector<ChunkState>> LoadChunksForShard(
     const CheckpointInfo& ckpt, uint32_t shard_index, uint32_t num_shards,
     const v1::DeclareRequest& declaration) {

@@ -110,6 +110,12 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
 // (the message lists what was skipped).
 absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir);
 
+// The newest step under `dir` whose directory has a COMMITTED manifest, 0
+// when there is none (or no `dir`). Cheap: it reads no file, so unlike
+// LatestCommitted it does not verify them; for reports, not for restoring.
+// Internal when `dir` cannot be listed.
+absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir);
+
 // The state of every chunk that shard `shard_index` of `num_shards` owns
 // under PartitionChunks for `declaration`, ascending by chunk id, read from
 // whichever files of `ckpt` hold them (the checkpoint may come from another

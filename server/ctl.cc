@@ -6,8 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -260,6 +263,225 @@ std::string FormatShardReports(const std::vector<ShardReport>& reports) {
          HumanBytes(s.bytes_out_total())});
   }
   return FormatTable(rows);
+}
+
+std::string FormatShardLoad(const std::vector<ShardReport>& reports) {
+  std::vector<std::vector<std::string>> rows = {
+      {"SHARD", "ADDRESS", "STEP", "CHUNKS", "OWNED", "PUSHES", "UPDATES",
+       "REJECTED", "BYTES IN", "BYTES OUT", "CHECKPOINT"}};
+  std::string errors;
+  for (const ShardReport& r : reports) {
+    if (!r.status.ok()) {
+      rows.push_back({"-", r.address,
+                      absl::StrCat("error: ", r.status.status().ToString())});
+      continue;
+    }
+    const v1::GetStatusResponse& s = *r.status;
+    std::string checkpoint = "off";
+    if (!s.checkpoint_dir().empty()) {
+      checkpoint = s.last_committed_checkpoint_step() > 0
+                       ? absl::StrCat(s.last_committed_checkpoint_step())
+                       : "none";
+    }
+    rows.push_back(
+        {absl::StrCat(s.shard_index(), "/", s.num_shards()), r.address,
+         s.min_version() == s.max_version()
+             ? absl::StrCat(s.max_version())
+             : absl::StrCat(s.min_version(), "..", s.max_version()),
+         absl::StrCat(s.num_chunks()), HumanBytes(s.owned_bytes()),
+         absl::StrCat(s.pushes_total()), absl::StrCat(s.updates_total()),
+         absl::StrCat(s.rejected_total()), HumanBytes(s.bytes_in_total()),
+         HumanBytes(s.bytes_out_total()), checkpoint});
+    if (s.failed_checkpoint_step() > 0) {
+      absl::StrAppend(&errors, "  shard ", s.shard_index(), ": step ",
+                      s.failed_checkpoint_step(), ": ", s.checkpoint_error(),
+                      "\n");
+    }
+  }
+  std::string out = FormatTable(rows);
+  if (!errors.empty()) absl::StrAppend(&out, "\nfailed checkpoints:\n", errors);
+  return out;
+}
+
+std::vector<std::string> LiveServers(const v1::JobStatus& status) {
+  std::vector<std::string> addresses;
+  for (const v1::ServerSlot& slot : status.view().servers()) {
+    if (slot.alive()) addresses.push_back(slot.address());
+  }
+  return addresses;
+}
+
+absl::StatusOr<std::vector<std::string>> AllServers(
+    const v1::JobStatus& status) {
+  const v1::ClusterView& view = status.view();
+  std::vector<std::string> addresses;
+  for (const v1::ServerSlot& slot : view.servers()) {
+    if (!slot.alive()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", slot.shard_index(),
+                       " has no live server; a checkpoint needs every shard"));
+    }
+    addresses.push_back(slot.address());
+  }
+  if (addresses.empty() || addresses.size() != view.num_shards()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator lists ", addresses.size(), " of ",
+                     view.num_shards(), " shards"));
+  }
+  return addresses;
+}
+
+absl::StatusOr<int64_t> NextCheckpointStep(
+    const std::vector<ShardReport>& reports, int64_t margin) {
+  if (reports.empty()) return absl::InvalidArgumentError("no shards given");
+  int64_t top = 0;
+  for (const ShardReport& r : reports) {
+    if (!r.status.ok()) return r.status.status();
+    const v1::GetStatusResponse& s = *r.status;
+    if (s.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s.shard_index(), " at ", r.address,
+          " writes no checkpoints: start the servers with --checkpoint_dir"));
+    }
+    if (!s.declared()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s.shard_index(), " at ", r.address,
+                       " has no model yet: nothing to checkpoint"));
+    }
+    top = std::max(top, s.max_version());
+  }
+  return top + margin;
+}
+
+CheckpointWait CheckCheckpoint(const std::vector<ShardReport>& reports,
+                               int64_t step) {
+  CheckpointWait wait;
+  wait.committed = !reports.empty();
+  std::vector<std::string> shards;
+  for (const ShardReport& r : reports) {
+    if (!r.status.ok()) {
+      wait.committed = false;
+      wait.status = r.status.status();
+      return wait;
+    }
+    const v1::GetStatusResponse& s = *r.status;
+    if (s.failed_checkpoint_step() == step) {
+      wait.committed = false;
+      wait.status = absl::AbortedError(
+          absl::StrCat("shard ", s.shard_index(), " at ", r.address,
+                       " did not write the checkpoint of step ", step, ": ",
+                       s.checkpoint_error()));
+      return wait;
+    }
+    if (s.last_committed_checkpoint_step() < step) wait.committed = false;
+    shards.push_back(
+        absl::StrCat("shard ", s.shard_index(), " at step ", s.max_version(),
+                     s.last_checkpoint_step() >= step ? " (written)" : ""));
+  }
+  wait.line = absl::StrCat("checkpoint of step ", step, ": ",
+                           absl::StrJoin(shards, ", "));
+  return wait;
+}
+
+namespace {
+
+// ParameterServer.Checkpoint of `step` at one shard.
+absl::Status AskCheckpoint(const std::string& address,
+                           const SecurityOptions& security,
+                           absl::Duration timeout, int64_t step) {
+  std::unique_ptr<v1::ParameterServer::Stub> stub =
+      v1::ParameterServer::NewStub(Channel(address, security));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  v1::CheckpointRequest request;
+  request.set_step(step);
+  v1::CheckpointResponse response;
+  grpc::Status s = stub->Checkpoint(&ctx, request, &response);
+  if (!s.ok())
+    return CallError(address, "shardps.v1.ParameterServer/Checkpoint", s);
+  return absl::OkStatus();
+}
+
+// Asks every shard for `step`, the most advanced first: it is the one that
+// may already have passed the step, and a shard that accepted keeps the
+// request (its file of that step is left uncommitted, and pruned after the
+// next commit). REQUIRES: every report is OK (NextCheckpointStep passed).
+absl::Status AskEveryShard(const std::vector<std::string>& servers,
+                           const std::vector<ShardReport>& reports,
+                           const SecurityOptions& security,
+                           absl::Duration timeout, int64_t step) {
+  std::vector<size_t> order(servers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return reports[a].status->max_version() > reports[b].status->max_version();
+  });
+  for (size_t i : order) {
+    SHARDPS_RETURN_IF_ERROR(AskCheckpoint(servers[i], security, timeout, step));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointResult> Checkpoint(
+    const std::vector<std::string>& servers, const SecurityOptions& security,
+    const CheckpointOptions& options,
+    const std::function<void(const std::string&)>& progress) {
+  auto tell = [&](const std::string& line) {
+    if (progress) progress(line);
+  };
+  const absl::Time deadline = absl::Now() + options.wait;
+  std::vector<ShardReport> reports =
+      FetchShardReports(servers, security, options.rpc_timeout);
+  // A picked step a fast job has already passed is picked again, further
+  // ahead each time.
+  constexpr int kAttempts = 5;
+  int64_t step = options.step;
+  for (int attempt = 1, margin = 2;; ++attempt, margin *= 2) {
+    SHARDPS_ASSIGN_OR_RETURN(const int64_t next,
+                             NextCheckpointStep(reports, margin));
+    if (options.step == 0) step = next;
+    const absl::Status asked =
+        AskEveryShard(servers, reports, security, options.rpc_timeout, step);
+    if (asked.ok()) break;
+    if (!absl::IsOutOfRange(asked) || options.step != 0 ||
+        attempt == kAttempts) {
+      return asked;
+    }
+    tell(absl::StrCat("step ", step,
+                      " was reached before every shard was asked; asking "
+                      "for a later step"));
+    reports = FetchShardReports(servers, security, options.rpc_timeout);
+  }
+  const std::string dir = reports.front().status->checkpoint_dir();
+  tell(absl::StrCat("asked ", servers.size(),
+                    " shard(s) for a checkpoint of step ", step, " in ", dir));
+  // A poll a shard does not answer may be a blip; three in a row are not.
+  constexpr int kMissedPolls = 3;
+  int missed = 0;
+  std::string told;
+  absl::Time told_at = absl::InfinitePast();
+  while (true) {
+    reports = FetchShardReports(servers, security, options.rpc_timeout);
+    const CheckpointWait wait = CheckCheckpoint(reports, step);
+    if (wait.committed) return CheckpointResult{step, dir};
+    if (absl::IsAborted(wait.status)) return wait.status;
+    missed = wait.status.ok() ? 0 : missed + 1;
+    if (missed == kMissedPolls) return wait.status;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the checkpoint of step ", step, " was not committed within ",
+          absl::FormatDuration(options.wait), "; ", wait.line));
+    }
+    // At most one line a second, and only when something moved.
+    if (!wait.line.empty() && wait.line != told &&
+        absl::Now() - told_at >= absl::Seconds(1)) {
+      tell(wait.line);
+      told = wait.line;
+      told_at = absl::Now();
+    }
+    absl::SleepFor(options.poll_interval);
+  }
 }
 
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {

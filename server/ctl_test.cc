@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
 
@@ -120,6 +121,127 @@ TEST(CtlTest, ShardTableShowsStatusesAndErrors) {
                            "127.0.0.1:5001", "error: UNAVAILABLE"}) {
     EXPECT_TRUE(absl::StrContains(text, want)) << want << " in\n" << text;
   }
+}
+
+// A declared shard of two at `step`, writing checkpoints to /ckpt.
+v1::GetStatusResponse Shard(uint32_t index, int64_t step) {
+  v1::GetStatusResponse s;
+  s.set_shard_index(index);
+  s.set_num_shards(2);
+  s.set_declared(true);
+  s.set_min_version(step);
+  s.set_max_version(step);
+  s.set_checkpoint_dir("/ckpt");
+  return s;
+}
+
+TEST(CtlTest, ShardLoadShowsStepsTrafficCheckpointsAndErrors) {
+  v1::GetStatusResponse s = Shard(0, 41);
+  s.set_num_chunks(3);
+  s.set_owned_bytes(2 << 20);
+  s.set_pushes_total(1234);
+  s.set_updates_total(617);
+  s.set_rejected_total(2);
+  s.set_bytes_in_total(5 << 20);
+  s.set_bytes_out_total(6 << 20);
+  s.set_last_committed_checkpoint_step(40);
+  s.set_failed_checkpoint_step(30);
+  s.set_checkpoint_error("checkpoint of step 30 skipped");
+  v1::GetStatusResponse off = Shard(1, 41);
+  off.set_min_version(40);
+  off.clear_checkpoint_dir();
+  std::vector<ShardReport> reports = {
+      {"10.0.0.1:5000", s},
+      {"10.0.0.2:5000", off},
+      {"10.0.0.3:5000", absl::UnavailableError("connection refused")}};
+  const std::string text = FormatShardLoad(reports);
+  for (const char* want :
+       {"SHARD", "CHECKPOINT", "10.0.0.1:5000", "0/2", "41", "2.0 MiB", "1234",
+        "617", "5.0 MiB", "6.0 MiB", "40..41", "off",
+        "10.0.0.3:5000  error: UNAVAILABLE: connection refused",
+        "failed checkpoints:\n  shard 0: step 30: checkpoint of step 30 "
+        "skipped"}) {
+    EXPECT_TRUE(absl::StrContains(text, want)) << want << " in\n" << text;
+  }
+  // The first shard's row ends with its last committed checkpoint.
+  EXPECT_TRUE(absl::StrContains(text, "6.0 MiB    40\n")) << text;
+}
+
+TEST(CtlTest, ServersComeFromTheCoordinatorsView) {
+  v1::JobStatus status;
+  status.mutable_view()->set_num_shards(2);
+  for (uint32_t i : {0u, 1u}) {
+    v1::ServerSlot* slot = status.mutable_view()->add_servers();
+    slot->set_shard_index(i);
+    slot->set_address(absl::StrCat("10.0.0.", i, ":5000"));
+    slot->set_alive(true);
+  }
+  absl::StatusOr<std::vector<std::string>> all = AllServers(status);
+  SHARDPS_ASSERT_OK(all);
+  EXPECT_EQ(*all, (std::vector<std::string>{"10.0.0.0:5000", "10.0.0.1:5000"}));
+  status.mutable_view()->mutable_servers(0)->set_alive(false);
+  EXPECT_EQ(LiveServers(status), (std::vector<std::string>{"10.0.0.1:5000"}));
+  EXPECT_EQ(AllServers(status).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CtlTest, NextCheckpointStepIsAheadOfTheMostAdvancedShard) {
+  std::vector<ShardReport> reports = {{"a:1", Shard(0, 41)},
+                                      {"b:1", Shard(1, 42)}};
+  absl::StatusOr<int64_t> step = NextCheckpointStep(reports, 2);
+  SHARDPS_ASSERT_OK(step);
+  EXPECT_EQ(*step, 44);
+
+  v1::GetStatusResponse off = Shard(1, 42);
+  off.clear_checkpoint_dir();
+  reports[1].status = off;
+  absl::Status refused = NextCheckpointStep(reports, 2).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "--checkpoint_dir"))
+      << refused;
+
+  v1::GetStatusResponse fresh = Shard(1, 0);
+  fresh.set_declared(false);
+  reports[1].status = fresh;
+  EXPECT_EQ(NextCheckpointStep(reports, 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  reports[1].status = absl::UnavailableError("b:1: connection refused");
+  EXPECT_EQ(NextCheckpointStep(reports, 2).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(NextCheckpointStep({}, 2).ok());
+}
+
+TEST(CtlTest, CheckpointIsCommittedOnceEveryShardSeesTheCommit) {
+  v1::GetStatusResponse s0 = Shard(0, 44), s1 = Shard(1, 43);
+  s0.set_last_checkpoint_step(44);
+  CheckpointWait wait = CheckCheckpoint({{"a:1", s0}, {"b:1", s1}}, 44);
+  SHARDPS_EXPECT_OK(wait.status);
+  EXPECT_FALSE(wait.committed);
+  EXPECT_EQ(wait.line,
+            "checkpoint of step 44: shard 0 at step 44 (written), shard 1 at "
+            "step 43");
+
+  s1.set_max_version(45);
+  s1.set_last_checkpoint_step(44);
+  s0.set_last_committed_checkpoint_step(44);
+  s1.set_last_committed_checkpoint_step(44);
+  wait = CheckCheckpoint({{"a:1", s0}, {"b:1", s1}}, 44);
+  SHARDPS_EXPECT_OK(wait.status);
+  EXPECT_TRUE(wait.committed);
+
+  // A shard that could not write it ends the wait.
+  s1.set_last_committed_checkpoint_step(0);
+  s1.set_failed_checkpoint_step(44);
+  s1.set_checkpoint_error("disk full");
+  wait = CheckCheckpoint({{"a:1", s0}, {"b:1", s1}}, 44);
+  EXPECT_FALSE(wait.committed);
+  EXPECT_EQ(wait.status.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(wait.status.message(), "disk full"))
+      << wait.status;
+  wait =
+      CheckCheckpoint({{"a:1", s0}, {"b:1", absl::UnavailableError("x")}}, 44);
+  EXPECT_FALSE(wait.committed);
+  EXPECT_EQ(wait.status.code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

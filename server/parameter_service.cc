@@ -370,7 +370,31 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
     return reactor;
   }
   *resp = store->Status();
+  const ShardCheckpointer* checkpoints = checkpoints_.load();
+  if (checkpoints != nullptr) {
+    const CheckpointProgress progress = checkpoints->Progress();
+    resp->set_checkpoint_dir(checkpoints->dir());
+    resp->set_last_checkpoint_step(progress.written_step);
+    resp->set_last_committed_checkpoint_step(progress.committed_step);
+    resp->set_failed_checkpoint_step(progress.failed_step);
+    resp->set_checkpoint_error(progress.error);
+  }
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterService::Checkpoint(
+    grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
+    v1::CheckpointResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  ParameterStore* store = this->store();
+  if (store == nullptr) {
+    reactor->Finish(ToGrpcStatus(NotReady()));
+    return reactor;
+  }
+  const absl::Status status = store->RequestCheckpoint(req->step());
+  if (status.ok()) resp->set_step(req->step());
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

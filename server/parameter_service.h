@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/parameter_store.h"
+#include "server/shard_checkpointer.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps::server {
@@ -32,7 +33,8 @@ class ParameterService final
           v1::ParameterServer::WithRawCallbackMethod_PushPull<
               v1::ParameterServer::WithRawCallbackMethod_Pull<
                   v1::ParameterServer::WithCallbackMethod_GetStatus<
-                      v1::ParameterServer::Service>>>> {
+                      v1::ParameterServer::WithCallbackMethod_Checkpoint<
+                          v1::ParameterServer::Service>>>>> {
  public:
   explicit ParameterService(ServiceOptions options) : options_(options) {}
   ParameterService(ParameterStore* store, ServiceOptions options)
@@ -40,8 +42,11 @@ class ParameterService final
     Install(store);
   }
 
-  // Starts serving `store`.
-  void Install(ParameterStore* store) {
+  // Starts serving `store`; GetStatus reports `checkpoints` (null: the
+  // shard writes none). Both must outlive the service.
+  void Install(ParameterStore* store,
+               const ShardCheckpointer* checkpoints = nullptr) {
+    checkpoints_.store(checkpoints, std::memory_order_release);
     store_.store(store, std::memory_order_release);
   }
   // Why the shard is not serving yet, for the UNAVAILABLE answers.
@@ -61,6 +66,9 @@ class ParameterService final
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* req,
                                       v1::GetStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const v1::CheckpointRequest* req,
+                                       v1::CheckpointResponse* resp) override;
 
   // The installed store, or null with the UNAVAILABLE status to answer.
   ParameterStore* store() const {
@@ -74,6 +82,7 @@ class ParameterService final
 
  private:
   std::atomic<ParameterStore*> store_{nullptr};
+  std::atomic<const ShardCheckpointer*> checkpoints_{nullptr};
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

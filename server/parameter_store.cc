@@ -680,7 +680,11 @@ void ParameterStore::Deliver(ReplySink* sink, ChunkReply reply) {
 
 void ParameterStore::MaybeSnapshot(Chunk* chunk) {
   const int64_t every = options_.checkpoint_every;
-  if (every <= 0 || chunk->version % every != 0) return;
+  const bool periodic = every > 0 && chunk->version % every == 0;
+  std::vector<int64_t>& requested = chunk->requested_steps;
+  auto it = std::find(requested.begin(), requested.end(), chunk->version);
+  if (!periodic && it == requested.end()) return;
+  if (it != requested.end()) requested.erase(it);
   ChunkState copy;
   copy.chunk_id = chunk->spec.id;
   copy.version = chunk->version;
@@ -694,6 +698,65 @@ void ParameterStore::MaybeSnapshot(Chunk* chunk) {
     const int64_t version = chunk->version;
     pool_->Schedule([this, version] { HandOverCheckpoint(version); });
   }
+}
+
+absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint step ", step, " is negative"));
+  }
+  if (!options_.on_checkpoint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index,
+        " writes no checkpoints: start it with a checkpoint directory"));
+  }
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: nothing to checkpoint");
+  }
+  const int64_t every = options_.checkpoint_every;
+  const bool periodic = every > 0 && step % every == 0;
+  absl::MutexLock request_lock(&request_mu_);
+  // Marked chunk by chunk: a chunk still below `step` when marked copies its
+  // state on reaching it. One that has already reached it makes the request
+  // too late: the marks are taken back, with any copy made meanwhile, so
+  // that no partial checkpoint is left waiting.
+  std::vector<Chunk*> marked;
+  int64_t reached = -1;
+  for (const auto& chunk : st->owned) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    if (chunk->version >= step) {
+      reached = chunk->version;
+      break;
+    }
+    std::vector<int64_t>& requested = chunk->requested_steps;
+    if (!periodic && std::find(requested.begin(), requested.end(), step) ==
+                         requested.end()) {
+      requested.push_back(step);
+      marked.push_back(chunk.get());
+    }
+  }
+  if (reached < 0) return absl::OkStatus();
+  for (Chunk* chunk : marked) {
+    absl::MutexLock lock(&chunk->mu);
+    std::vector<int64_t>& requested = chunk->requested_steps;
+    requested.erase(std::remove(requested.begin(), requested.end(), step),
+                    requested.end());
+    std::vector<ChunkState>& copies = chunk->snapshots;
+    copies.erase(std::remove_if(
+                     copies.begin(), copies.end(),
+                     [step](const ChunkState& s) { return s.version == step; }),
+                 copies.end());
+  }
+  if (!marked.empty()) {
+    absl::MutexLock lock(&snapshot_mu_);
+    snapshot_counts_.erase(step);
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      "shard ", options_.shard_index, " has already reached step ", reached,
+      ", too late for a checkpoint of step ", step, ": ask for a later step"));
 }
 
 void ParameterStore::HandOverCheckpoint(int64_t version) {

@@ -160,6 +160,15 @@ class ParameterStore {
 
   v1::GetStatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A checkpoint at `step` besides the periodic ones: each owned chunk's
+  // state is copied when its version reaches `step`, and on_checkpoint(step,
+  // ...) runs once every chunk has its copy. Training is unaffected.
+  // InvalidArgument for a negative step; FailedPrecondition without
+  // on_checkpoint or before Declare; OutOfRange when a chunk has already
+  // reached `step` (then nothing is requested).
+  absl::Status RequestCheckpoint(int64_t step)
+      ABSL_LOCKS_EXCLUDED(mu_, request_mu_);
+
   // Follows the coordinator's membership (a newer `view` than the last one
   // applied; older ones are ignored). A worker rank that is no longer alive
   // stops being waited for: sync steps that waited only for it complete
@@ -213,6 +222,8 @@ class ParameterStore {
     std::vector<Waiter> held ABSL_GUARDED_BY(mu);
     // Checkpoint copies not yet handed to on_checkpoint.
     std::vector<ChunkState> snapshots ABSL_GUARDED_BY(mu);
+    // Versions above the current one to copy (RequestCheckpoint).
+    std::vector<int64_t> requested_steps ABSL_GUARDED_BY(mu);
   };
   // Constant once Declare has published it.
   struct State {
@@ -333,6 +344,9 @@ class ParameterStore {
   uint64_t coordinator_incarnation_ ABSL_GUARDED_BY(members_mu_) = 0;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(members_mu_);
 
+  // Serialises RequestCheckpoint: one request's marks are never taken back
+  // by another's.
+  absl::Mutex request_mu_;
   absl::Mutex snapshot_mu_;  // acquired after a chunk's mu, never before
   std::map<int64_t, size_t> snapshot_counts_ ABSL_GUARDED_BY(snapshot_mu_);
 };

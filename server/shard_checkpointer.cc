@@ -1,5 +1,6 @@
 #include "server/shard_checkpointer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -36,13 +37,45 @@ absl::StatusOr<CheckpointWrite> ShardCheckpointer::Write(
   CheckpointWrite out;
   out.step = step;
   const absl::Time start = absl::Now();
-  SHARDPS_ASSIGN_OR_RETURN(
-      ShardFile mine, WriteShardCheckpoint(dir_, step, shard_index_,
-                                           num_shards_, declaration, chunks));
+  absl::StatusOr<ShardFile> mine = WriteShardCheckpoint(
+      dir_, step, shard_index_, num_shards_, declaration, chunks);
+  if (!mine.ok()) {
+    Failed(step, mine.status());
+    return mine.status();
+  }
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  out.bytes = mine.bytes;
-  SHARDPS_ASSIGN_OR_RETURN(out.committed, TryCommit(step, mine));
+  out.bytes = mine->bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    progress_.written_step = std::max(progress_.written_step, step);
+  }
+  absl::StatusOr<bool> committed = TryCommit(step, *mine);
+  if (!committed.ok()) {
+    Failed(step, committed.status());
+    return committed.status();
+  }
+  out.committed = *committed;
   return out;
+}
+
+void ShardCheckpointer::Failed(int64_t step, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  progress_.failed_step = step;
+  progress_.error = std::string(why.message());
+}
+
+CheckpointProgress ShardCheckpointer::Progress() const {
+  CheckpointProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    progress = progress_;
+  }
+  // Listed outside the lock: that may take a while on a network disk. A
+  // directory that cannot be listed reports no commit; writing to it fails
+  // and says why.
+  absl::StatusOr<int64_t> committed = LastCommittedStep(dir_);
+  if (committed.ok()) progress.committed_step = *committed;
+  return progress;
 }
 
 absl::StatusOr<bool> ShardCheckpointer::TryCommit(int64_t step,

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/checkpoint.h"
 
 namespace shardps::server {
@@ -33,6 +34,14 @@ struct CheckpointWrite {
   bool committed = false;  // this call committed the step
 };
 
+// How far this shard's checkpoints got, for GetStatus; steps are 0 for none.
+struct CheckpointProgress {
+  int64_t written_step = 0;    // the last step whose file this shard wrote
+  int64_t committed_step = 0;  // the newest committed step in the directory
+  int64_t failed_step = 0;     // the last step not written (failed, skipped)
+  std::string error;           // why failed_step was not written
+};
+
 class ShardCheckpointer {
  public:
   // `dir` is shared by every shard of the job. REQUIRES: keep >= 1.
@@ -48,7 +57,19 @@ class ShardCheckpointer {
   // shard's file is there. FailedPrecondition for an unwritable directory.
   absl::StatusOr<CheckpointWrite> Write(int64_t step,
                                         const v1::DeclareRequest& declaration,
-                                        const std::vector<ChunkState>& chunks);
+                                        const std::vector<ChunkState>& chunks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Records that the checkpoint of `step` was not written, and `why` (Write
+  // records its own failures).
+  void Failed(int64_t step, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The steps written and failed so far; the committed step is read from the
+  // directory (LastCommittedStep), so it counts commits by any shard and
+  // checkpoints restored at start.
+  CheckpointProgress Progress() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string& dir() const { return dir_; }
 
  private:
   // Commits `step` when all its shard files exist; returns whether it did.
@@ -58,6 +79,9 @@ class ShardCheckpointer {
   const uint32_t shard_index_;
   const uint32_t num_shards_;
   const int keep_;
+
+  mutable absl::Mutex mu_;
+  CheckpointProgress progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardps::server

@@ -87,7 +87,7 @@ absl::Status ShardServer::Install(const ShardServerOptions& options) {
     restored_->chunks.clear();
   }
   store_ = std::move(store);
-  service_->Install(store_.get());
+  service_->Install(store_.get(), checkpointer_.get());
   if (options.step_timeout > absl::ZeroDuration() && options.on_stall) {
     watchdog_ =
         std::thread([this, timeout = options.step_timeout,
@@ -118,22 +118,30 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
       options.checkpoint_dir, store->shard_index, store->num_shards,
       options.keep_checkpoints);
   SHARDPS_ASSIGN_OR_RETURN(restored_, checkpointer_->LoadLatest());
-  if (options.checkpoint_every == 0) return absl::OkStatus();
+  // Set up even without periodic checkpoints: the Checkpoint RPC asks for
+  // one at a given step.
   writer_ = std::make_unique<ThreadPool>(1);
-  store->checkpoint_every = options.checkpoint_every;
+  const int64_t every = options.checkpoint_every;
+  store->checkpoint_every = every;
   auto report = options.on_checkpoint;
   // Runs on an update thread: hand the copies to the writer and return. One
-  // write at a time; a checkpoint due while one is being written is skipped,
-  // so copies never pile up behind a slow disk.
-  store->on_checkpoint = [this, report](int64_t step,
-                                        std::vector<ChunkState> chunks) {
-    if (writing_.exchange(true)) {
-      if (report) {
-        report(absl::ResourceExhaustedError(
+  // write at a time; a periodic checkpoint due while another is queued or
+  // being written is skipped, so copies never pile up behind a slow disk. A
+  // requested one waits its turn: someone is waiting for it.
+  store->on_checkpoint = [this, report, every](int64_t step,
+                                               std::vector<ChunkState> chunks) {
+    int idle = 0;
+    if (every > 0 && step % every == 0) {
+      if (!pending_writes_.compare_exchange_strong(idle, 1)) {
+        const absl::Status skipped = absl::ResourceExhaustedError(
             absl::StrCat("checkpoint of step ", step,
-                         " skipped: the previous one is still being written")));
+                         " skipped: the previous one is still being written"));
+        checkpointer_->Failed(step, skipped);
+        if (report) report(skipped);
+        return;
       }
-      return;
+    } else {
+      pending_writes_.fetch_add(1);
     }
     auto shared = std::make_shared<std::vector<ChunkState>>(std::move(chunks));
     writer_->Schedule([this, report, step, shared] {
@@ -142,7 +150,8 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
           declaration.ok()
               ? checkpointer_->Write(step, *declaration, *shared)
               : absl::StatusOr<CheckpointWrite>(declaration.status());
-      writing_ = false;
+      if (!declaration.ok()) checkpointer_->Failed(step, declaration.status());
+      pending_writes_.fetch_sub(1);
       if (report) report(written);
     });
   };

@@ -32,8 +32,9 @@ struct ShardServerOptions {
   SecurityOptions security;
   // Checkpoints (off when checkpoint_dir is empty): at start the newest
   // committed checkpoint in the directory is restored; every
-  // checkpoint_every steps the shard writes its file there (on a writer
-  // thread of its own) and commits the step when all shards have written.
+  // checkpoint_every steps (0: never), and at the steps the Checkpoint RPC
+  // asks for, the shard writes its file there (on a writer thread of its
+  // own) and commits the step when all shards have written.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 3;
@@ -98,7 +99,7 @@ class ShardServer {
   // checkpoint to them while it shuts down.
   std::unique_ptr<ShardCheckpointer> checkpointer_;
   std::unique_ptr<ThreadPool> writer_;
-  std::atomic<bool> writing_{false};
+  std::atomic<int> pending_writes_{0};  // checkpoints queued or being written
   std::optional<RestoredShard> restored_;
   std::unique_ptr<ParameterStore> store_;
   absl::Mutex watchdog_mu_;
