@@ -671,6 +671,12 @@ absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir) {
                                           absl::StrJoin(skipped, "; ")));
 }
 
+absl::StatusOr<CheckpointInfo> CommittedAt(const std::string& dir,
+                                           int64_t step) {
+  const std::string step_dir = StepDirectory(dir, step);
+  return VerifyStep(dir, step, step_dir.substr(dir.size() + 1));
+}
+
 absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir) {
   SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListSteps(dir));
   for (const auto& [step, name] : steps) {

@@ -116,6 +116,12 @@ absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir);
 // Internal when `dir` cannot be listed.
 absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir);
 
+// The committed checkpoint of exactly `step` under `dir`, verified like
+// LatestCommitted; FailedPrecondition or DataLoss naming what is wrong when
+// it is missing, torn or not committed.
+absl::StatusOr<CheckpointInfo> CommittedAt(const std::string& dir,
+                                           int64_t step);
+
 // The state of every chunk that shard `shard_index` of `num_shards` owns
 // under PartitionChunks for `declaration`, ascending by chunk id, read from
 // whichever files of `ckpt` hold them (the checkpoint may come from another

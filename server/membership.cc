@@ -230,7 +230,10 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
   ++generation_;
   Record(kind, ref);
   if (restart && r.role() == v1::ROLE_SERVER && r.restored()) {
-    ++rollback_id_;
+    // Numbered from the start time, so that they keep growing across
+    // coordinator restarts.
+    rollback_id_ = std::max(rollback_id_ + 1,
+                            static_cast<uint64_t>(absl::ToUnixMicros(start_)));
     rollback_step_ = r.restored_step();
     MembershipEvent e;
     e.kind = MembershipEvent::Kind::kRollback;
@@ -376,6 +379,17 @@ int Membership::ExpireLocked() {
       }
     }
   }
+  if (!settled_ && now - start_ > options_.heartbeat_timeout) {
+    settled_ = true;
+    // Workers that never came back to a restarted coordinator of a running
+    // job are gone: a new view lets the servers stop waiting for them.
+    const bool unheld =
+        std::any_of(workers_.begin(), workers_.end(), [](const Slot& w) {
+          return !w.alive() && !w.finished &&
+                 w.last_heartbeat == absl::InfinitePast();
+        });
+    if (unheld && global_step_ > 0) ++generation_;
+  }
   MaybeFinishJob();
   return expired;
 }
@@ -428,6 +442,7 @@ v1::ClusterView Membership::ViewLocked() const {
   view.set_job_finished(job_finished_);
   view.set_coordinator_incarnation(options_.incarnation);
   view.set_rollback_id(rollback_id_);
+  view.set_settled(settled_);
   view.set_rollback_step(rollback_step_);
   return view;
 }

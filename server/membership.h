@@ -176,6 +176,7 @@ class Membership {
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool job_finished_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t rollback_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool settled_ ABSL_GUARDED_BY(mu_) = false;
   int64_t rollback_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<MembershipEvent> events_ ABSL_GUARDED_BY(mu_);
 };

@@ -119,6 +119,7 @@ void PushPullReactor::OnReadDone(bool ok) {
     args.rank = request_.rank();
     args.generation = request_.generation();
     args.incarnation = request_.incarnation();
+    args.rollback_id = request_.rollback_id();
     args.step = request_.step();
     args.chunk_id = request_.chunk_id();
     args.encoding = request_.encoding();

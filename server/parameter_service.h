@@ -49,6 +49,12 @@ class ParameterService final
     checkpoints_.store(checkpoints, std::memory_order_release);
     store_.store(store, std::memory_order_release);
   }
+  // Stops serving the store for a while (new calls get UNAVAILABLE naming
+  // `why`; calls in flight go on); Install serves it again.
+  void Pause(std::string why) ABSL_LOCKS_EXCLUDED(mu_) {
+    SetWaiting(std::move(why));
+    store_.store(nullptr, std::memory_order_release);
+  }
   // Why the shard is not serving yet, for the UNAVAILABLE answers.
   void SetWaiting(std::string why) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);

@@ -237,9 +237,38 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   }
   SHARDPS_RETURN_IF_ERROR(CheckSavedChunks(*st, chunks));
   std::vector<std::shared_ptr<ReplySink>> failed;
+  // Every chunk at once (ascending ids; nobody else holds two chunk locks),
+  // so no push, update or snapshot sees some chunks reset and others not.
+  std::vector<std::unique_ptr<absl::MutexLock>> locks;
+  std::vector<int64_t> requested;  // checkpoints asked for beyond the reset
+  for (const auto& chunk : st->owned) {
+    if (chunk == nullptr) continue;
+    locks.push_back(std::make_unique<absl::MutexLock>(&chunk->mu));
+    chunk->mu.AssertHeld();
+    for (int64_t step : chunk->requested_steps) requested.push_back(step);
+    for (const ChunkState& copy : chunk->snapshots) {
+      requested.push_back(copy.version);  // passed, not yet handed over
+    }
+  }
+  reset_epoch_.fetch_add(1);
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    for (const auto& [version, count] : snapshot_counts_) {
+      requested.push_back(version);
+    }
+    snapshot_counts_.clear();
+  }
+  const int64_t reset_step = chunks.empty() ? 0 : chunks.front().version;
+  std::sort(requested.begin(), requested.end());
+  requested.erase(std::unique(requested.begin(), requested.end()),
+                  requested.end());
+  requested.erase(std::remove_if(requested.begin(), requested.end(),
+                                 [&](int64_t v) { return v <= reset_step; }),
+                  requested.end());
   for (ChunkState& saved : chunks) {
     Chunk* chunk = st->owned[saved.chunk_id].get();
-    absl::MutexLock lock(&chunk->mu);
+    chunk->mu.AssertHeld();
+    chunk->requested_steps = requested;
     // A new buffer: replies being sent may still hold the old one.
     chunk->weights =
         std::make_shared<std::vector<float>>(std::move(saved.weights));
@@ -255,11 +284,8 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
     chunk->waiters.clear();
     chunk->held.clear();
   }
-  {
-    absl::MutexLock lock(&snapshot_mu_);
-    snapshot_counts_.clear();
-  }
   rollback_id_.store(rollback_id);
+  locks.clear();
   for (const auto& sink : failed) sink->Fail(why);
   return absl::OkStatus();
 }
@@ -344,6 +370,12 @@ absl::Status ParameterStore::Push(const PushArgs& args,
     absl::StatusOr<Chunk*> chunk = FindChunk(*st, args.chunk_id);
     status = chunk.status();
     if (status.ok()) status = CheckPush(args, **chunk);
+    if (status.ok() && args.rollback_id < rollback_id_.load()) {
+      status = absl::AbortedError(absl::StrCat(
+          "push of step ", args.step, " from rank ", args.rank,
+          " predates rollback ", rollback_id_.load(),
+          " (the job went back to a checkpoint): redo the steps from there"));
+    }
     if (status.ok()) {
       absl::MutexLock lock(&members_mu_);
       status = CheckMember(args.rank, args.incarnation, args.step);
@@ -507,10 +539,20 @@ absl::Status ParameterStore::Join(const State& state,
       chunk->last_step[rank] = std::max(chunk->last_step[rank], join_step - 1);
     }
   }
-  if (past < 0) return absl::OkStatus();
+  if (past < 0) {
+    // A step that waited for the rank at an earlier join step may be
+    // complete without it now.
+    ReleaseAfterMembershipChange(state);
+    return absl::OkStatus();
+  }
   {
     absl::MutexLock lock(&members_mu_);
-    ranks_[rank] = before;
+    // Unless a view changed the rank meanwhile.
+    RankState& now = ranks_[rank];
+    if (now.kind == RankState::Kind::kActive && now.from_step == join_step &&
+        now.incarnation == before.incarnation) {
+      now = before;
+    }
   }
   ReleaseAfterMembershipChange(state);
   return absl::OutOfRangeError(
@@ -541,8 +583,12 @@ std::vector<std::string> ParameterStore::ApplyView(
       RankState& r = ranks_[w.rank()];
       if (!w.alive()) {
         // Incarnation 0: no worker held the rank since this coordinator
-        // started (it may have restarted): nothing is known of it.
-        if (r.kind == Kind::kGone || !r.seen || w.incarnation() == 0) continue;
+        // started (it may have restarted): nothing is known of it until the
+        // coordinator has settled (every live member had time to rejoin).
+        // A rank this shard never saw alive but the coordinator did is gone
+        // too (this shard restarted after it left).
+        if (r.kind == Kind::kGone) continue;
+        if (w.incarnation() == 0 && !view.settled()) continue;
         released = released || r.kind == Kind::kActive;
         r.kind = Kind::kGone;
         r.changed_generation = g;
@@ -696,7 +742,9 @@ void ParameterStore::MaybeSnapshot(Chunk* chunk) {
   if (++snapshot_counts_[chunk->version] == owned) {
     snapshot_counts_.erase(chunk->version);
     const int64_t version = chunk->version;
-    pool_->Schedule([this, version] { HandOverCheckpoint(version); });
+    const uint64_t epoch = reset_epoch_.load();
+    pool_->Schedule(
+        [this, version, epoch] { HandOverCheckpoint(version, epoch); });
   }
 }
 
@@ -759,11 +807,13 @@ absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
       ", too late for a checkpoint of step ", step, ": ask for a later step"));
 }
 
-void ParameterStore::HandOverCheckpoint(int64_t version) {
+void ParameterStore::HandOverCheckpoint(int64_t version, uint64_t epoch) {
   std::vector<ChunkState> states;
   for (const auto& chunk : state()->owned) {
     if (chunk == nullptr) continue;
     absl::MutexLock lock(&chunk->mu);
+    // Counted before a reset (ResetTo dropped those copies).
+    if (reset_epoch_.load() != epoch) return;
     auto it =
         std::find_if(chunk->snapshots.begin(), chunk->snapshots.end(),
                      [&](const ChunkState& s) { return s.version == version; });
@@ -921,11 +971,13 @@ v1::GetStatusResponse ParameterStore::Status() const {
                 : options_.mode == Mode::kAsync
                     ? "async"
                     : absl::StrCat("ssp:", options_.staleness));
+  std::vector<RankState> active;
   {
     absl::MutexLock lock(&members_mu_);
     resp.set_generation(coordinated_ ? view_generation_ : options_.generation);
+    active.reserve(options_.num_workers);
     for (uint32_t r = 0; r < options_.num_workers; ++r) {
-      if (ranks_[r].kind == RankState::Kind::kActive) resp.add_active_ranks(r);
+      active.push_back(ranks_[r]);
     }
   }
   resp.set_pushes_total(pushes_.load());
@@ -951,6 +1003,13 @@ v1::GetStatusResponse ParameterStore::Status() const {
   }
   resp.set_num_chunks(count);
   resp.set_min_version(std::max<int64_t>(lo, 0));
+  // The ranks the shard's current step waits for.
+  for (uint32_t r = 0; r < active.size(); ++r) {
+    if (active[r].kind == RankState::Kind::kActive &&
+        active[r].from_step <= resp.min_version()) {
+      resp.add_active_ranks(r);
+    }
+  }
   resp.set_max_version(std::max<int64_t>(hi, 0));
   return resp;
 }

@@ -86,6 +86,8 @@ struct PushArgs {
   uint32_t rank = 0;
   uint64_t generation = 0;
   uint64_t incarnation = 0;
+  // The last rollback the pusher knows of; older than the shard's: ABORTED.
+  uint64_t rollback_id = 0;
   int64_t step = 0;
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
@@ -266,7 +268,10 @@ class ParameterStore {
   // Checkpoints: copies the chunk's state when its version is due, and
   // schedules the hand-over once every owned chunk has its copy.
   void MaybeSnapshot(Chunk* chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
-  void HandOverCheckpoint(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // `epoch`: reset_epoch_ when the copies were counted; a reset since makes
+  // the hand-over a no-op.
+  void HandOverCheckpoint(int64_t version, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ssp: true when the reply to `step` may go out (always in async mode).
   bool StalenessAllows(const Chunk& chunk, int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) ABSL_LOCKS_EXCLUDED(members_mu_);
@@ -336,6 +341,8 @@ class ParameterStore {
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> weight_copies_{0};
   std::atomic<uint64_t> rollback_id_{0};
+  // Bumped by every ResetTo (with every chunk locked).
+  std::atomic<uint64_t> reset_epoch_{0};
 
   // Acquired after a chunk's mu, never before.
   mutable absl::Mutex members_mu_;

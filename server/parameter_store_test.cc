@@ -85,7 +85,8 @@ class StoreFixture : public ::testing::Test {
   }
   absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
                     std::shared_ptr<CollectingSink> sink, uint32_t chunk = 0,
-                    uint64_t generation = 0, uint64_t incarnation = 0) {
+                    uint64_t generation = 0, uint64_t incarnation = 0,
+                    uint64_t rollback_id = 0) {
     std::string bytes = Bytes(grad);
     StringByteSource payload(bytes);
     PushArgs args;
@@ -94,6 +95,7 @@ class StoreFixture : public ::testing::Test {
     args.chunk_id = chunk;
     args.generation = generation;
     args.incarnation = incarnation;
+    args.rollback_id = rollback_id;
     args.payload = &payload;
     return store_->Push(args, sink);
   }
@@ -677,10 +679,12 @@ TEST_F(StoreFixture, ResetToACheckpointFailsTheWaitingPushesAndRewinds) {
   EXPECT_EQ(Weights(), std::vector<float>(4, 7.0f));
   EXPECT_EQ(store_->Status().max_version(), 0);
   EXPECT_EQ(store_->Status().rollback_id(), 3u);
+  // A push from before the rollback is refused and changes nothing.
+  EXPECT_EQ(Push(1, 0, {9, 9, 9, 9}, sink1).code(), absl::StatusCode::kAborted);
   // Training goes on from the checkpoint's step; rank 0's dropped push of
   // step 1 is gone.
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0));
-  SHARDPS_ASSERT_OK(Push(1, 0, {3, 3, 3, 3}, sink1));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 0, 3));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 3, 3, 3}, sink1, 0, 0, 0, 3));
   ASSERT_EQ(sink1->Wait(2).size(), 2u);
   EXPECT_EQ(Weights(), std::vector<float>(4, 5.0f));
 }

@@ -279,7 +279,7 @@ absl::Status InstallJoinedShard(const CoordinatorClient& client,
                                 ShardServerOptions* options,
                                 ShardServer* server) {
   SHARDPS_RETURN_IF_ERROR(AdoptJobShape(client, &options->store));
-  return server->Install(*options);
+  return server->Install(*options, /*serve=*/false);
 }
 
 // Hands `view` to the store (which ranks sync steps wait for) and logs
@@ -291,19 +291,23 @@ void ApplyView(const v1::ClusterView& view, ParameterStore* store) {
 }
 
 // Applies a rollback of `view` newer than *applied (see
-// ClusterView.rollback_id).
+// ClusterView.rollback_id); a failed one is tried again at the next call.
 void MaybeRollBack(const v1::ClusterView& view, ShardServer* server,
-                   uint64_t* applied) {
+                   uint64_t* applied, std::string* last_error) {
   if (view.rollback_id() <= *applied) return;
-  *applied = view.rollback_id();
   const absl::Time start = absl::Now();
   const absl::Status s =
       server->RollBack(view.rollback_id(), view.rollback_step());
   if (!s.ok()) {
-    LogError("rollback %d to step %d failed: %s", view.rollback_id(),
-             view.rollback_step(), s.ToString());
+    if (s.ToString() != *last_error) {
+      LogError("rollback %d to step %d failed (retrying): %s",
+               view.rollback_id(), view.rollback_step(), s.ToString());
+      *last_error = s.ToString();
+    }
     return;
   }
+  *applied = view.rollback_id();
+  last_error->clear();
   LogInfo("rollback %d: shard reset to the checkpoint of step %d in %s",
           view.rollback_id(), view.rollback_step(),
           absl::FormatDuration(absl::Now() - start));
@@ -319,7 +323,11 @@ bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
   uint64_t coordinator = view.coordinator_incarnation();
   ApplyView(view, store);
   uint64_t rollback = 0;
-  MaybeRollBack(view, server, &rollback);
+  std::string rollback_error;
+  MaybeRollBack(view, server, &rollback, &rollback_error);
+  // Served once it follows the view: the ranks it waits for and any
+  // rollback its own restart started are in place.
+  server->Serve();
   absl::Status health;
   int64_t rejoins = 0;
   std::string stalled;
@@ -333,15 +341,11 @@ bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
     if (view.generation() != generation ||
         view.coordinator_incarnation() != coordinator) {
       generation = view.generation();
-      if (view.coordinator_incarnation() != coordinator) {
-        // A restarted coordinator counts rollbacks from 0 again.
-        rollback = view.rollback_id();
-      }
       coordinator = view.coordinator_incarnation();
       LogInfo("%s", DescribeView(view));
       ApplyView(view, store);
-      MaybeRollBack(view, server, &rollback);
     }
+    MaybeRollBack(view, server, &rollback, &rollback_error);
     {
       absl::MutexLock lock(&stall_mu);
       if (StallNote() != stalled) {
@@ -373,7 +377,7 @@ bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
 // Cancelled, setting *stop_signal, when SIGINT or SIGTERM arrives first.
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
     const std::string& address, const SecurityOptions& security,
-    int* stop_signal) {
+    int64_t restore_step, int* stop_signal) {
   const int32_t requested = absl::GetFlag(FLAGS_shard_index);
   CoordinatorClientOptions co;
   co.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -382,13 +386,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
   };
-  // The shard will start from the newest committed checkpoint: say so when
-  // joining, so that a restart rolls the job back to it.
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (!checkpoint_dir.empty() && std::filesystem::exists(checkpoint_dir)) {
-    absl::StatusOr<CheckpointInfo> latest = LatestCommitted(checkpoint_dir);
-    if (latest.ok()) co.restored_step = latest->step;
-  }
+  // The shard starts from this checkpoint: say so when joining, so that a
+  // restart rolls the job back to it.
+  co.restored_step = restore_step;
   // Signals are taken synchronously: look for one between attempts.
   co.cancelled = [stop_signal] {
     if (*stop_signal == 0) {
@@ -423,9 +423,18 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   (*server)->SetWaiting("waiting for the coordinator's shard map");
   const std::string address =
       absl::StrCat(AdvertiseHost(options.host), ":", (*server)->port());
+  // The newest committed checkpoint now is the one the shard restores
+  // (announced when joining, loaded after).
+  int64_t restore_step = -1;
+  if (!options.checkpoint_dir.empty() &&
+      std::filesystem::exists(options.checkpoint_dir)) {
+    absl::StatusOr<CheckpointInfo> latest =
+        LatestCommitted(options.checkpoint_dir);
+    if (latest.ok()) restore_step = latest->step;
+  }
   int stop_signal = 0;
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined =
-      JoinJob(address, options.security, &stop_signal);
+      JoinJob(address, options.security, restore_step, &stop_signal);
   if (stop_signal != 0) {
     LogInfo("signal %d while joining: shutting down", stop_signal);
     (*server)->Shutdown(absl::Seconds(1));
@@ -436,6 +445,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   const std::string job = absl::GetFlag(FLAGS_job_id);
   // Only this thread logs; the client's threads never do.
   InitLog("server", static_cast<int>(client->index()), json);
+  options.restore_step = restore_step;
   const absl::Status installed =
       InstallJoinedShard(*client, &options, server->get());
   if (!installed.ok()) {

@@ -20,14 +20,23 @@ absl::StatusOr<std::optional<RestoredShard>> ShardCheckpointer::LoadLatest()
   absl::StatusOr<CheckpointInfo> latest = LatestCommitted(dir_);
   if (absl::IsNotFound(latest.status())) return std::nullopt;
   if (!latest.ok()) return latest.status();
+  return Load(*latest);
+}
+
+absl::StatusOr<RestoredShard> ShardCheckpointer::LoadStep(int64_t step) const {
+  SHARDPS_ASSIGN_OR_RETURN(const CheckpointInfo info, CommittedAt(dir_, step));
+  return Load(info);
+}
+
+absl::StatusOr<RestoredShard> ShardCheckpointer::Load(
+    const CheckpointInfo& latest) const {
   RestoredShard restored;
-  restored.step = latest->step;
-  restored.skipped = latest->skipped;
-  SHARDPS_ASSIGN_OR_RETURN(restored.declaration,
-                           CheckpointDeclaration(*latest));
-  SHARDPS_ASSIGN_OR_RETURN(
-      restored.chunks, LoadChunksForShard(*latest, shard_index_, num_shards_,
-                                          restored.declaration));
+  restored.step = latest.step;
+  restored.skipped = latest.skipped;
+  SHARDPS_ASSIGN_OR_RETURN(restored.declaration, CheckpointDeclaration(latest));
+  SHARDPS_ASSIGN_OR_RETURN(restored.chunks,
+                           LoadChunksForShard(latest, shard_index_, num_shards_,
+                                              restored.declaration));
   return restored;
 }
 

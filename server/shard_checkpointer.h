@@ -52,6 +52,8 @@ class ShardCheckpointer {
   // shards may have written it), or nullopt when `dir` holds none. Errors
   // from a checkpoint that exists but cannot be loaded.
   absl::StatusOr<std::optional<RestoredShard>> LoadLatest() const;
+  // This shard's chunks from the committed checkpoint of exactly `step`.
+  absl::StatusOr<RestoredShard> LoadStep(int64_t step) const;
 
   // Writes this shard's file of `step`, then commits the step if every
   // shard's file is there. FailedPrecondition for an unwritable directory.
@@ -72,6 +74,7 @@ class ShardCheckpointer {
   const std::string& dir() const { return dir_; }
 
  private:
+  absl::StatusOr<RestoredShard> Load(const CheckpointInfo& info) const;
   // Commits `step` when all its shard files exist; returns whether it did.
   absl::StatusOr<bool> TryCommit(int64_t step, const ShardFile& mine);
 

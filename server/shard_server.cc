@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Listen(
   return s;
 }
 
-absl::Status ShardServer::Install(const ShardServerOptions& options) {
+absl::Status ShardServer::Install(const ShardServerOptions& options,
+                                  bool serve) {
   SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(options.store));
   if (store_ != nullptr) {
     return absl::FailedPreconditionError("the shard is already installed");
@@ -87,14 +88,18 @@ absl::Status ShardServer::Install(const ShardServerOptions& options) {
     restored_->chunks.clear();
   }
   store_ = std::move(store);
-  service_->Install(store_.get(), checkpointer_.get());
   if (options.step_timeout > absl::ZeroDuration() && options.on_stall) {
     watchdog_ =
         std::thread([this, timeout = options.step_timeout,
                      report = options.on_stall] { Watch(timeout, report); });
   }
-  SetServing(true);
+  if (serve) Serve();
   return absl::OkStatus();
+}
+
+void ShardServer::Serve() {
+  service_->Install(store_.get(), checkpointer_.get());
+  SetServing(true);
 }
 
 absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
@@ -117,7 +122,12 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
   checkpointer_ = std::make_unique<ShardCheckpointer>(
       options.checkpoint_dir, store->shard_index, store->num_shards,
       options.keep_checkpoints);
-  SHARDPS_ASSIGN_OR_RETURN(restored_, checkpointer_->LoadLatest());
+  if (options.restore_step >= 0) {
+    SHARDPS_ASSIGN_OR_RETURN(restored_,
+                             checkpointer_->LoadStep(options.restore_step));
+  } else {
+    SHARDPS_ASSIGN_OR_RETURN(restored_, checkpointer_->LoadLatest());
+  }
   // Set up even without periodic checkpoints: the Checkpoint RPC asks for
   // one at a given step.
   writer_ = std::make_unique<ThreadPool>(1);
@@ -144,13 +154,18 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
       pending_writes_.fetch_add(1);
     }
     auto shared = std::make_shared<std::vector<ChunkState>>(std::move(chunks));
-    writer_->Schedule([this, report, step, shared] {
-      absl::StatusOr<v1::DeclareRequest> declaration = store_->declaration();
+    // Read here, where the store is alive (the writer may run while the
+    // store shuts down).
+    auto declaration = std::make_shared<absl::StatusOr<v1::DeclareRequest>>(
+        store_->declaration());
+    writer_->Schedule([this, report, step, shared, declaration] {
       absl::StatusOr<CheckpointWrite> written =
-          declaration.ok()
-              ? checkpointer_->Write(step, *declaration, *shared)
-              : absl::StatusOr<CheckpointWrite>(declaration.status());
-      if (!declaration.ok()) checkpointer_->Failed(step, declaration.status());
+          declaration->ok()
+              ? checkpointer_->Write(step, **declaration, *shared)
+              : absl::StatusOr<CheckpointWrite>(declaration->status());
+      if (!declaration->ok()) {
+        checkpointer_->Failed(step, declaration->status());
+      }
       pending_writes_.fetch_sub(1);
       if (report) report(written);
     });
@@ -214,27 +229,27 @@ absl::Status ShardServer::RollBack(uint64_t rollback_id, int64_t step) {
                      " needs the job's checkpoints, and this server has no "
                      "--checkpoint_dir"));
   }
-  SetServing(false);
-  absl::StatusOr<std::optional<RestoredShard>> latest =
-      checkpointer_->LoadLatest();
-  absl::Status status = latest.status();
-  if (status.ok() && (!latest->has_value() || (*latest)->step != step)) {
-    status = absl::FailedPreconditionError(absl::StrCat(
-        "rollback ", rollback_id, " is to step ", step,
-        ", but the newest committed checkpoint is ",
-        latest->has_value() ? absl::StrCat("of step ", (*latest)->step)
-                            : "missing"));
+  if (!now.declared()) {
+    store_->NoteRollback(rollback_id);  // no model yet: nothing to reset
+    return absl::OkStatus();
   }
+  // New calls wait (UNAVAILABLE) until the shard is reset; pushes already
+  // in flight are refused by step or fail with the reset.
+  service_->Pause(absl::StrCat("resetting to the checkpoint of step ", step,
+                               " for rollback ", rollback_id));
+  SetServing(false);
+  absl::StatusOr<RestoredShard> loaded = checkpointer_->LoadStep(step);
+  absl::Status status = loaded.status();
   if (status.ok()) {
     status = store_->ResetTo(
-        std::move((*latest)->chunks),
+        std::move(loaded->chunks),
         absl::AbortedError(absl::StrCat(
             "the job rolls back to step ", step,
             ": a server restarted from the last committed checkpoint; "
             "redo the step from there")),
         rollback_id);
   }
-  SetServing(true);
+  Serve();
   return status;
 }
 

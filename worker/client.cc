@@ -282,6 +282,7 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
       header.set_rank(options_.rank);
       header.set_generation(options_.generation);
       header.set_incarnation(options_.incarnation);
+      header.set_rollback_id(rollback_id_);
       header.set_step(step);
       header.set_encoding(v1::ENCODING_FP32);
       header.set_push_only(weights == nullptr);

@@ -106,6 +106,8 @@ class Client {
   uint32_t rank() const { return options_.rank; }
   // Sets the generation carried by later requests (after a rejoin).
   void set_generation(uint64_t generation) { options_.generation = generation; }
+  // Sets the rollback later pushes say they know of (PushPullRequest).
+  void set_rollback_id(uint64_t id) { rollback_id_ = id; }
 
  private:
   struct Stream;  // one (shard, stream) lane and its reusable messages
@@ -132,6 +134,7 @@ class Client {
   v1::Layout layout_;
   v1::OptimizerSpec optimizer_;
   bool must_join_ = false;
+  uint64_t rollback_id_ = 0;
   int64_t max_version_ = 0;
   std::vector<ChunkSpec> chunks_;
   std::vector<uint32_t> shard_of_;

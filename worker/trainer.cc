@@ -257,7 +257,17 @@ absl::Status Trainer::WriteModel(int64_t step) {
 
 std::vector<uint32_t> Trainer::EpochRanks() const {
   std::vector<uint32_t> ranks;
-  if (options_.active_ranks) ranks = options_.active_ranks();
+  if (options_.active_ranks) {
+    // The ranks the servers wait for at this step (joins and leaves as the
+    // servers apply them), else those of the coordinator's view.
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
+        client_->ShardStatus();
+    if (shards.ok() && !shards->empty()) {
+      ranks.assign(shards->front().active_ranks().begin(),
+                   shards->front().active_ranks().end());
+    }
+    if (ranks.empty()) ranks = options_.active_ranks();
+  }
   if (ranks.empty()) {
     for (uint32_t r = 0; r < options_.num_workers; ++r) ranks.push_back(r);
   }
@@ -278,29 +288,53 @@ absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
         (step + steps_per_epoch - 1) / steps_per_epoch * steps_per_epoch;
     return std::min(start, total_steps);
   };
-  int64_t join = epoch_start_from(client_->max_version());
+  // Sync: past every step a shard has started. Async and ssp: the
+  // servers' versions count updates; this rank's own clock is the step.
+  int64_t join =
+      epoch_start_from(sync_ ? client_->max_version() : client_->start_step());
   while (true) {
     const absl::Status s = client_->JoinAt(join);
     if (s.ok()) break;
     if (!absl::IsOutOfRange(s) || join >= total_steps) return s;
     join = epoch_start_from(join + 1);
   }
+  join_step_ = join;
   LogInfo(
       "rank %d joins the running job at step %d (start of epoch %d); the "
       "servers wait for it from then on",
       options_.rank, join, join / steps_per_epoch + 1);
+  SHARDPS_RETURN_IF_ERROR(AwaitJobAt(join));
+  return join;
+}
+
+absl::Status Trainer::AwaitJobAt(int64_t step) {
   absl::Time next_log = absl::Now() + absl::Seconds(10);
+  absl::Time next_declare = absl::Now() + absl::Seconds(2);
+  absl::Time failing_since = absl::InfiniteFuture();
   while (true) {
-    SHARDPS_ASSIGN_OR_RETURN(const int64_t at, client_->MinVersion());
-    if (at >= join) break;
-    if (absl::Now() >= next_log) {
-      LogInfo("waiting for the job to reach step %d (now at step %d)", join,
-              at);
-      next_log = absl::Now() + absl::Seconds(10);
+    const absl::StatusOr<int64_t> at = client_->MinVersion();
+    if (at.ok() && *at >= step) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (!at.ok()) {
+      // A shard restarting: keep asking for a while.
+      failing_since = std::min(failing_since, now);
+      if (now - failing_since > absl::Minutes(5)) return at.status();
+    } else {
+      failing_since = absl::InfiniteFuture();
+    }
+    if (now >= next_declare) {
+      // Again, for a shard that restarted and lost it; a no-op elsewhere.
+      const absl::Status s = client_->JoinAt(step);
+      if (!s.ok() && !absl::IsUnavailable(s)) return s;
+      next_declare = now + absl::Seconds(2);
+    }
+    if (now >= next_log) {
+      LogInfo("waiting for the job to reach step %d (now at step %s)", step,
+              at.ok() ? absl::StrCat(*at) : at.status().ToString());
+      next_log = now + absl::Seconds(10);
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return join;
 }
 
 absl::StatusOr<bool> Trainer::AwaitRollback(uint64_t id, int64_t step,
@@ -315,13 +349,17 @@ absl::StatusOr<bool> Trainer::AwaitRollback(uint64_t id, int64_t step,
     if (shards.ok()) {
       for (const v1::GetStatusResponse& s : *shards) {
         applied = applied && s.rollback_id() >= id;
-        there = there && s.min_version() == step && s.max_version() <= step + 1;
+        // Async and ssp versions count every update: only a rollback's
+        // having been applied tells.
+        there = there && (!sync_ || (s.min_version() == step &&
+                                     s.max_version() <= step + 1));
       }
     }
     if (applied && !there && !announced) {
       // Every shard took the rollback long ago (it needed no reset, or the
       // job has moved on since): nothing to go back to.
       seen_rollback_ = id;
+      client_->set_rollback_id(id);
       return false;
     }
     if (!announced) {
@@ -341,6 +379,13 @@ absl::StatusOr<bool> Trainer::AwaitRollback(uint64_t id, int64_t step,
     absl::SleepFor(absl::Milliseconds(20));
   }
   seen_rollback_ = id;
+  client_->set_rollback_id(id);
+  if (join_step_ > step) {
+    // Joined after the rollback's step: join there again (a restarted
+    // shard lost it) and wait for the others to get back to it.
+    SHARDPS_RETURN_IF_ERROR(client_->JoinAt(join_step_));
+    SHARDPS_RETURN_IF_ERROR(AwaitJobAt(join_step_));
+  }
   SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
   return true;
 }
@@ -358,7 +403,9 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& why, int64_t at,
       if (id > seen_rollback_) {
         SHARDPS_ASSIGN_OR_RETURN(const bool rolled_back,
                                  AwaitRollback(id, step, at));
-        if (rolled_back) return step;
+        if (rolled_back) return std::max(step, join_step_);
+        // A push refused for predating that rollback: redo it.
+        if (absl::IsAborted(why)) return at;
       }
     }
     const bool refused =
@@ -402,7 +449,16 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           ? std::min<int64_t>(options_.max_steps,
                               steps_per_epoch * options_.epochs)
           : steps_per_epoch * options_.epochs;
-  if (options_.rollback) seen_rollback_ = options_.rollback().first;
+  if (options_.rollback) {
+    seen_rollback_ = options_.rollback().first;
+    client_->set_rollback_id(seen_rollback_);
+  }
+  {
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
+        client_->ShardStatus();
+    SHARDPS_RETURN_IF_ERROR(shards.status());
+    sync_ = shards->empty() || shards->front().mode() == "sync";
+  }
   int64_t step = client_->start_step();
   if (client_->must_join()) {
     SHARDPS_ASSIGN_OR_RETURN(step,

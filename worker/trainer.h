@@ -126,6 +126,10 @@ class Trainer {
   // needed no reset, or the job moved on): nothing to go back to. `at`: the
   // step this worker was at.
   absl::StatusOr<bool> AwaitRollback(uint64_t id, int64_t step, int64_t at);
+  // Waits until every chunk of every shard is at `step` at least, declaring
+  // the join at `step` again now and then; tolerates shards that are away
+  // for a while.
+  absl::Status AwaitJobAt(int64_t step);
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
@@ -148,6 +152,8 @@ class Trainer {
   bool resumed_ = false;  // started from a restored checkpoint's step
   bool metrics_started_ = false;
   uint64_t seen_rollback_ = 0;  // the last rollback id acted on
+  int64_t join_step_ = -1;      // the step this worker joined a job at
+  bool sync_ = true;            // the servers' mode is sync
   int64_t eval_batch_ = 0;
   std::vector<std::vector<float>> weights_;
   std::vector<std::vector<float>> grads_;

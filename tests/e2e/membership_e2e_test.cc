@@ -294,7 +294,8 @@ std::string RunCheckpointedJob(const std::string& dir, bool kill_server) {
     servers[1] =
         Must(Daemon::Start("server-1-restarted", SHARDPS_SERVER_BIN, args));
     if (servers[1] == nullptr) return "";
-    EXPECT_TRUE(WaitForLog(*servers[0], "rollback 1: shard reset"))
+    EXPECT_TRUE(
+        WaitForLog(*servers[0], "shard reset to the checkpoint of step"))
         << servers[0]->ReadLog();
     for (auto& w : workers) {
       EXPECT_TRUE(WaitForLog(*w, "the job rolls back to step")) << w->ReadLog();
