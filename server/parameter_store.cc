@@ -583,12 +583,14 @@ std::vector<std::string> ParameterStore::ApplyView(
       RankState& r = ranks_[w.rank()];
       if (!w.alive()) {
         // Incarnation 0: no worker held the rank since this coordinator
-        // started (it may have restarted): nothing is known of it until the
-        // coordinator has settled (every live member had time to rejoin).
-        // A rank this shard never saw alive but the coordinator did is gone
-        // too (this shard restarted after it left).
+        // started. A rank this shard saw alive under an earlier coordinator
+        // that has not come back once the coordinator settled is gone; one
+        // it never saw is still to come (a job's first workers). A rank the
+        // coordinator saw leave (incarnation set) is gone, also when this
+        // shard never saw it (it restarted after).
         if (r.kind == Kind::kGone) continue;
-        if (w.incarnation() == 0 && !view.settled()) continue;
+        const bool left = w.incarnation() != 0 || (view.settled() && r.seen);
+        if (!left) continue;  // not there yet: the first workers arriving
         released = released || r.kind == Kind::kActive;
         r.kind = Kind::kGone;
         r.changed_generation = g;

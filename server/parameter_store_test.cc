@@ -640,6 +640,30 @@ TEST_F(StoreFixture, RestartedCoordinatorKeepsTheRanksItHasNotSeenYet) {
   EXPECT_EQ(sink0->Wait(1).size(), 1u);
 }
 
+TEST_F(StoreFixture,
+       FirstWorkersArrivingLateToASettledCoordinatorAreWaitedFor) {
+  Make(2);
+  // The coordinator has been up for a heartbeat timeout before this shard
+  // joined; no worker has joined yet.
+  v1::ClusterView early = View(2, {0, 0}, {false, false});
+  early.set_settled(true);
+  EXPECT_TRUE(store_->ApplyView(early).empty());
+  store_->ApplyView(View(4, {11, 22}, {true, true}));
+  auto sink0 = std::make_shared<CollectingSink>();
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  EXPECT_EQ(sink0->count(), 0u);  // waits for rank 1
+  // A rank that was seen and never came back to a restarted coordinator
+  // is gone once that coordinator settled.
+  v1::ClusterView restarted =
+      View(2, {11, 0}, {true, false}, /*coordinator=*/7);
+  EXPECT_TRUE(store_->ApplyView(restarted).empty());
+  EXPECT_EQ(sink0->count(), 0u);
+  restarted.set_generation(3);
+  restarted.set_settled(true);
+  EXPECT_EQ(store_->ApplyView(restarted).size(), 1u);
+  EXPECT_EQ(sink0->Wait(1).size(), 1u);
+}
+
 TEST_F(StoreFixture, SspDoesNotWaitForARankThatLeft) {
   Make(2, Mode::kSsp, /*staleness=*/1);
   store_->ApplyView(View(2, {11, 22}, {true, true}));

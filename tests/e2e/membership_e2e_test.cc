@@ -132,6 +132,34 @@ class MembershipTest : public ::testing::Test {
   std::vector<std::unique_ptr<Daemon>> servers_;
 };
 
+TEST_F(MembershipTest, MembersArrivingLongAfterTheCoordinatorTrainTogether) {
+  // The coordinator has settled (up for more than its heartbeat timeout)
+  // before anyone joins: the first workers are still the job's cohort.
+  coordinator_ = Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
+                                    {kJob, "--num_servers=2", "--num_workers=2",
+                                     "--heartbeat_timeout_ms=500"}));
+  ASSERT_NE(coordinator_, nullptr);
+  absl::SleepFor(absl::Milliseconds(1500));
+  for (int s = 0; s < 2; ++s) {
+    servers_.push_back(Must(
+        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
+                      {kJob, "--coordinator=" + coordinator_->address()})));
+    ASSERT_NE(servers_.back(), nullptr);
+  }
+  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(1);
+  ASSERT_FALSE(HasFailure());
+  for (auto& w : workers) {
+    ExpectExitsZero(w.get(), kTrainTimeout);
+    EXPECT_FALSE(absl::StrContains(w->ReadLog(), "joins the running job"))
+        << w->ReadLog();
+  }
+  for (auto& s : servers_) {
+    EXPECT_FALSE(absl::StrContains(s->ReadLog(), "left the job"))
+        << s->ReadLog();
+  }
+  ExpectJobEnds();
+}
+
 TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
