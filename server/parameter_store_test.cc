@@ -9,43 +9,10 @@
 #include "common/chunking.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "server/store_testing.h"
 
 namespace shardps::server {
 namespace {
-
-// Collects replies; Wait() blocks (with a deadline) until `n` have arrived.
-class CollectingSink : public ReplySink {
- public:
-  void Deliver(ChunkReply reply) override {
-    absl::MutexLock lock(&mu_);
-    replies_.push_back(std::move(reply));
-  }
-  void Fail(const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
-    failures_.push_back(status);
-  }
-  std::vector<absl::Status> failures() {
-    absl::MutexLock lock(&mu_);
-    return failures_;
-  }
-  std::vector<ChunkReply> Wait(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return replies_.size() >= n;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
-    return replies_;
-  }
-  size_t count() {
-    absl::MutexLock lock(&mu_);
-    return replies_.size();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<ChunkReply> replies_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> failures_ ABSL_GUARDED_BY(mu_);
-};
 
 std::vector<float> Floats(const WeightsBuffer& weights) {
   return weights == nullptr ? std::vector<float>() : *weights;

@@ -10,31 +10,10 @@
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/parameter_store.h"
+#include "server/store_testing.h"
 
 namespace shardps::server {
 namespace {
-
-// Counts replies; Wait() blocks (with a deadline) until `n` have arrived.
-class CountingSink : public ReplySink {
- public:
-  void Deliver(ChunkReply reply) override {
-    absl::MutexLock lock(&mu_);
-    ++count_;
-  }
-  void Fail(const absl::Status& status) override {}
-  size_t Wait(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return count_ >= n;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
-    return count_;
-  }
-
- private:
-  absl::Mutex mu_;
-  size_t count_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // The checkpoints a store hands over, in the order they came.
 class Handovers {
@@ -105,7 +84,7 @@ std::unique_ptr<ParameterStore> Declared(const StoreOptions& options) {
 // them are applied.
 void PushStep(ParameterStore* store, int64_t step, uint32_t first = 0,
               uint32_t last = kChunks) {
-  auto sink = std::make_shared<CountingSink>();
+  auto sink = std::make_shared<CollectingSink>();
   for (uint32_t rank = 0; rank < kWorkers; ++rank) {
     for (uint32_t chunk = first; chunk < last; ++chunk) {
       std::vector<float> g(4);
@@ -122,7 +101,8 @@ void PushStep(ParameterStore* store, int64_t step, uint32_t first = 0,
       ASSERT_TRUE(store->Push(args, sink).ok());
     }
   }
-  ASSERT_EQ(sink->Wait(kWorkers * (last - first)), kWorkers * (last - first));
+  ASSERT_EQ(sink->Wait(kWorkers * (last - first)).size(),
+            kWorkers * (last - first));
 }
 
 void Train(ParameterStore* store, int64_t from, int64_t to) {

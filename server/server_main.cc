@@ -425,16 +425,18 @@ absl::Status RunCoordinated(ShardServerOptions options) {
       absl::StrCat(AdvertiseHost(options.host), ":", (*server)->port());
   // The newest committed checkpoint now is the one the shard restores
   // (announced when joining, loaded after).
-  int64_t restore_step = -1;
+  // (Verified once, here.)
   if (!options.checkpoint_dir.empty() &&
       std::filesystem::exists(options.checkpoint_dir)) {
     absl::StatusOr<CheckpointInfo> latest =
         LatestCommitted(options.checkpoint_dir);
-    if (latest.ok()) restore_step = latest->step;
+    if (latest.ok()) options.restore_from = *std::move(latest);
   }
   int stop_signal = 0;
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined =
-      JoinJob(address, options.security, restore_step, &stop_signal);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined = JoinJob(
+      address, options.security,
+      options.restore_from.has_value() ? options.restore_from->step : -1,
+      &stop_signal);
   if (stop_signal != 0) {
     LogInfo("signal %d while joining: shutting down", stop_signal);
     (*server)->Shutdown(absl::Seconds(1));
@@ -445,7 +447,6 @@ absl::Status RunCoordinated(ShardServerOptions options) {
   const std::string job = absl::GetFlag(FLAGS_job_id);
   // Only this thread logs; the client's threads never do.
   InitLog("server", static_cast<int>(client->index()), json);
-  options.restore_step = restore_step;
   const absl::Status installed =
       InstallJoinedShard(*client, &options, server->get());
   if (!installed.ok()) {

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_store.h"
 #include "server/shard_checkpointer.h"
+#include "server/store_testing.h"
 #include "tests/testing/exposition.h"
 
 namespace shardps::server {
@@ -18,27 +19,6 @@ namespace {
 using ::shardps::testing::ParseExposition;
 using ::shardps::testing::SampleOr;
 using ::shardps::testing::Samples;
-
-// Counts replies; Wait() blocks (with a deadline) until `n` have arrived.
-class CountingSink : public ReplySink {
- public:
-  void Deliver(ChunkReply reply) override {
-    absl::MutexLock lock(&mu_);
-    ++count_;
-  }
-  void Fail(const absl::Status& status) override {}
-  bool Wait(int n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return count_ >= n;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
-  }
-
- private:
-  absl::Mutex mu_;
-  int count_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // A store of one 4-element chunk, SGD, reporting to a fresh registry.
 class ServerMetricsTest : public ::testing::Test {
@@ -76,7 +56,7 @@ class ServerMetricsTest : public ::testing::Test {
 
   MetricsExporter exporter_;
   ServerMetrics metrics_{exporter_.registry()};
-  std::shared_ptr<CountingSink> sink_ = std::make_shared<CountingSink>();
+  std::shared_ptr<CollectingSink> sink_ = std::make_shared<CollectingSink>();
   std::unique_ptr<ParameterStore> store_;
 };
 
@@ -85,7 +65,7 @@ TEST_F(ServerMetricsTest, SyncStepObservesStepAndAggregationOnce) {
   SHARDPS_ASSERT_OK(Push(0, 0));
   EXPECT_EQ(SampleOr(Scrape(), "shardps_server_step_seconds_count"), 0);
   SHARDPS_ASSERT_OK(Push(1, 0));
-  ASSERT_TRUE(sink_->Wait(2));
+  ASSERT_EQ(sink_->Wait(2).size(), 2u);
   const Samples s = Scrape();
   EXPECT_EQ(SampleOr(s, "shardps_server_step_seconds_count"), 1);
   EXPECT_EQ(SampleOr(s, "shardps_server_aggregation_seconds_count"), 1);
@@ -96,7 +76,7 @@ TEST_F(ServerMetricsTest, AsyncPushesObserveHowFarBehindTheyAre) {
   Make(2, Mode::kAsync);
   for (int64_t step = 0; step < 3; ++step) SHARDPS_ASSERT_OK(Push(0, step));
   SHARDPS_ASSERT_OK(Push(1, 0));  // two steps behind rank 0's last push
-  ASSERT_TRUE(sink_->Wait(4));
+  ASSERT_EQ(sink_->Wait(4).size(), 4u);
   const Samples s = Scrape();
   EXPECT_EQ(SampleOr(s, "shardps_server_staleness_steps_count"), 4);
   EXPECT_EQ(SampleOr(s, "shardps_server_staleness_steps_sum"), 2);

@@ -20,15 +20,15 @@ absl::StatusOr<std::optional<RestoredShard>> ShardCheckpointer::LoadLatest()
   absl::StatusOr<CheckpointInfo> latest = LatestCommitted(dir_);
   if (absl::IsNotFound(latest.status())) return std::nullopt;
   if (!latest.ok()) return latest.status();
-  return Load(*latest);
+  return LoadFrom(*latest);
 }
 
 absl::StatusOr<RestoredShard> ShardCheckpointer::LoadStep(int64_t step) const {
   SHARDPS_ASSIGN_OR_RETURN(const CheckpointInfo info, CommittedAt(dir_, step));
-  return Load(info);
+  return LoadFrom(info);
 }
 
-absl::StatusOr<RestoredShard> ShardCheckpointer::Load(
+absl::StatusOr<RestoredShard> ShardCheckpointer::LoadFrom(
     const CheckpointInfo& latest) const {
   RestoredShard restored;
   restored.step = latest.step;

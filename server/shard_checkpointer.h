@@ -54,6 +54,9 @@ class ShardCheckpointer {
   absl::StatusOr<std::optional<RestoredShard>> LoadLatest() const;
   // This shard's chunks from the committed checkpoint of exactly `step`.
   absl::StatusOr<RestoredShard> LoadStep(int64_t step) const;
+  // This shard's chunks from `info`, a checkpoint LatestCommitted or
+  // CommittedAt verified (the files read are checked again).
+  absl::StatusOr<RestoredShard> LoadFrom(const CheckpointInfo& info) const;
 
   // Writes this shard's file of `step`, then commits the step if every
   // shard's file is there. FailedPrecondition for an unwritable directory.
@@ -74,7 +77,6 @@ class ShardCheckpointer {
   const std::string& dir() const { return dir_; }
 
  private:
-  absl::StatusOr<RestoredShard> Load(const CheckpointInfo& info) const;
   // Commits `step` when all its shard files exist; returns whether it did.
   absl::StatusOr<bool> TryCommit(int64_t step, const ShardFile& mine);
 

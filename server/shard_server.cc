@@ -122,9 +122,9 @@ absl::Status ShardServer::StartCheckpoints(const ShardServerOptions& options,
   checkpointer_ = std::make_unique<ShardCheckpointer>(
       options.checkpoint_dir, store->shard_index, store->num_shards,
       options.keep_checkpoints);
-  if (options.restore_step >= 0) {
+  if (options.restore_from.has_value()) {
     SHARDPS_ASSIGN_OR_RETURN(restored_,
-                             checkpointer_->LoadStep(options.restore_step));
+                             checkpointer_->LoadFrom(*options.restore_from));
   } else {
     SHARDPS_ASSIGN_OR_RETURN(restored_, checkpointer_->LoadLatest());
   }

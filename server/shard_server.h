@@ -36,9 +36,9 @@ struct ShardServerOptions {
   // asks for, the shard writes its file there (on a writer thread of its
   // own) and commits the step when all shards have written.
   std::string checkpoint_dir;
-  // Restore exactly the committed checkpoint of this step (the one a
-  // restarted server announced when it joined); -1: the newest one.
-  int64_t restore_step = -1;
+  // Restore this committed checkpoint, already verified (the one a
+  // restarted server announced when it joined); unset: the newest one.
+  std::optional<CheckpointInfo> restore_from;
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 3;
   // Told about every checkpoint write (for the daemon's log); any thread.
@@ -63,7 +63,7 @@ class ShardServer {
   static absl::StatusOr<std::unique_ptr<ShardServer>> Listen(
       const ShardServerOptions& options);
   // Loads the newest committed checkpoint of options.checkpoint_dir (if
-  // any; options.restore_step: that one), creates the store for
+  // any; options.restore_from: that one), creates the store for
   // options.store and, with `serve`, serves it (health SERVING). Without,
   // Serve() does that later. FailedPrecondition when called twice.
   absl::Status Install(const ShardServerOptions& options, bool serve = true);

@@ -5,9 +5,7 @@
 // job without --checkpoint_dir, a step already past, a negative step, a
 // checkpoint a finished job never reaches.
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
 
 namespace shardps {
 namespace {
@@ -26,6 +25,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::ExpectExitsZero;
+using ::shardps::testing::Must;
+using ::shardps::testing::ReadFile;
 using ::shardps::testing::RunCommand;
 using ::shardps::testing::WaitForLog;
 
@@ -48,25 +50,6 @@ std::vector<std::string> TrainingArgs(int steps) {
           "--batch_size=64",
           "--backend=cpu",
           "--fault_step_delay_ms=20"};
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::unique_ptr<Daemon> Must(absl::StatusOr<std::unique_ptr<Daemon>> d) {
-  EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? *std::move(d) : nullptr;
-}
-
-void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
-  ASSERT_NE(d, nullptr);
-  absl::StatusOr<int> code = d->Wait(timeout);
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << d->ReadLog();
-  EXPECT_EQ(*code, 0) << d->ReadLog();
 }
 
 // A coordinated job of two servers and two workers. With `checkpoint_dir`,
