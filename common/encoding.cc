@@ -56,9 +56,4 @@ int64_t FirstNonFinite(const float* x, int64_t n) {
   return -1;
 }
 
-void EncodeFp32(const float* x, int64_t n, std::string* out) {
-  out->resize(static_cast<size_t>(n) * 4);
-  std::memcpy(out->data(), x, static_cast<size_t>(n) * 4);
-}
-
 }  // namespace shardps

@@ -55,9 +55,6 @@ absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
 // Index of the first non-finite value in x[0, n), or -1 when all are finite.
 int64_t FirstNonFinite(const float* x, int64_t n);
 
-// Writes x[0, n) as an FP32 payload into *out (reusing its capacity).
-void EncodeFp32(const float* x, int64_t n, std::string* out);
-
 }  // namespace shardps
 
 #endif  // SHARDPS_COMMON_ENCODING_H_

@@ -33,15 +33,5 @@ TEST(EncodingTest, FindsFirstNonFiniteValue) {
   EXPECT_EQ(FirstNonFinite(x.data(), 0), -1);
 }
 
-TEST(EncodingTest, Fp32RoundTrips) {
-  std::vector<float> x = {1.0f, -2.5f, 3e-38f};
-  std::string payload;
-  EncodeFp32(x.data(), 3, &payload);
-  ASSERT_EQ(payload.size(), 12u);
-  std::vector<float> back(3);
-  std::memcpy(back.data(), payload.data(), 12);
-  EXPECT_EQ(back, x);
-}
-
 }  // namespace
 }  // namespace shardps

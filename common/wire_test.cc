@@ -33,7 +33,6 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 v1::PushPullRequest Header() {
   v1::PushPullRequest h;
   h.set_rank(3);
-  h.set_generation(7);
   h.set_step(123456789);
   h.set_chunk_id(42);
   h.set_encoding(v1::ENCODING_FP32);
@@ -68,7 +67,6 @@ TEST(WireTest, DecodesAcrossAnySliceBoundaries) {
     PayloadView view;
     SHARDPS_ASSERT_OK(DecodeWithPayload(Sliced(bytes, piece), &header, &view));
     EXPECT_EQ(header.rank(), 3u);
-    EXPECT_EQ(header.generation(), 7u);
     EXPECT_EQ(header.step(), 123456789);
     EXPECT_TRUE(header.push_only());
     EXPECT_TRUE(header.payload().empty());

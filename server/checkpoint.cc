@@ -179,7 +179,7 @@ absl::StatusOr<FileScan> ScanFile(const std::string& path, size_t limit) {
   return scan;
 }
 
-std::string ShardFileNameImpl(uint32_t shard_index, uint32_t num_shards) {
+std::string ShardFileName(uint32_t shard_index, uint32_t num_shards) {
   return absl::StrCat("shard-", shard_index, "-of-", num_shards,
                       ".safetensors");
 }
@@ -342,7 +342,7 @@ absl::StatusOr<CheckpointInfo> ParseManifest(absl::string_view text) {
   for (uint32_t i = 0; i < info.num_shards; ++i) {
     const std::vector<absl::string_view> f = absl::StrSplit(lines[4 + i], ' ');
     ShardFile file{info.step, i, info.num_shards, info.fingerprint,
-                   ShardFileNameImpl(i, info.num_shards)};
+                   ShardFileName(i, info.num_shards)};
     uint32_t index = 0;
     // The name must be the expected one, which also keeps paths inside the
     // step directory.
@@ -514,10 +514,6 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t n) {
   return ~crc;
 }
 
-std::string ShardFileName(uint32_t shard_index, uint32_t num_shards) {
-  return ShardFileNameImpl(shard_index, num_shards);
-}
-
 absl::StatusOr<v1::DeclareRequest> CheckpointDeclaration(
     const CheckpointInfo& ckpt) {
   if (ckpt.files.empty()) {
@@ -548,7 +544,7 @@ absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
   f.step = step;
   f.shard_index = shard_index;
   f.num_shards = num_shards;
-  f.name = ShardFileNameImpl(shard_index, num_shards);
+  f.name = ShardFileName(shard_index, num_shards);
   const std::string path = absl::StrCat(StepDirectory(dir, step), "/", f.name);
   if (::access(path.c_str(), F_OK) != 0) {
     return absl::NotFoundError(absl::StrCat(path, " does not exist"));
@@ -614,7 +610,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
       {"versions", absl::StrJoin(versions, ",")},
       {"crc32c", absl::StrFormat("%08x", data_crc)}};
   ShardFile file{step, shard_index, num_shards, plan.fingerprint,
-                 ShardFileNameImpl(shard_index, num_shards)};
+                 ShardFileName(shard_index, num_shards)};
   const std::string path = absl::StrCat(step_dir, "/", file.name);
   SHARDPS_RETURN_IF_ERROR(WriteSafetensors(path, tensors, metadata));
   SHARDPS_RETURN_IF_ERROR(FinishShardFile(path, data_crc, data_bytes, &file));
@@ -635,7 +631,7 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
     if (f.step != step || f.num_shards != num_shards ||
         f.shard_index >= num_shards || by_index[f.shard_index] != nullptr ||
         f.fingerprint != files[0].fingerprint ||
-        f.name != ShardFileNameImpl(f.shard_index, num_shards)) {
+        f.name != ShardFileName(f.shard_index, num_shards)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shard file ", f.name, " (step ", f.step, ", shard ", f.shard_index,
           " of ", f.num_shards, ") does not fit step ", step, " of ",

@@ -58,9 +58,6 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t n);
 // "dir/step-000000000042" for step 42.
 std::string StepDirectory(const std::string& dir, int64_t step);
 
-// "shard-<i>-of-<n>.safetensors": shard i's file inside a step directory.
-std::string ShardFileName(uint32_t shard_index, uint32_t num_shards);
-
 // The model a checkpoint holds: the DeclareRequest saved in its shard 0 file
 // (num_shards and shard_index cleared). DataLoss when it is unreadable.
 absl::StatusOr<v1::DeclareRequest> CheckpointDeclaration(

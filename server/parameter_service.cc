@@ -117,7 +117,6 @@ void PushPullReactor::OnReadDone(bool ok) {
   if (status.ok()) {
     PushArgs args;
     args.rank = request_.rank();
-    args.generation = request_.generation();
     args.incarnation = request_.incarnation();
     args.rollback_id = request_.rollback_id();
     args.step = request_.step();
@@ -370,7 +369,7 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
     reactor->Finish(ToGrpcStatus(NotReady()));
     return reactor;
   }
-  *resp = store->Status();
+  *resp = store->Report();
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

@@ -37,10 +37,6 @@ class ParameterService final
                           v1::ParameterServer::Service>>>>> {
  public:
   explicit ParameterService(ServiceOptions options) : options_(options) {}
-  ParameterService(ParameterStore* store, ServiceOptions options)
-      : options_(options) {
-    Install(store);
-  }
 
   // Starts serving `store`; GetStatus reports `checkpoints` (null: the
   // shard writes none). Both must outlive the service.

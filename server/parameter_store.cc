@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
-#include "common/init.h"
 #include "common/partitioner.h"
 #include "common/status.h"
+#include "common/tensor_init.h"
 #include "server/server_metrics.h"
 
 namespace shardps::server {
@@ -19,6 +19,18 @@ namespace {
 constexpr int64_t kInlineApplyBytes = 256 << 10;
 
 }  // namespace
+
+v1::Consistency ConsistencyOf(Mode mode) {
+  switch (mode) {
+    case Mode::kSync:
+      return v1::CONSISTENCY_SYNC;
+    case Mode::kAsync:
+      return v1::CONSISTENCY_ASYNC;
+    case Mode::kSsp:
+      return v1::CONSISTENCY_SSP;
+  }
+  return v1::CONSISTENCY_UNSPECIFIED;
+}
 
 ParameterStore::ParameterStore(StoreOptions options)
     : options_(options),
@@ -138,13 +150,28 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
   resp.set_version(std::max<int64_t>(min_version, 0));
   resp.set_max_version(max_version);
   resp.set_next_step(NextStep(*existing, req.rank()));
+  resp.set_consistency(ConsistencyOf(options_.mode));
+  resp.set_staleness(options_.staleness);
+  resp.set_rollback_id(rollback_id_.load());
   absl::MutexLock lock(&members_mu_);
+  for (uint32_t r : ActiveRanks(resp.version())) resp.add_active_ranks(r);
   const RankState& rank = ranks_[req.rank()];
   resp.set_must_join(rank.kind == RankState::Kind::kPending);
   if (rank.kind == RankState::Kind::kActive) {
     resp.set_join_step(rank.from_step);
   }
   return resp;
+}
+
+std::vector<uint32_t> ParameterStore::ActiveRanks(int64_t step) const {
+  std::vector<uint32_t> ranks;
+  for (uint32_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].kind == RankState::Kind::kActive &&
+        ranks_[r].from_step <= step) {
+      ranks.push_back(r);
+    }
+  }
+  return ranks;
 }
 
 int64_t ParameterStore::NextStep(const State& state, uint32_t rank) const {
@@ -362,10 +389,6 @@ absl::Status ParameterStore::Push(const PushArgs& args,
   if (st == nullptr) {
     status = absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
-  } else if (args.generation != options_.generation) {
-    status = absl::AbortedError(absl::StrCat(
-        "request is from generation ", args.generation, ", the cluster is at ",
-        options_.generation, ": rejoin, then redo the step"));
   } else {
     absl::StatusOr<Chunk*> chunk = FindChunk(*st, args.chunk_id);
     status = chunk.status();
@@ -964,7 +987,7 @@ std::vector<uint32_t> ParameterStore::OwnedChunks() const {
   return ids;
 }
 
-v1::GetStatusResponse ParameterStore::Status() const {
+v1::GetStatusResponse ParameterStore::Report() const {
   v1::GetStatusResponse resp;
   resp.set_shard_index(options_.shard_index);
   resp.set_num_shards(options_.num_shards);
@@ -973,14 +996,9 @@ v1::GetStatusResponse ParameterStore::Status() const {
                 : options_.mode == Mode::kAsync
                     ? "async"
                     : absl::StrCat("ssp:", options_.staleness));
-  std::vector<RankState> active;
   {
     absl::MutexLock lock(&members_mu_);
-    resp.set_generation(coordinated_ ? view_generation_ : options_.generation);
-    active.reserve(options_.num_workers);
-    for (uint32_t r = 0; r < options_.num_workers; ++r) {
-      active.push_back(ranks_[r]);
-    }
+    resp.set_generation(view_generation_);
   }
   resp.set_pushes_total(pushes_.load());
   resp.set_updates_total(updates_.load());
@@ -1005,12 +1023,9 @@ v1::GetStatusResponse ParameterStore::Status() const {
   }
   resp.set_num_chunks(count);
   resp.set_min_version(std::max<int64_t>(lo, 0));
-  // The ranks the shard's current step waits for.
-  for (uint32_t r = 0; r < active.size(); ++r) {
-    if (active[r].kind == RankState::Kind::kActive &&
-        active[r].from_step <= resp.min_version()) {
-      resp.add_active_ranks(r);
-    }
+  {
+    absl::MutexLock lock(&members_mu_);
+    for (uint32_t r : ActiveRanks(resp.min_version())) resp.add_active_ranks(r);
   }
   resp.set_max_version(std::max<int64_t>(hi, 0));
   return resp;

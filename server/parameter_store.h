@@ -33,6 +33,9 @@ namespace shardps::server {
 // step t - staleness, so no worker runs more than `staleness` steps ahead.
 enum class Mode { kSync, kAsync, kSsp };
 
+// The protocol's name for `mode` (DeclareResponse.consistency).
+v1::Consistency ConsistencyOf(Mode mode);
+
 class ServerMetrics;
 
 struct StoreOptions {
@@ -41,7 +44,6 @@ struct StoreOptions {
   uint32_t num_workers = 1;
   Mode mode = Mode::kSync;
   int64_t staleness = 0;  // ssp only
-  uint64_t generation = 0;
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;
   // Threads that run optimizer updates, in parallel across chunks.
@@ -84,7 +86,6 @@ class ReplySink {
 // One gradient chunk of one worker, as it came off the wire.
 struct PushArgs {
   uint32_t rank = 0;
-  uint64_t generation = 0;
   uint64_t incarnation = 0;
   // The last rollback the pusher knows of; older than the shard's: ABORTED.
   uint64_t rollback_id = 0;
@@ -94,12 +95,6 @@ struct PushArgs {
   bool push_only = false;
   // The gradient bytes, copied once into the store when accepted.
   const ByteSource* payload = nullptr;
-};
-
-struct StoreCounters {
-  uint64_t pushes = 0;
-  uint64_t updates = 0;
-  uint64_t rejected = 0;
 };
 
 class ParameterStore {
@@ -160,7 +155,9 @@ class ParameterStore {
   // Chunk ids this shard owns, ascending; empty before Declare.
   std::vector<uint32_t> OwnedChunks() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  v1::GetStatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The shard's report for GetStatus: shape, counters, versions, and the
+  // ranks its current step waits for.
+  v1::GetStatusResponse Report() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A checkpoint at `step` besides the periodic ones: each owned chunk's
   // state is copied when its version reaches `step`, and on_checkpoint(step,
@@ -307,6 +304,9 @@ class ParameterStore {
   // CheckIncarnation, and a push of `step` by a rank that is waited for.
   absl::Status CheckMember(uint32_t rank, uint64_t incarnation,
                            int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_);
+  // The ranks a sync step `step` waits for, ascending.
+  std::vector<uint32_t> ActiveRanks(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_);
   // Whether sync step `step` waits for `rank`.
   bool WaitsFor(uint32_t rank, int64_t step) const

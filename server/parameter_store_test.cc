@@ -52,15 +52,13 @@ class StoreFixture : public ::testing::Test {
   }
   absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
                     std::shared_ptr<CollectingSink> sink, uint32_t chunk = 0,
-                    uint64_t generation = 0, uint64_t incarnation = 0,
-                    uint64_t rollback_id = 0) {
+                    uint64_t incarnation = 0, uint64_t rollback_id = 0) {
     std::string bytes = Bytes(grad);
     StringByteSource payload(bytes);
     PushArgs args;
     args.rank = rank;
     args.step = step;
     args.chunk_id = chunk;
-    args.generation = generation;
     args.incarnation = incarnation;
     args.rollback_id = rollback_id;
     args.payload = &payload;
@@ -206,23 +204,15 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
     int64_t step;
     std::vector<float> grad;
     uint32_t chunk;
-    uint64_t generation;
     absl::StatusCode code;
   };
   std::vector<Case> cases = {
-      {"unknown chunk", 0, 0, {1, 1, 1, 1}, 7, 0, absl::StatusCode::kNotFound},
-      {"short payload",
-       0,
-       0,
-       {1, 1, 1},
-       0,
-       0,
-       absl::StatusCode::kInvalidArgument},
+      {"unknown chunk", 0, 0, {1, 1, 1, 1}, 7, absl::StatusCode::kNotFound},
+      {"short payload", 0, 0, {1, 1, 1}, 0, absl::StatusCode::kInvalidArgument},
       {"long payload",
        0,
        0,
        {1, 1, 1, 1, 1},
-       0,
        0,
        absl::StatusCode::kInvalidArgument},
       {"nan gradient",
@@ -230,29 +220,25 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
        0,
        {1, nan, 1, 1},
        0,
-       0,
        absl::StatusCode::kInvalidArgument},
       {"rank out of range",
        2,
        0,
        {1, 1, 1, 1},
        0,
-       0,
        absl::StatusCode::kInvalidArgument},
-      {"future step", 0, 5, {1, 1, 1, 1}, 0, 0, absl::StatusCode::kOutOfRange},
+      {"future step", 0, 5, {1, 1, 1, 1}, 0, absl::StatusCode::kOutOfRange},
       {"negative step",
        0,
        -1,
        {1, 1, 1, 1},
        0,
-       0,
        absl::StatusCode::kInvalidArgument},
-      {"old generation", 0, 0, {1, 1, 1, 1}, 0, 3, absl::StatusCode::kAborted},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     auto sink = std::make_shared<CollectingSink>();
-    absl::Status s = Push(c.rank, c.step, c.grad, sink, c.chunk, c.generation);
+    absl::Status s = Push(c.rank, c.step, c.grad, sink, c.chunk);
     EXPECT_EQ(s.code(), c.code) << s;
     EXPECT_EQ(sink->count(), 0u);
   }
@@ -263,7 +249,7 @@ TEST_F(StoreFixture, RejectedPushesChangeNothing) {
   SHARDPS_ASSERT_OK(Push(1, 0, {0, 0, 0, 0}, sink));
   sink->Wait(2);
   EXPECT_EQ(Weights(), std::vector<float>(4, -1.0f));
-  EXPECT_EQ(store_->Status().rejected_total(), cases.size());
+  EXPECT_EQ(store_->Report().rejected_total(), cases.size());
 }
 
 TEST(ParameterStoreTest, PushBeforeDeclareIsFailedPrecondition) {
@@ -360,7 +346,7 @@ TEST(ParameterStoreTest, BadDeclarationsAreInvalidArgument) {
   bad_shape.mutable_layout()->mutable_tensors(0)->set_shape(0, 0);
   EXPECT_EQ(store.Declare(bad_shape).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(store.Status().declared());
+  EXPECT_FALSE(store.Report().declared());
 }
 
 }  // namespace
@@ -510,8 +496,8 @@ TEST_F(StoreFixture, StepInFlightCompletesWithTheContributionsThatArrived) {
   store_->ApplyView(View(5, {11, 22, 33}, {true, true, true}));
   auto sink0 = std::make_shared<CollectingSink>();
   auto sink1 = std::make_shared<CollectingSink>();
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 2, 3, 4}, sink0, 0, 0, 11));
-  SHARDPS_ASSERT_OK(Push(1, 0, {3, 2, 1, 0}, sink1, 0, 0, 22));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 2, 3, 4}, sink0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 2, 1, 0}, sink1, 0, 22));
   EXPECT_EQ(sink0->count(), 0u);  // rank 2 is missing
   ASSERT_EQ(store_->Stalled(absl::ZeroDuration()).size(), 1u);
   EXPECT_EQ(store_->Stalled(absl::ZeroDuration())[0].missing_ranks,
@@ -528,16 +514,16 @@ TEST_F(StoreFixture, StepInFlightCompletesWithTheContributionsThatArrived) {
   // The next step waits for ranks 0 and 1 only; rank 2's pushes are refused
   // and change nothing.
   auto late = std::make_shared<CollectingSink>();
-  const absl::Status refused = Push(2, 1, {9, 9, 9, 9}, late, 0, 0, 33);
+  const absl::Status refused = Push(2, 1, {9, 9, 9, 9}, late, 0, 33);
   EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
   EXPECT_NE(refused.message().find("left the job"), std::string::npos);
-  SHARDPS_ASSERT_OK(Push(0, 1, {2, 2, 2, 2}, sink0, 0, 0, 11));
-  SHARDPS_ASSERT_OK(Push(1, 1, {0, 0, 0, 0}, sink1, 0, 0, 22));
+  SHARDPS_ASSERT_OK(Push(0, 1, {2, 2, 2, 2}, sink0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(1, 1, {0, 0, 0, 0}, sink1, 0, 22));
   r0 = sink0->Wait(2);
   ASSERT_EQ(r0.size(), 2u);
   EXPECT_EQ(Floats(r0[1].weights), std::vector<float>(4, -2.0f));
   EXPECT_EQ(late->count(), 0u);
-  EXPECT_EQ(store_->Status().active_ranks_size(), 2);
+  EXPECT_EQ(store_->Report().active_ranks_size(), 2);
 }
 
 TEST_F(StoreFixture, NewWorkerJoinsAtTheStepItDeclares) {
@@ -545,7 +531,7 @@ TEST_F(StoreFixture, NewWorkerJoinsAtTheStepItDeclares) {
   store_->ApplyView(View(3, {11, 22}, {true, true}));
   store_->ApplyView(View(4, {11, 22}, {true, false}));  // rank 1 died
   auto sink0 = std::make_shared<CollectingSink>();
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 11));
   ASSERT_EQ(sink0->Wait(1).size(), 1u);  // alone: applied at once
   // A new process takes rank 1. Before the shard sees it: retry.
   v1::DeclareRequest join = JoinDeclaration(1, 44, 3);
@@ -561,33 +547,33 @@ TEST_F(StoreFixture, NewWorkerJoinsAtTheStepItDeclares) {
   EXPECT_EQ(asked->max_version(), 1);
   // Until it declares its join step it is refused and not waited for.
   auto sink1 = std::make_shared<CollectingSink>();
-  EXPECT_EQ(Push(1, 1, {5, 5, 5, 5}, sink1, 0, 0, 44).code(),
+  EXPECT_EQ(Push(1, 1, {5, 5, 5, 5}, sink1, 0, 44).code(),
             absl::StatusCode::kFailedPrecondition);
-  SHARDPS_ASSERT_OK(Push(0, 1, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 1, {1, 1, 1, 1}, sink0, 0, 11));
   ASSERT_EQ(sink0->Wait(2).size(), 2u);
   // The old process of rank 1 is fenced off.
   EXPECT_EQ(store_->Declare(JoinDeclaration(1, 22, 3)).status().code(),
             absl::StatusCode::kAborted);
-  EXPECT_EQ(Push(1, 2, {5, 5, 5, 5}, sink1, 0, 0, 22).code(),
+  EXPECT_EQ(Push(1, 2, {5, 5, 5, 5}, sink1, 0, 22).code(),
             absl::StatusCode::kAborted);
   // Joining at step 3: step 2 goes on without rank 1, step 3 waits for it.
   absl::StatusOr<v1::DeclareResponse> joined = store_->Declare(join);
   SHARDPS_ASSERT_OK(joined);
   EXPECT_FALSE(joined->must_join());
   EXPECT_EQ(joined->join_step(), 3);
-  SHARDPS_ASSERT_OK(Push(0, 2, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 2, {1, 1, 1, 1}, sink0, 0, 11));
   ASSERT_EQ(sink0->Wait(3).size(), 3u);
   EXPECT_EQ(Weights(), std::vector<float>(4, -2.0f));
-  SHARDPS_ASSERT_OK(Push(0, 3, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 3, {1, 1, 1, 1}, sink0, 0, 11));
   EXPECT_EQ(sink0->count(), 3u);  // waits for rank 1 now
-  SHARDPS_ASSERT_OK(Push(1, 3, {3, 3, 3, 3}, sink1, 0, 0, 44));
+  SHARDPS_ASSERT_OK(Push(1, 3, {3, 3, 3, 3}, sink1, 0, 44));
   ASSERT_EQ(sink1->Wait(1).size(), 1u);
   EXPECT_EQ(Floats(sink1->Wait(1)[0].weights), std::vector<float>(4, -4.0f));
   // A join step the shard has passed is refused, and changes nothing.
   store_->ApplyView(View(6, {11, 55}, {true, true}));
   EXPECT_EQ(store_->Declare(JoinDeclaration(1, 55, 2)).status().code(),
             absl::StatusCode::kOutOfRange);
-  SHARDPS_ASSERT_OK(Push(0, 4, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 4, {1, 1, 1, 1}, sink0, 0, 11));
   EXPECT_EQ(sink0->Wait(5).size(), 5u);  // rank 1 (pending) not waited for
 }
 
@@ -599,11 +585,11 @@ TEST_F(StoreFixture, RestartedCoordinatorKeepsTheRanksItHasNotSeenYet) {
       store_->ApplyView(View(2, {11, 0}, {true, false}, /*coordinator=*/2))
           .empty());
   auto sink0 = std::make_shared<CollectingSink>();
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 11));
   EXPECT_EQ(sink0->count(), 0u);  // still waits for rank 1
   store_->ApplyView(View(3, {11, 22}, {true, true}, 2));  // it rejoined
   auto sink1 = std::make_shared<CollectingSink>();
-  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink1, 0, 0, 22));
+  SHARDPS_ASSERT_OK(Push(1, 0, {1, 1, 1, 1}, sink1, 0, 22));
   EXPECT_EQ(sink0->Wait(1).size(), 1u);
 }
 
@@ -617,7 +603,7 @@ TEST_F(StoreFixture,
   EXPECT_TRUE(store_->ApplyView(early).empty());
   store_->ApplyView(View(4, {11, 22}, {true, true}));
   auto sink0 = std::make_shared<CollectingSink>();
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 11));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 11));
   EXPECT_EQ(sink0->count(), 0u);  // waits for rank 1
   // A rank that was seen and never came back to a restarted coordinator
   // is gone once that coordinator settled.
@@ -636,7 +622,7 @@ TEST_F(StoreFixture, SspDoesNotWaitForARankThatLeft) {
   store_->ApplyView(View(2, {11, 22}, {true, true}));
   auto sink0 = std::make_shared<CollectingSink>();
   for (int64_t step = 0; step < 3; ++step) {
-    SHARDPS_ASSERT_OK(Push(0, step, {0, 0, 0, 0}, sink0, 0, 0, 11));
+    SHARDPS_ASSERT_OK(Push(0, step, {0, 0, 0, 0}, sink0, 0, 11));
   }
   EXPECT_EQ(sink0->count(), 1u);  // held: rank 1 is at clock 0
   store_->ApplyView(View(3, {11, 22}, {true, false}));
@@ -668,14 +654,14 @@ TEST_F(StoreFixture, ResetToACheckpointFailsTheWaitingPushesAndRewinds) {
   ASSERT_EQ(sink0->failures().size(), 1u);
   EXPECT_EQ(sink0->failures()[0].code(), absl::StatusCode::kAborted);
   EXPECT_EQ(Weights(), std::vector<float>(4, 7.0f));
-  EXPECT_EQ(store_->Status().max_version(), 0);
-  EXPECT_EQ(store_->Status().rollback_id(), 3u);
+  EXPECT_EQ(store_->Report().max_version(), 0);
+  EXPECT_EQ(store_->Report().rollback_id(), 3u);
   // A push from before the rollback is refused and changes nothing.
   EXPECT_EQ(Push(1, 0, {9, 9, 9, 9}, sink1).code(), absl::StatusCode::kAborted);
   // Training goes on from the checkpoint's step; rank 0's dropped push of
   // step 1 is gone.
-  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 0, 3));
-  SHARDPS_ASSERT_OK(Push(1, 0, {3, 3, 3, 3}, sink1, 0, 0, 0, 3));
+  SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink0, 0, 0, 3));
+  SHARDPS_ASSERT_OK(Push(1, 0, {3, 3, 3, 3}, sink1, 0, 0, 3));
   ASSERT_EQ(sink1->Wait(2).size(), 2u);
   EXPECT_EQ(Weights(), std::vector<float>(4, 5.0f));
 }

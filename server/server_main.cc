@@ -17,16 +17,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/coordinator_client.h"
-#include "common/coordinator_protocol.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
-#include "common/member_flags.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
 #include "server/checkpoint.h"
+#include "server/coordinator/coordinator_client.h"
+#include "server/coordinator/coordinator_protocol.h"
+#include "server/coordinator/member_flags.h"
 #include "server/server_metrics.h"
 #include "server/shard_server.h"
 
@@ -43,7 +43,6 @@ ABSL_FLAG(std::string, mode, "sync",
           "Consistency: sync (every step waits for every worker), async "
           "(pushes applied on arrival) or ssp:K (applied on arrival, but no "
           "worker gets more than K steps ahead of the slowest).");
-ABSL_FLAG(uint64_t, generation, 0, "Cluster generation requests must carry.");
 ABSL_FLAG(bool, allow_nonfinite, false,
           "Accept gradients holding NaN or infinity (rejected by default).");
 ABSL_FLAG(int32_t, update_threads, 2,
@@ -87,7 +86,7 @@ std::string& StallNote() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stall_mu) {
 
 absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
   SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
-  SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
+  SHARDPS_RETURN_IF_ERROR(coordinator::CheckMemberFlags());
   ShardServerOptions o;
   SHARDPS_ASSIGN_OR_RETURN(o.security, ServerSecurityOptionsFromFlags());
   o.host = absl::GetFlag(FLAGS_host);
@@ -115,7 +114,6 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--mode=", mode, " is not one of: sync, async, ssp:K (K >= 0)"));
   }
-  o.store.generation = absl::GetFlag(FLAGS_generation);
   o.store.allow_nonfinite = absl::GetFlag(FLAGS_allow_nonfinite);
   o.store.update_threads = absl::GetFlag(FLAGS_update_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -146,7 +144,8 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags() {
             1000 * w->seconds / std::max(1e-9, w->bytes / 1048576.0),
             w->committed ? "; committed (all shards written)" : "");
   };
-  if (!UseCoordinator()) SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(o.store));
+  if (!coordinator::UseCoordinator())
+    SHARDPS_RETURN_IF_ERROR(ValidateStoreOptions(o.store));
   return o;
 }
 
@@ -176,14 +175,15 @@ absl::StatusOr<Metrics> StartMetrics(ShardServerOptions* options) {
 
 // Sets the shard's gauges at every scrape: its step, and the generation and
 // live workers of the coordinator's view (`client`; null in static mode).
-std::unique_ptr<ScrapeHook> WatchShard(const Metrics& m, ShardServer* server,
-                                       const CoordinatorClient* client) {
+std::unique_ptr<ScrapeHook> WatchShard(
+    const Metrics& m, ShardServer* server,
+    const coordinator::CoordinatorClient* client) {
   if (m.exporter == nullptr) return nullptr;
   if (server->restored().has_value())
     m.shard->Restored(server->restored()->step);
   ServerMetrics* shard = m.shard.get();
   return m.exporter->OnScrape([shard, server, client] {
-    const v1::GetStatusResponse status = server->store()->Status();
+    const v1::GetStatusResponse status = server->store()->Report();
     shard->step().Set(static_cast<double>(status.min_version()));
     if (client == nullptr) {
       shard->generation().Set(static_cast<double>(status.generation()));
@@ -212,7 +212,7 @@ void LogRestore(const ShardServer& server) {
 // Logs the counters and stops serving.
 void Stop(ShardServer* server) {
   server->Shutdown(absl::Seconds(2));
-  v1::GetStatusResponse status = server->store()->Status();
+  v1::GetStatusResponse status = server->store()->Report();
   LogInfo("stopped after %d pushes, %d updates, %d rejected",
           status.pushes_total(), status.updates_total(),
           status.rejected_total());
@@ -253,7 +253,7 @@ std::string AdvertiseHost(const std::string& host) {
 
 // Takes the shard index and the job's shape from the coordinator's answer;
 // a shape given on the command line must agree with it.
-absl::Status AdoptJobShape(const CoordinatorClient& client,
+absl::Status AdoptJobShape(const coordinator::CoordinatorClient& client,
                            StoreOptions* store) {
   const v1::ClusterView view = client.view();
   const std::optional<uint32_t> shards = absl::GetFlag(FLAGS_num_shards);
@@ -275,7 +275,7 @@ absl::Status AdoptJobShape(const CoordinatorClient& client,
 }
 
 // Serves the shard the coordinator assigned on the listening `server`.
-absl::Status InstallJoinedShard(const CoordinatorClient& client,
+absl::Status InstallJoinedShard(const coordinator::CoordinatorClient& client,
                                 ShardServerOptions* options,
                                 ShardServer* server) {
   SHARDPS_RETURN_IF_ERROR(AdoptJobShape(client, &options->store));
@@ -316,7 +316,8 @@ void MaybeRollBack(const v1::ClusterView& view, ShardServer* server,
 // Waits for SIGINT or SIGTERM, or for the job to finish (true), logging
 // every generation this shard sees and changes of the coordinator link, and
 // keeping the store's membership and the coordinator's stall report current.
-bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
+bool ServeUntilEnd(coordinator::CoordinatorClient* client,
+                   ShardServer* server) {
   ParameterStore* store = server->store();
   v1::ClusterView view = client->view();
   uint64_t generation = view.generation();
@@ -342,7 +343,7 @@ bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
         view.coordinator_incarnation() != coordinator) {
       generation = view.generation();
       coordinator = view.coordinator_incarnation();
-      LogInfo("%s", DescribeView(view));
+      LogInfo("%s", coordinator::DescribeView(view));
       ApplyView(view, store);
     }
     MaybeRollBack(view, server, &rollback, &rollback_error);
@@ -375,11 +376,11 @@ bool ServeUntilEnd(CoordinatorClient* client, ShardServer* server) {
 
 // Joins the job as a server reachable at `address`. Stops early with
 // Cancelled, setting *stop_signal, when SIGINT or SIGTERM arrives first.
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinJob(
     const std::string& address, const SecurityOptions& security,
     int64_t restore_step, int* stop_signal) {
   const int32_t requested = absl::GetFlag(FLAGS_shard_index);
-  CoordinatorClientOptions co;
+  coordinator::CoordinatorClientOptions co;
   co.coordinator = absl::GetFlag(FLAGS_coordinator);
   co.security = security;
   co.on_retry = [](const absl::Status& reason, absl::Duration wait) {
@@ -396,8 +397,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(
     }
     return *stop_signal != 0;
   };
-  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                           CoordinatorClient::Create(co));
+  SHARDPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<coordinator::CoordinatorClient> client,
+      coordinator::CoordinatorClient::Create(co));
   const std::string job = absl::GetFlag(FLAGS_job_id);
   LogInfo("joining job %s at coordinator %s as %s, shard index %s", job,
           co.coordinator, address,
@@ -433,17 +435,18 @@ absl::Status RunCoordinated(ShardServerOptions options) {
     if (latest.ok()) options.restore_from = *std::move(latest);
   }
   int stop_signal = 0;
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined = JoinJob(
-      address, options.security,
-      options.restore_from.has_value() ? options.restore_from->step : -1,
-      &stop_signal);
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> joined =
+      JoinJob(
+          address, options.security,
+          options.restore_from.has_value() ? options.restore_from->step : -1,
+          &stop_signal);
   if (stop_signal != 0) {
     LogInfo("signal %d while joining: shutting down", stop_signal);
     (*server)->Shutdown(absl::Seconds(1));
     return absl::OkStatus();
   }
   SHARDPS_RETURN_IF_ERROR(joined.status());
-  std::unique_ptr<CoordinatorClient> client = *std::move(joined);
+  std::unique_ptr<coordinator::CoordinatorClient> client = *std::move(joined);
   const std::string job = absl::GetFlag(FLAGS_job_id);
   // Only this thread logs; the client's threads never do.
   InitLog("server", static_cast<int>(client->index()), json);
@@ -461,7 +464,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
       "workers=%d); %s",
       options.store.shard_index, options.store.num_shards, options.host,
       (*server)->port(), address, absl::GetFlag(FLAGS_mode),
-      options.store.num_workers, DescribeView(client->view()));
+      options.store.num_workers, coordinator::DescribeView(client->view()));
   LogInfo("security: %s", DescribeServerSecurity(options.security));
   const absl::Status status =
       WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
@@ -479,7 +482,7 @@ absl::Status RunCoordinated(ShardServerOptions options) {
 
 absl::Status Run() {
   SHARDPS_ASSIGN_OR_RETURN(ShardServerOptions options, OptionsFromFlags());
-  if (UseCoordinator()) return RunCoordinated(std::move(options));
+  if (coordinator::UseCoordinator()) return RunCoordinated(std::move(options));
   return RunStatic(std::move(options));
 }
 

@@ -35,8 +35,8 @@ ServerMetrics::ServerMetrics(prometheus::Registry& r)
       step_(AddGauge(r, "shardps_server_step",
                      "Step every owned chunk has completed (lowest version).")),
       generation_(AddGauge(r, "shardps_server_generation",
-                           "Cluster generation: the coordinator's view, or "
-                           "--generation in static mode.")),
+                           "Cluster generation: the coordinator's view (0 in a "
+                           "static job).")),
       live_workers_(AddGauge(r, "shardps_server_live_workers",
                              "Live workers: the coordinator's view, or "
                              "--num_workers in static mode.")),

@@ -217,7 +217,7 @@ void ShardServer::SetServing(bool serving) {
 }
 
 absl::Status ShardServer::RollBack(uint64_t rollback_id, int64_t step) {
-  const v1::GetStatusResponse now = store_->Status();
+  const v1::GetStatusResponse now = store_->Report();
   if (now.declared() && now.min_version() == step &&
       now.max_version() == step) {
     store_->NoteRollback(rollback_id);  // already there (the restarted one)

@@ -280,7 +280,6 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
     auto write_all = [&] {
       v1::PushPullRequest header;
       header.set_rank(options_.rank);
-      header.set_generation(options_.generation);
       header.set_incarnation(options_.incarnation);
       header.set_rollback_id(rollback_id_);
       header.set_step(step);

@@ -29,7 +29,6 @@ struct ClientOptions {
   // Address (host:port) of shard i at index i.
   std::vector<std::string> servers;
   uint32_t rank = 0;
-  uint64_t generation = 0;
   // This process's incarnation in a coordinated job (JoinRequest.incarnation);
   // 0 in a static job.
   uint64_t incarnation = 0;
@@ -104,8 +103,6 @@ class Client {
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
   const v1::Layout& layout() const { return layout_; }
   uint32_t rank() const { return options_.rank; }
-  // Sets the generation carried by later requests (after a rejoin).
-  void set_generation(uint64_t generation) { options_.generation = generation; }
   // Sets the rollback later pushes say they know of (PushPullRequest).
   void set_rollback_id(uint64_t id) { rollback_id_ = id; }
 

@@ -1,5 +1,5 @@
-# Datasets, models, compute backends (CPU; CUDA when SHARDPS_HAVE_CUDA) and
-# safetensors I/O, with their tests. Included from worker/CMakeLists.txt;
+# Datasets, models and compute backends (CPU; CUDA when SHARDPS_HAVE_CUDA),
+# with their tests. Included from worker/CMakeLists.txt;
 # paths are relative to this file so that it does not matter who includes it.
 set(_compute_dir ${CMAKE_CURRENT_LIST_DIR})
 cmake_path(GET _compute_dir PARENT_PATH _compute_root)
@@ -73,15 +73,6 @@ else()
   target_sources(shardps_model PRIVATE ${_compute_dir}/no_cuda_backend.cc)
 endif()
 
-add_library(shardps_safetensors STATIC
-  ${_compute_root}/common/safetensors.cc
-  ${_compute_root}/common/safetensors_json.cc
-)
-target_include_directories(shardps_safetensors PUBLIC ${_compute_root})
-target_link_libraries(shardps_safetensors
-  PUBLIC absl::status absl::statusor absl::strings
-  PRIVATE shardps_copts)
-
 shardps_cc_test(NAME dataset_test
   SRCS ${_compute_dir}/dataset_test.cc
   DEPS shardps_data ZLIB::ZLIB
@@ -93,10 +84,6 @@ shardps_cc_test(NAME model_test
 shardps_cc_test(NAME backend_test
   SRCS ${_compute_dir}/backend_test.cc
   DEPS shardps_model
-  LABEL unit)
-shardps_cc_test(NAME safetensors_test
-  SRCS ${_compute_root}/common/safetensors_test.cc
-  DEPS shardps_safetensors
   LABEL unit)
 # Built in every configuration; skips where there is no GPU or no CUDA.
 shardps_cc_test(NAME cuda_backend_test

@@ -17,13 +17,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/coordinator_client.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
-#include "common/member_flags.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
 #include "common/status.h"
+#include "server/coordinator/coordinator_client.h"
+#include "server/coordinator/member_flags.h"
 #include "worker/trainer.h"
 #include "worker/training_flags.h"
 
@@ -187,7 +187,7 @@ uint32_t LeadRank(const v1::ClusterView& view, uint32_t self) {
 // start together), or the job is under way and every shard is up (a worker
 // joining a running job does not wait for ranks that left).
 bool ReadyToJoin(const v1::ClusterView& view) {
-  if (ReadyToTrain(view)) return true;
+  if (coordinator::ReadyToTrain(view)) return true;
   if (view.global_step() == 0) return false;
   for (const v1::ServerSlot& s : view.servers()) {
     if (!s.alive()) return false;
@@ -197,7 +197,7 @@ bool ReadyToJoin(const v1::ClusterView& view) {
 
 // Waits until every server and every worker has joined (or finished), saying
 // what it waits for every few seconds; then takes the servers' addresses.
-absl::Status WaitForCluster(const CoordinatorClient& client,
+absl::Status WaitForCluster(const coordinator::CoordinatorClient& client,
                             Placement* placement) {
   const int32_t timeout_s = absl::GetFlag(FLAGS_connect_timeout_s);
   const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
@@ -205,11 +205,11 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
       ReadyToJoin, std::min(deadline, absl::Now() + absl::Milliseconds(10)));
   while (!view.ok()) {
     const v1::ClusterView now = client.view();
-    const ViewCounts c = CountMembers(now);
+    const coordinator::ViewCounts c = coordinator::CountMembers(now);
     LogInfo("waiting for %d server(s) / %d worker(s) to join (%s)",
             now.num_shards() - c.alive_servers,
             now.num_workers() - c.alive_workers - c.finished_workers,
-            DescribeView(now));
+            coordinator::DescribeView(now));
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the job's members did not all join within --connect_timeout_s=",
@@ -223,13 +223,13 @@ absl::Status WaitForCluster(const CoordinatorClient& client,
     placement->servers.push_back(s.address());
   }
   LogInfo("every member joined (%s): training with %d server(s)",
-          DescribeView(*view), placement->servers.size());
+          coordinator::DescribeView(*view), placement->servers.size());
   return absl::OkStatus();
 }
 
 // Loads the data, waits for the cluster (with a coordinator), trains.
 absl::Status Train(TrainerOptions o, Placement placement,
-                   CoordinatorClient* coordinator,
+                   coordinator::CoordinatorClient* coordinator,
                    const SecurityOptions& security) {
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<MetricsExporter> exporter,
                            ServeMetricsFromFlags());
@@ -310,7 +310,7 @@ absl::Status RunCoordinated(const TrainerOptions& o,
                             const SecurityOptions& security, bool json) {
   const int32_t requested = absl::GetFlag(FLAGS_rank);
   InitLog("worker", requested, json);
-  CoordinatorClientOptions cco;
+  coordinator::CoordinatorClientOptions cco;
   cco.coordinator = absl::GetFlag(FLAGS_coordinator);
   cco.incarnation = Incarnation();
   cco.security = security;
@@ -318,8 +318,9 @@ absl::Status RunCoordinated(const TrainerOptions& o,
     LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
             absl::FormatDuration(wait));
   };
-  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> coordinator,
-                           CoordinatorClient::Create(cco));
+  SHARDPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<coordinator::CoordinatorClient> coordinator,
+      coordinator::CoordinatorClient::Create(cco));
   const std::string job = absl::GetFlag(FLAGS_job_id);
   LogInfo("joining job %s at coordinator %s, rank %s", job, cco.coordinator,
           requested < 0 ? "any" : absl::StrCat(requested));
@@ -332,7 +333,8 @@ absl::Status RunCoordinated(const TrainerOptions& o,
   // Only this thread logs; the client's threads never do.
   InitLog("worker", static_cast<int>(placement.rank), json);
   LogInfo("joined job %s as rank %d of %d (%s)", job, placement.rank,
-          placement.num_workers, DescribeView(coordinator->view()));
+          placement.num_workers,
+          coordinator::DescribeView(coordinator->view()));
   const std::optional<uint32_t> flag_workers = absl::GetFlag(FLAGS_num_workers);
   absl::Status status =
       flag_workers.has_value() && *flag_workers != placement.num_workers
@@ -350,21 +352,21 @@ absl::Status RunCoordinated(const TrainerOptions& o,
 }
 
 absl::Status Run() {
-  SHARDPS_RETURN_IF_ERROR(CheckMemberFlags());
+  SHARDPS_RETURN_IF_ERROR(coordinator::CheckMemberFlags());
   const bool json = absl::GetFlag(FLAGS_log_format) == "json";
   if (absl::GetFlag(FLAGS_rank) < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank=", absl::GetFlag(FLAGS_rank),
                      " must be -1 (any) or at least 0"));
   }
-  if (UseCoordinator() && !absl::GetFlag(FLAGS_servers).empty()) {
+  if (coordinator::UseCoordinator() && !absl::GetFlag(FLAGS_servers).empty()) {
     return absl::InvalidArgumentError(
         "give either --servers (static mode) or --coordinator, not both");
   }
   SHARDPS_ASSIGN_OR_RETURN(TrainerOptions o, TrainerOptionsFromFlags());
   SHARDPS_ASSIGN_OR_RETURN(const SecurityOptions security,
                            SecurityOptionsFromFlags());
-  if (UseCoordinator()) return RunCoordinated(o, security, json);
+  if (coordinator::UseCoordinator()) return RunCoordinated(o, security, json);
   SHARDPS_ASSIGN_OR_RETURN(Placement placement, StaticPlacement());
   InitLog("worker", static_cast<int>(placement.rank), json);
   return Train(std::move(o), std::move(placement), nullptr, security);

@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/coordinator_protocol.h"
 #include "common/status_matchers.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/coordinator_protocol.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 #include "tests/testing/daemon.h"
 
@@ -50,10 +50,10 @@ void SetDeadline(grpc::ClientContext* ctx,
 }
 
 v1::JoinRequest Request(v1::Role role, const std::string& address,
-                        int32_t index = kAnyIndex) {
+                        int32_t index = coordinator::kAnyIndex) {
   v1::JoinRequest r;
   r.set_job_id("e2e");
-  r.set_protocol_version(kCoordinatorProtocolVersion);
+  r.set_protocol_version(coordinator::kCoordinatorProtocolVersion);
   r.set_role(role);
   r.set_address(address);
   r.set_requested_index(index);

@@ -15,11 +15,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/coordinator_protocol.h"
 #include "common/security.h"
 #include "common/status_matchers.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/coordinator_protocol.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "tests/testing/daemon.h"
@@ -247,7 +247,7 @@ TEST_F(SecurityE2eTest, CoordinatorRefusesWrongClientsAndCtlUsesTheFlags) {
         MakeChannel(address, Load(bad.files), grpc::ChannelArguments()));
     v1::JoinRequest join;
     join.set_job_id("e2e");
-    join.set_protocol_version(kCoordinatorProtocolVersion);
+    join.set_protocol_version(coordinator::kCoordinatorProtocolVersion);
     join.set_role(v1::ROLE_SERVER);
     join.set_address("127.0.0.1:1");
     join.set_requested_index(0);

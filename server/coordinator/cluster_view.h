@@ -1,14 +1,14 @@
 // Reading a coordinator's ClusterView (coordinator.proto): who is there,
 // whether the job can train, and a one-line description for daemons' logs.
 // Pure functions.
-#ifndef SHARDPS_COMMON_CLUSTER_VIEW_H_
-#define SHARDPS_COMMON_CLUSTER_VIEW_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_
+#define SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_
 
 #include <string>
 
 #include "shardps/v1/coordinator.pb.h"
 
-namespace shardps {
+namespace shardps::coordinator {
 
 // Counts of one view, for logs and for waits.
 struct ViewCounts {
@@ -23,6 +23,6 @@ bool ReadyToTrain(const v1::ClusterView& view);
 // "generation 5: servers 2/2 alive, workers 1/2 alive, 1 finished".
 std::string DescribeView(const v1::ClusterView& view);
 
-}  // namespace shardps
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_COMMON_CLUSTER_VIEW_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_

@@ -1,8 +1,8 @@
 // The Coordinator gRPC service: thin callback handlers over a Membership, and
 // WatchCluster streams fed by a notifier thread that wakes every open stream
 // when the generation changes, so no callback thread ever blocks.
-#ifndef SHARDPS_SERVER_COORDINATOR_SERVICE_H_
-#define SHARDPS_SERVER_COORDINATOR_SERVICE_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <memory>
 #include <thread>
@@ -12,10 +12,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "server/membership.h"
+#include "server/coordinator/membership.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 
 class CoordinatorMetrics;
 class WatchReactor;
@@ -76,6 +76,6 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::thread notifier_;
 };
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_SERVICE_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,13 +1,13 @@
-#include "server/coordinator_service.h"
+#include "server/coordinator/coordinator_service.h"
 
 #include <optional>
 #include <utility>
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "server/coordinator_metrics.h"
+#include "server/coordinator/coordinator_metrics.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 namespace {
 
 // Finishes a unary call with `result`: its value, or its error.
@@ -239,10 +239,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
 grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
     grpc::CallbackServerContext* ctx, const v1::JobStatusRequest* request,
     v1::JobStatus* response) {
-  *response = membership_->Status();
+  *response = membership_->Report();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator

@@ -1,4 +1,4 @@
-#include "server/ctl.h"
+#include "server/ctl/ctl.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "common/coordinator_client.h"
+#include "server/coordinator/coordinator_client.h"
 
 #include <chrono>
 #include <memory>
@@ -11,7 +11,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/coordinator_protocol.h"
 #include "common/port_reservation.h"
 #include "common/status_matchers.h"
 #include "grpc/grpc.h"
@@ -19,10 +18,11 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/coordinator_service.h"
-#include "server/membership.h"
+#include "server/coordinator/coordinator_protocol.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/membership.h"
 
-namespace shardps {
+namespace shardps::coordinator {
 namespace {
 
 constexpr char kJob[] = "test";
@@ -34,14 +34,14 @@ class TestCoordinator {
  public:
   TestCoordinator(int port, uint32_t servers, uint32_t workers,
                   absl::Duration heartbeat_timeout) {
-    server::MembershipOptions o;
+    MembershipOptions o;
     o.job_id = kJob;
     o.num_servers = servers;
     o.num_workers = workers;
     o.heartbeat_timeout = heartbeat_timeout;
     o.incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-    membership_ = *server::Membership::Create(o);
-    service_ = std::make_unique<server::CoordinatorService>(membership_.get());
+    membership_ = *Membership::Create(o);
+    service_ = std::make_unique<CoordinatorService>(membership_.get());
     grpc::ServerBuilder builder;
     int bound = 0;
     builder.AddListeningPort(absl::StrCat("127.0.0.1:", port),
@@ -57,11 +57,11 @@ class TestCoordinator {
                       std::chrono::seconds(1));
     server_->Wait();
   }
-  server::Membership* membership() { return membership_.get(); }
+  Membership* membership() { return membership_.get(); }
 
  private:
-  std::unique_ptr<server::Membership> membership_;
-  std::unique_ptr<server::CoordinatorService> service_;
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
 };
 
@@ -234,4 +234,4 @@ TEST_F(CoordinatorClientTest, RejoinsARestartedCoordinator) {
 }
 
 }  // namespace
-}  // namespace shardps
+}  // namespace shardps::coordinator

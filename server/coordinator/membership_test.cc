@@ -1,4 +1,4 @@
-#include "server/membership.h"
+#include "server/coordinator/membership.h"
 
 #include <memory>
 #include <string>
@@ -7,11 +7,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
-#include "common/coordinator_protocol.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/coordinator_protocol.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 namespace {
 
 constexpr absl::Duration kTimeout = absl::Seconds(5);
@@ -269,7 +269,7 @@ TEST_F(MembershipTest, ProgressIsTheLargestReported) {
   EXPECT_EQ(membership_->View().global_step(), 10);
   EXPECT_EQ(Beat(w0.member_id(), -1, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  const v1::JobStatus status = membership_->Status();
+  const v1::JobStatus status = membership_->Report();
   ASSERT_EQ(status.members_size(), 4);
   EXPECT_EQ(status.members(2).step(), 3);  // worker 0's latest
   EXPECT_EQ(status.members(3).epoch(), 2);
@@ -278,7 +278,7 @@ TEST_F(MembershipTest, ProgressIsTheLargestReported) {
 TEST_F(MembershipTest, StatusReportsHeartbeatAges) {
   Server("h:1");
   clock_.Advance(absl::Milliseconds(1500));
-  const v1::JobStatus status = membership_->Status();
+  const v1::JobStatus status = membership_->Report();
   EXPECT_EQ(status.uptime_ms(), 1500);
   EXPECT_EQ(status.heartbeat_timeout_ms(), 5000);
   EXPECT_EQ(status.protocol_version(), kCoordinatorProtocolVersion);
@@ -362,7 +362,7 @@ TEST_F(MembershipTest, JobFinishesWhenEveryWorkerHasFinished) {
   absl::StatusOr<v1::HeartbeatResponse> r = membership_->Heartbeat(beat);
   SHARDPS_ASSERT_OK(r);
   EXPECT_TRUE(r->job_finished());
-  EXPECT_TRUE(membership_->Status().members(2).finished());
+  EXPECT_TRUE(membership_->Report().members(2).finished());
 
   absl::StatusOr<v1::JoinResponse> late =
       membership_->Join(Request(v1::ROLE_WORKER, "", 0));
@@ -484,10 +484,10 @@ TEST_F(MembershipTest, ServersReportWhatTheirStepsWaitFor) {
   beat.set_member_id(s.member_id());
   beat.set_stalled("step 7: 2 chunks wait for rank 1 (61.0 s)");
   SHARDPS_ASSERT_OK(membership_->Heartbeat(beat));
-  EXPECT_EQ(membership_->Status().members(0).stalled(), beat.stalled());
+  EXPECT_EQ(membership_->Report().members(0).stalled(), beat.stalled());
   beat.clear_stalled();
   SHARDPS_ASSERT_OK(membership_->Heartbeat(beat));
-  EXPECT_EQ(membership_->Status().members(0).stalled(), "");
+  EXPECT_EQ(membership_->Report().members(0).stalled(), "");
 }
 
 TEST(MembershipCreateTest, RejectsBadOptions) {
@@ -512,4 +512,4 @@ TEST(MembershipCreateTest, RejectsBadOptions) {
 }
 
 }  // namespace
-}  // namespace shardps::server
+}  // namespace shardps::coordinator

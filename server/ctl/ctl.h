@@ -3,8 +3,8 @@
 // text table, and a checkpoint taken now. Every RPC has a deadline and goes
 // over a channel with the given SecurityOptions (TLS, client certificate,
 // bearer token). Functions are thread-compatible.
-#ifndef SHARDPS_SERVER_CTL_H_
-#define SHARDPS_SERVER_CTL_H_
+#ifndef SHARDPS_SERVER_CTL_CTL_H_
+#define SHARDPS_SERVER_CTL_CTL_H_
 
 #include <functional>
 #include <string>
@@ -124,4 +124,4 @@ std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
 
 }  // namespace shardps::ctl
 
-#endif  // SHARDPS_SERVER_CTL_H_
+#endif  // SHARDPS_SERVER_CTL_CTL_H_

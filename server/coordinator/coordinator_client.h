@@ -3,8 +3,8 @@
 // thread (rejoining when the coordinator forgot it) and keeps the latest
 // ClusterView from a WatchCluster thread. Used by shardps-server and
 // shardps-worker. Thread-safe; libraries built on it do not log.
-#ifndef SHARDPS_COMMON_COORDINATOR_CLIENT_H_
-#define SHARDPS_COMMON_COORDINATOR_CLIENT_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_
+#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,11 +18,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/cluster_view.h"
 #include "common/security.h"
+#include "server/coordinator/cluster_view.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
-namespace shardps {
+namespace shardps::coordinator {
 
 struct CoordinatorClientOptions {
   std::string coordinator;  // host:port
@@ -172,6 +172,6 @@ class CoordinatorClient {
   std::thread watch_thread_;
 };
 
-}  // namespace shardps
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_COMMON_COORDINATOR_CLIENT_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_

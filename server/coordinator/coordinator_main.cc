@@ -20,9 +20,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "server/coordinator_metrics.h"
-#include "server/coordinator_service.h"
-#include "server/membership.h"
+#include "server/coordinator/coordinator_metrics.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/membership.h"
 
 ABSL_FLAG(std::string, job_id, "shardps",
           "Job this coordinator runs; joins naming another job are refused.");
@@ -39,7 +39,7 @@ ABSL_FLAG(int64_t, finish_grace_ms, 5000,
           "After the job finished: how long to wait for the servers to see it "
           "and leave before exiting anyway.");
 
-namespace shardps::server {
+namespace shardps::coordinator {
 namespace {
 
 constexpr char kServiceName[] = "shardps.v1.Coordinator";
@@ -69,17 +69,17 @@ std::string ListenAddress(const std::string& host, int port) {
 
 // Logs (and counts, when `metrics` is not null) membership events and
 // expires silent members, on its own thread, until destroyed.
-class Keeper {
+class MembershipTicker {
  public:
-  Keeper(Membership* membership, absl::Duration timeout,
-         CoordinatorMetrics* metrics)
+  MembershipTicker(Membership* membership, absl::Duration timeout,
+                   CoordinatorMetrics* metrics)
       : membership_(membership),
         metrics_(metrics),
         // Expiry lags the timeout by at most a tenth of it (and 250 ms).
         tick_(std::clamp(timeout / 10, absl::Milliseconds(10),
                          absl::Milliseconds(250))),
         thread_([this] { Loop(); }) {}
-  ~Keeper() {
+  ~MembershipTicker() {
     stop_.Notify();
     thread_.join();
     LogEvents(absl::Now());  // the last ones
@@ -191,7 +191,8 @@ absl::Status Run() {
   int port = 0;
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
                            StartServer(&service, security, &port));
-  Keeper keeper(membership.get(), options.heartbeat_timeout, metrics.get());
+  MembershipTicker ticker(membership.get(), options.heartbeat_timeout,
+                          metrics.get());
   LogInfo(
       "job %s: coordinator listening on %s:%d (servers=%d, workers=%d, "
       "heartbeat timeout %d ms)",
@@ -214,7 +215,7 @@ absl::Status Run() {
 }
 
 }  // namespace
-}  // namespace shardps::server
+}  // namespace shardps::coordinator
 
 int main(int argc, char** argv) {
   shardps::BlockTerminationSignals();
@@ -224,5 +225,5 @@ int main(int argc, char** argv) {
       "heartbeat and watch the cluster view.\n"
       "  shardps-coordinator --job_id=mnist --num_servers=2 --num_workers=2 "
       "--port=0 --port_file=/tmp/coordinator.port");
-  return shardps::ExitCode(shardps::server::Run());
+  return shardps::ExitCode(shardps::coordinator::Run());
 }

@@ -1,4 +1,4 @@
-#include "common/init.h"
+#include "common/tensor_init.h"
 
 #include <cmath>
 

@@ -1,9 +1,9 @@
-#include "common/cluster_view.h"
+#include "server/coordinator/cluster_view.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace shardps {
+namespace shardps::coordinator {
 
 ViewCounts CountMembers(const v1::ClusterView& view) {
   ViewCounts c;
@@ -40,4 +40,4 @@ std::string DescribeView(const v1::ClusterView& view) {
   return text;
 }
 
-}  // namespace shardps
+}  // namespace shardps::coordinator

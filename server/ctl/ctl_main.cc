@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "common/security_flags.h"
-#include "server/ctl.h"
+#include "server/ctl/ctl.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "status, checkpoint: host:port of the shardps-coordinator.");

@@ -1,9 +1,9 @@
-#include "server/coordinator_metrics.h"
+#include "server/coordinator/coordinator_metrics.h"
 
 #include <algorithm>
 #include <string>
 
-namespace shardps::server {
+namespace shardps::coordinator {
 namespace {
 
 const char* EventName(MembershipEvent::Kind kind) {
@@ -92,4 +92,4 @@ void CoordinatorMetrics::Refresh(const Membership& membership) {
   job_finished_.Set(view.job_finished() ? 1 : 0);
 }
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator

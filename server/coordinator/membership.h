@@ -2,8 +2,8 @@
 // which server holds which shard index, which worker ranks are taken,
 // heartbeats and expiry, the generation and the job's progress. Thread-safe;
 // time comes from a clock function so that tests drive expiry.
-#ifndef SHARDPS_SERVER_MEMBERSHIP_H_
-#define SHARDPS_SERVER_MEMBERSHIP_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_
+#define SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
 #include <deque>
@@ -21,7 +21,7 @@
 #include "absl/time/time.h"
 #include "shardps/v1/coordinator.pb.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 
 struct MembershipOptions {
   std::string job_id = "shardps";
@@ -93,7 +93,7 @@ class Membership {
   int Expire() ABSL_LOCKS_EXCLUDED(mu_);
 
   v1::ClusterView View() const ABSL_LOCKS_EXCLUDED(mu_);
-  v1::JobStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::JobStatus Report() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // Every worker rank has finished (ClusterView.job_finished).
   bool job_finished() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -181,6 +181,6 @@ class Membership {
   std::deque<MembershipEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_MEMBERSHIP_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_

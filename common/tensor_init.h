@@ -1,8 +1,8 @@
 // Initial tensor values from a v1::InitSpec. Element i of tensor t depends only
 // on (seed, t, i), never on how the tensor is chunked or which shard holds it,
 // so every placement of a model starts from the same weights.
-#ifndef SHARDPS_COMMON_INIT_H_
-#define SHARDPS_COMMON_INIT_H_
+#ifndef SHARDPS_COMMON_TENSOR_INIT_H_
+#define SHARDPS_COMMON_TENSOR_INIT_H_
 
 #include <cstdint>
 
@@ -16,4 +16,4 @@ void FillInit(const v1::InitSpec& init, uint32_t tensor, int64_t offset,
 
 }  // namespace shardps
 
-#endif  // SHARDPS_COMMON_INIT_H_
+#endif  // SHARDPS_COMMON_TENSOR_INIT_H_

@@ -1,13 +1,13 @@
-#include "server/membership.h"
+#include "server/coordinator/membership.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/coordinator_protocol.h"
 #include "common/status.h"
+#include "server/coordinator/coordinator_protocol.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 namespace {
 
 constexpr uint32_t kMaxMembersPerRole = 65536;
@@ -462,7 +462,7 @@ bool Membership::job_finished() const {
   return job_finished_;
 }
 
-v1::JobStatus Membership::Status() const {
+v1::JobStatus Membership::Report() const {
   absl::MutexLock lock(&mu_);
   // Read under the lock, so no heartbeat recorded so far is in the future.
   const absl::Time now = options_.clock();
@@ -516,4 +516,4 @@ std::vector<MembershipEvent> Membership::AwaitEvents(absl::Time deadline) {
   return events;
 }
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator

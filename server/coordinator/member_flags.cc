@@ -1,4 +1,4 @@
-#include "common/member_flags.h"
+#include "server/coordinator/member_flags.h"
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -9,7 +9,7 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, job_id, "shardps",
           "Job to join; must equal the coordinator's --job_id.");
 
-namespace shardps {
+namespace shardps::coordinator {
 
 bool UseCoordinator() { return !absl::GetFlag(FLAGS_coordinator).empty(); }
 
@@ -27,4 +27,4 @@ absl::Status CheckMemberFlags() {
   return absl::OkStatus();
 }
 
-}  // namespace shardps
+}  // namespace shardps::coordinator

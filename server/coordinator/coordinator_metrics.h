@@ -2,15 +2,15 @@
 // generation, job progress, heartbeats and membership events. The gauges are
 // set from the Membership at every scrape; the service and the daemon's event
 // loop count the rest. Thread-safe.
-#ifndef SHARDPS_SERVER_COORDINATOR_METRICS_H_
-#define SHARDPS_SERVER_COORDINATOR_METRICS_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
+#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 
 #include <memory>
 
 #include "common/metrics.h"
-#include "server/membership.h"
+#include "server/coordinator/membership.h"
 
-namespace shardps::server {
+namespace shardps::coordinator {
 
 class CoordinatorMetrics {
  public:
@@ -40,6 +40,6 @@ class CoordinatorMetrics {
   std::unique_ptr<ScrapeHook> hook_;
 };
 
-}  // namespace shardps::server
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_METRICS_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_

@@ -1,8 +1,8 @@
 // Flags of a job member (shardps-server, shardps-worker) that joins through
 // the shardps-coordinator instead of static lists: --coordinator and
 // --job_id. Only *_main.cc files include this.
-#ifndef SHARDPS_COMMON_MEMBER_FLAGS_H_
-#define SHARDPS_COMMON_MEMBER_FLAGS_H_
+#ifndef SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_
+#define SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_
 
 #include <string>
 
@@ -12,7 +12,7 @@
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, job_id);
 
-namespace shardps {
+namespace shardps::coordinator {
 
 // True when --coordinator is set.
 bool UseCoordinator();
@@ -21,6 +21,6 @@ bool UseCoordinator();
 // --job_id while a coordinator is used.
 absl::Status CheckMemberFlags();
 
-}  // namespace shardps
+}  // namespace shardps::coordinator
 
-#endif  // SHARDPS_COMMON_MEMBER_FLAGS_H_
+#endif  // SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_

@@ -1,4 +1,4 @@
-#include "common/coordinator_client.h"
+#include "server/coordinator/coordinator_client.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,11 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/coordinator_protocol.h"
 #include "common/grpc_status.h"
 #include "grpc/grpc.h"
+#include "server/coordinator/coordinator_protocol.h"
 
-namespace shardps {
+namespace shardps::coordinator {
 namespace {
 
 // A watch stream is reopened this often, so that it has a deadline like every
@@ -428,4 +428,4 @@ absl::Status CoordinatorClient::End(bool finished, absl::Time deadline) {
   }
 }
 
-}  // namespace shardps
+}  // namespace shardps::coordinator
