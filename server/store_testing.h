@@ -1,9 +1,11 @@
-// A ReplySink for tests of the ParameterStore: keeps every reply and every
-// failure; Wait(n) blocks (up to 30 s) until `n` replies have arrived.
-// Test-only.
+// What the ParameterStore's tests share: a ReplySink that keeps every reply
+// and failure (Wait(n) blocks up to 30 s until `n` replies have arrived), and
+// a fixture with a one-tensor SGD model. Test-only.
 #ifndef SHARDPS_SERVER_STORE_TESTING_H_
 #define SHARDPS_SERVER_STORE_TESTING_H_
 
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/encoding.h"
+#include "gtest/gtest.h"
 #include "server/parameter_store.h"
 
 namespace shardps::server {
@@ -48,6 +52,84 @@ class CollectingSink : public ReplySink {
   std::vector<ChunkReply> replies_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failures_ ABSL_GUARDED_BY(mu_);
 };
+
+inline std::vector<float> Floats(const WeightsBuffer& weights) {
+  return weights == nullptr ? std::vector<float>() : *weights;
+}
+
+inline std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// One tensor "w" of `n` elements initialised to 1.0, SGD with lr = 1 so the
+// new weights are 1 - mean(gradients).
+inline v1::DeclareRequest SgdDeclaration(int64_t n, uint64_t chunk_bytes,
+                                         uint32_t num_shards, uint32_t shard) {
+  v1::DeclareRequest req;
+  v1::TensorSpec* t = req.mutable_layout()->add_tensors();
+  t->set_name("w");
+  t->add_shape(n);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_CONSTANT);
+  t->mutable_init()->set_value(1.0f);
+  req.mutable_layout()->set_chunk_bytes(chunk_bytes);
+  req.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_SGD);
+  req.mutable_optimizer()->set_learning_rate(1.0f);
+  req.set_num_shards(num_shards);
+  req.set_shard_index(shard);
+  return req;
+}
+
+class StoreFixture : public ::testing::Test {
+ protected:
+  void Make(uint32_t workers, Mode mode = Mode::kSync, int64_t staleness = 0) {
+    StoreOptions o;
+    o.num_workers = workers;
+    o.mode = mode;
+    o.staleness = staleness;
+    store_ = std::make_unique<ParameterStore>(o);
+    ASSERT_TRUE(store_->Declare(SgdDeclaration(4, 0, 1, 0)).ok());
+  }
+  absl::Status Push(uint32_t rank, int64_t step, std::vector<float> grad,
+                    std::shared_ptr<CollectingSink> sink, uint32_t chunk = 0,
+                    uint64_t incarnation = 0, uint64_t rollback_id = 0) {
+    std::string bytes = Bytes(grad);
+    StringByteSource payload(bytes);
+    PushArgs args;
+    args.rank = rank;
+    args.step = step;
+    args.chunk_id = chunk;
+    args.incarnation = incarnation;
+    args.rollback_id = rollback_id;
+    args.payload = &payload;
+    return store_->Push(args, sink);
+  }
+  std::vector<float> Weights() {
+    absl::StatusOr<ChunkReply> r = store_->Read(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Floats(r->weights) : std::vector<float>();
+  }
+
+  std::unique_ptr<ParameterStore> store_;
+};
+
+// A view of one worker per entry of `incarnations` from coordinator
+// incarnation `coordinator`.
+inline v1::ClusterView WorkersView(uint64_t generation,
+                                   std::vector<uint64_t> incarnations,
+                                   std::vector<bool> alive,
+                                   uint64_t coordinator = 9) {
+  v1::ClusterView view;
+  view.set_generation(generation);
+  view.set_coordinator_incarnation(coordinator);
+  view.set_num_workers(static_cast<uint32_t>(incarnations.size()));
+  for (size_t r = 0; r < incarnations.size(); ++r) {
+    v1::WorkerSlot* w = view.add_workers();
+    w->set_rank(static_cast<uint32_t>(r));
+    w->set_incarnation(incarnations[r]);
+    w->set_alive(alive[r]);
+  }
+  return view;
+}
 
 }  // namespace shardps::server
 

@@ -1,0 +1,121 @@
+// An Aggregator is a shard's consistency policy: how the pushes of a chunk
+// become optimizer updates and when each pusher gets its reply. Sync
+// (sync_aggregator.h) reduces every rank's contribution in rank order;
+// async and ssp (async_aggregator.h) apply pushes on arrival. Thread-safe.
+#ifndef SHARDPS_SERVER_AGGREGATOR_H_
+#define SHARDPS_SERVER_AGGREGATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/encoding.h"
+#include "common/thread_pool.h"
+#include "server/chunk.h"
+#include "server/rank_tracker.h"
+#include "shardps/v1/parameter_server.pb.h"
+
+namespace shardps::server {
+
+// sync: a step's update waits for every worker. async: each push is applied
+// on arrival. ssp (stale synchronous parallel): applied on arrival, but the
+// reply to a worker's push of step t waits until every worker has pushed
+// step t - staleness, so no worker runs more than `staleness` steps ahead.
+enum class Mode { kSync, kAsync, kSsp };
+
+// The protocol's name for `mode` (DeclareResponse.consistency).
+v1::Consistency ConsistencyOf(Mode mode);
+
+// One gradient chunk of one worker, as it came off the wire.
+struct PushArgs {
+  uint32_t rank = 0;
+  uint64_t incarnation = 0;
+  // The last rollback the pusher knows of; older than the shard's: ABORTED.
+  uint64_t rollback_id = 0;
+  int64_t step = 0;
+  uint32_t chunk_id = 0;
+  v1::Encoding encoding = v1::ENCODING_FP32;
+  bool push_only = false;
+  // The gradient bytes, decoded once into the aggregation buffer when
+  // accepted.
+  const ByteSource* payload = nullptr;
+};
+
+// A sync step some workers pushed and others have not, for longer than a
+// timeout: what it waits for.
+struct StalledChunk {
+  uint32_t chunk_id = 0;
+  int64_t step = 0;
+  std::vector<uint32_t> missing_ranks;
+  absl::Duration waiting;
+};
+
+struct AggregatorOptions {
+  Mode mode = Mode::kSync;
+  int64_t staleness = 0;  // ssp only
+  // Accept gradients holding NaN or infinity (rejected by default).
+  bool allow_nonfinite = false;
+  // Step and staleness histograms; null: none.
+  ServerMetrics* metrics = nullptr;
+};
+
+// A pusher waiting for its reply.
+struct Waiter {
+  uint32_t rank = 0;
+  bool push_only = false;
+  std::shared_ptr<ReplySink> sink;
+  int64_t step = 0;  // ssp: the step whose reply waits
+};
+
+class Aggregator {
+ public:
+  // The policy of `options.mode` for `chunks` (indexed by chunk id; null
+  // where another shard owns the chunk). The chunks, `updater`, `ranks` and
+  // `pool` (which runs large updates) must outlive the aggregator.
+  static std::unique_ptr<Aggregator> Create(const AggregatorOptions& options,
+                                            std::vector<Chunk*> chunks,
+                                            const ChunkUpdater* updater,
+                                            const RankTracker* ranks,
+                                            ThreadPool* pool);
+  virtual ~Aggregator() = default;
+
+  // Records one push the caller validated (chunk owned, payload length,
+  // rank, membership). On OK `sink` gets the reply once the update that
+  // includes the push is applied. A push of the step before the chunk's is
+  // a retry: not applied again, answered with the current weights.
+  // OUT_OF_RANGE for a step in the past or the future; INVALID_ARGUMENT for
+  // a non-finite gradient. On error nothing changed.
+  virtual absl::Status Push(const PushArgs& args, Chunk* chunk,
+                            std::shared_ptr<ReplySink> sink) = 0;
+
+  // The step `rank` pushes next (DeclareResponse.next_step).
+  virtual int64_t NextStep(uint32_t rank) const = 0;
+
+  // `rank` joins at `join_step` (the RankTracker already counts it from
+  // there): returns the furthest step at or past `join_step` whose update is
+  // already decided without it, or -1 when the join is in time.
+  virtual int64_t PrepareJoin(uint32_t rank, int64_t join_step) = 0;
+
+  // The ranks steps wait for changed: completes the steps that no longer
+  // wait for anyone missing, releases replies no longer held back.
+  virtual void MembershipChanged() = 0;
+
+  // `chunk` was set to a checkpoint's state (Restore, ResetTo): drops the
+  // pending contributions and moves the waiting pushers' sinks to *failed.
+  virtual void Reset(Chunk* chunk,
+                     std::vector<std::shared_ptr<ReplySink>>* failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu) = 0;
+
+  // Sync: the chunks whose current step has waited longer than `timeout`
+  // since its first contribution. Empty in the other modes.
+  virtual std::vector<StalledChunk> Stalled(absl::Duration timeout) const {
+    return {};
+  }
+};
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_AGGREGATOR_H_

@@ -1,0 +1,55 @@
+#include "server/chunk.h"
+
+#include <atomic>
+
+#include "absl/time/clock.h"
+#include "server/server_metrics.h"
+#include "server/snapshot_scheduler.h"
+
+namespace shardps::server {
+
+ChunkReply CurrentReply(const Chunk& chunk, bool push_only) {
+  ChunkReply reply;
+  reply.chunk_id = chunk.spec.id;
+  reply.version = chunk.version;
+  if (!push_only) reply.weights = chunk.weights;
+  return reply;
+}
+
+void ChunkUpdater::Apply(Chunk* chunk,
+                         absl::Span<const float* const> contributions) const {
+  // At most two slots (Adam): no allocation on the update path.
+  float* slot_ptrs[2] = {};
+  for (size_t i = 0; i < chunk->slots.size(); ++i) {
+    slot_ptrs[i] = chunk->slots[i].data();
+  }
+  const absl::Span<float* const> slots(slot_ptrs, chunk->slots.size());
+  const bool shared = chunk->weights.use_count() > 1;
+  // use_count() is a relaxed load: order the senders' reads of the buffer
+  // (before they dropped it) before the writes below.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (shared) {
+    // A reply still being sent holds the buffer: update a copy. (use_count
+    // only drops concurrently, and only the store adds holders, so reading
+    // 1 means no one else holds it.)
+    chunk->weights = std::make_shared<std::vector<float>>(*chunk->weights);
+    counters_->weight_copies.fetch_add(1, std::memory_order_relaxed);
+  }
+  const absl::Time start = absl::Now();
+  optimizer_->Apply(chunk->version, contributions, chunk->weights->data(),
+                    slots, chunk->spec.num_elements);
+  if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
+  ++chunk->version;
+  counters_->updates.fetch_add(1, std::memory_order_relaxed);
+  if (snapshots_ != nullptr) snapshots_->AfterUpdate(*chunk);
+}
+
+void ChunkUpdater::Deliver(ReplySink* sink, ChunkReply reply) const {
+  if (reply.weights != nullptr) {
+    counters_->bytes_out.fetch_add(reply.weights->size() * 4,
+                                   std::memory_order_relaxed);
+  }
+  sink->Deliver(std::move(reply));
+}
+
+}  // namespace shardps::server

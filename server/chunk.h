@@ -1,0 +1,112 @@
+// A Chunk is one chunk a shard owns: its weights, optimizer slots and version,
+// behind the chunk's own mutex. ChunkUpdater applies one optimizer update to a
+// chunk (copy on write, metrics, checkpoint copies) and hands replies to the
+// pushers' ReplySinks. Both are shared by every consistency policy.
+#ifndef SHARDPS_SERVER_CHUNK_H_
+#define SHARDPS_SERVER_CHUNK_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/chunking.h"
+#include "server/optimizer.h"
+
+namespace shardps::server {
+
+class ServerMetrics;
+class SnapshotScheduler;
+
+// The weights of one chunk at one version. Shared with the transport, which
+// sends straight from this buffer; the store never writes to a buffer while
+// anyone else holds it (copy on write).
+using WeightsBuffer = std::shared_ptr<const std::vector<float>>;
+
+// The updated weights of one chunk, for one accepted push.
+struct ChunkReply {
+  uint32_t chunk_id = 0;
+  int64_t version = 0;
+  WeightsBuffer weights;  // null for push-only
+};
+
+// Receives the reply of each accepted push exactly once, from any thread,
+// possibly before Push() returns. Implementations must not block.
+class ReplySink {
+ public:
+  virtual ~ReplySink() = default;
+  virtual void Deliver(ChunkReply reply) = 0;
+  // The push will never be answered (the shard was reset to a checkpoint):
+  // the sink ends its call with `status`. Same threading rules as Deliver.
+  virtual void Fail(const absl::Status& status) = 0;
+};
+
+struct Chunk {
+  ChunkSpec spec;
+  std::string tensor_name;  // for messages
+  mutable absl::Mutex mu;
+  // Written in place when no reply holds it, else replaced by a copy.
+  std::shared_ptr<std::vector<float>> weights ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  // Updates applied: the step the chunk is at.
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+};
+
+// The reply to a push of `chunk` at its current version.
+ChunkReply CurrentReply(const Chunk& chunk, bool push_only)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// A shard's running totals, reported by GetStatus.
+struct ShardCounters {
+  std::atomic<uint64_t> pushes{0};
+  std::atomic<uint64_t> updates{0};
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> bytes_in{0};
+  std::atomic<uint64_t> bytes_out{0};
+  // Updates that had to copy the weights because a reply still held them.
+  std::atomic<uint64_t> weight_copies{0};
+};
+
+// Applies optimizer updates to chunks. Thread-safe (the chunk's mutex
+// serialises updates of one chunk); everything it points to must outlive it.
+class ChunkUpdater {
+ public:
+  // `metrics` and `snapshots` may be null (none kept, no checkpoints).
+  ChunkUpdater(const Optimizer* optimizer, ShardCounters* counters,
+               ServerMetrics* metrics, SnapshotScheduler* snapshots)
+      : optimizer_(optimizer),
+        counters_(counters),
+        metrics_(metrics),
+        snapshots_(snapshots) {}
+
+  const Optimizer& optimizer() const { return *optimizer_; }
+
+  // Applies update number chunk->version with `contributions` (gradients
+  // in rank order, see Optimizer::Apply), bumps the version and copies the
+  // chunk for a checkpoint when one is due at the new version.
+  void Apply(Chunk* chunk, absl::Span<const float* const> contributions) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
+  // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
+  // start gRPC writes.
+  void Deliver(ReplySink* sink, ChunkReply reply) const;
+
+ private:
+  const Optimizer* const optimizer_;
+  ShardCounters* const counters_;
+  ServerMetrics* const metrics_;
+  SnapshotScheduler* const snapshots_;
+};
+
+// Replies built under a chunk's lock, delivered after it is released.
+using PendingReplies =
+    std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>;
+
+}  // namespace shardps::server
+
+#endif  // SHARDPS_SERVER_CHUNK_H_

@@ -1,0 +1,208 @@
+#include "server/sync_aggregator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "server/gradient_decode.h"
+#include "server/server_metrics.h"
+
+namespace shardps::server {
+namespace {
+
+// Updates of chunks up to this size run on the thread that completed the
+// step; larger ones go to the update pool, in parallel across chunks.
+constexpr int64_t kInlineApplyBytes = 256 << 10;
+
+}  // namespace
+
+SyncAggregator::Step::Step(Chunk* c, uint32_t num_workers) : chunk(c) {
+  absl::MutexLock lock(&chunk->mu);
+  contributions.assign(num_workers,
+                       std::vector<float>(chunk->spec.num_elements));
+  contributed.assign(num_workers, false);
+}
+
+SyncAggregator::SyncAggregator(const AggregatorOptions& options,
+                               std::vector<Chunk*> chunks,
+                               const ChunkUpdater* updater,
+                               const RankTracker* ranks, ThreadPool* pool)
+    : options_(options), updater_(updater), ranks_(ranks), pool_(pool) {
+  steps_.resize(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i] != nullptr) {
+      steps_[i] = std::make_unique<Step>(chunks[i], ranks->num_workers());
+    }
+  }
+}
+
+bool SyncAggregator::Complete(const Step& step) const {
+  return step.num_contributed > 0 &&
+         ranks_->Complete(step.contributed, step.chunk->version);
+}
+
+absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
+                                  std::shared_ptr<ReplySink> sink) {
+  Step* step = steps_[chunk->spec.id].get();
+  bool ready = false;
+  {
+    absl::ReleasableMutexLock lock(&step->chunk->mu);
+    if (args.step == step->chunk->version - 1) {
+      // The reply to this push was lost: its gradient is already in the
+      // weights. Answer with them and apply nothing.
+      ChunkReply reply = CurrentReply(*step->chunk, args.push_only);
+      lock.Release();
+      updater_->Deliver(sink.get(), std::move(reply));
+      return absl::OkStatus();
+    }
+    if (args.step != step->chunk->version) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "step ", args.step, " of chunk ", chunk->spec.id, " is in the ",
+          args.step < step->chunk->version ? "past" : "future",
+          ": the chunk is at step ", step->chunk->version));
+    }
+    if (!step->contributed[args.rank]) {
+      // The buffer is scratch until the rank is marked as contributed, so a
+      // rejected push leaves no trace.
+      SHARDPS_RETURN_IF_ERROR(DecodeGradient(
+          args.encoding, *args.payload,
+          {args.rank, &chunk->spec, chunk->tensor_name},
+          options_.allow_nonfinite, step->contributions[args.rank].data()));
+      step->contributed[args.rank] = true;
+      if (step->num_contributed == 0) step->first_contribution = absl::Now();
+      ++step->num_contributed;
+      ready = !step->apply_scheduled && Complete(*step);
+      if (ready) step->apply_scheduled = true;
+    }
+    // A duplicate of a pending push (a retry while the step is still open)
+    // only adds a waiter.
+    step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+  }
+  if (ready) ScheduleApply(step);
+  return absl::OkStatus();
+}
+
+void SyncAggregator::ScheduleApply(Step* step) {
+  if (step->chunk->spec.bytes() <= kInlineApplyBytes) {
+    // A small chunk: updating it here costs less than a thread hop.
+    Apply(step);
+  } else {
+    pool_->Schedule([this, step] { Apply(step); });
+  }
+}
+
+void SyncAggregator::Apply(Step* step) {
+  PendingReplies replies;
+  {
+    absl::MutexLock lock(&step->chunk->mu);
+    // A reset or a join between scheduling and now: the step is not
+    // complete any more; the push that completes it schedules again.
+    if (!Complete(*step)) {
+      step->apply_scheduled = false;
+      return;
+    }
+    // Rank order makes the sum, and so the weights, bitwise deterministic.
+    // The mean is over the contributions that arrived: a rank that left the
+    // job mid-step is not waited for.
+    std::vector<const float*> contributions;
+    contributions.reserve(step->num_contributed);
+    for (size_t r = 0; r < step->contributed.size(); ++r) {
+      if (step->contributed[r]) {
+        contributions.push_back(step->contributions[r].data());
+      }
+    }
+    updater_->Apply(step->chunk, contributions);
+    replies.reserve(step->waiters.size());
+    for (Waiter& w : step->waiters) {
+      replies.emplace_back(std::move(w.sink),
+                           CurrentReply(*step->chunk, w.push_only));
+    }
+    step->waiters.clear();
+    if (options_.metrics != nullptr) {
+      options_.metrics->StepDone(absl::Now() - step->first_contribution);
+    }
+    step->contributed.assign(step->contributed.size(), false);
+    step->num_contributed = 0;
+    step->apply_scheduled = false;
+  }
+  // Delivered outside the lock: sinks start gRPC writes.
+  for (auto& [sink, reply] : replies) {
+    updater_->Deliver(sink.get(), std::move(reply));
+  }
+}
+
+int64_t SyncAggregator::NextStep(uint32_t rank) const {
+  // The step every chunk is at.
+  int64_t next = -1;
+  for (const auto& step : steps_) {
+    if (step == nullptr) continue;
+    absl::MutexLock lock(&step->chunk->mu);
+    if (next < 0 || step->chunk->version < next) next = step->chunk->version;
+  }
+  return std::max<int64_t>(next, 0);
+}
+
+int64_t SyncAggregator::PrepareJoin(uint32_t rank, int64_t join_step) {
+  int64_t past = -1;
+  for (const auto& step : steps_) {
+    if (step == nullptr) continue;
+    absl::MutexLock lock(&step->chunk->mu);
+    // A step whose update is already decided cannot wait for the rank.
+    const int64_t decided =
+        step->chunk->version + (step->apply_scheduled ? 1 : 0);
+    if (decided > join_step) past = std::max(past, decided);
+  }
+  return past;
+}
+
+void SyncAggregator::MembershipChanged() {
+  for (const auto& step : steps_) {
+    if (step == nullptr) continue;
+    bool ready = false;
+    {
+      absl::MutexLock lock(&step->chunk->mu);
+      ready = !step->apply_scheduled && Complete(*step);
+      if (ready) step->apply_scheduled = true;
+    }
+    if (ready) ScheduleApply(step.get());
+  }
+}
+
+void SyncAggregator::Reset(Chunk* chunk,
+                           std::vector<std::shared_ptr<ReplySink>>* failed) {
+  Step* step = steps_[chunk->spec.id].get();
+  step->chunk->mu.AssertHeld();
+  step->contributed.assign(step->contributed.size(), false);
+  step->num_contributed = 0;
+  step->apply_scheduled = false;
+  for (Waiter& w : step->waiters) failed->push_back(std::move(w.sink));
+  step->waiters.clear();
+}
+
+std::vector<StalledChunk> SyncAggregator::Stalled(
+    absl::Duration timeout) const {
+  std::vector<StalledChunk> out;
+  const absl::Time now = absl::Now();
+  for (const auto& step : steps_) {
+    if (step == nullptr) continue;
+    absl::MutexLock lock(&step->chunk->mu);
+    if (step->num_contributed == 0 ||
+        now - step->first_contribution < timeout) {
+      continue;
+    }
+    StalledChunk s;
+    s.chunk_id = step->chunk->spec.id;
+    s.step = step->chunk->version;
+    s.waiting = now - step->first_contribution;
+    for (uint32_t r = 0; r < step->contributed.size(); ++r) {
+      if (!step->contributed[r] && ranks_->WaitsFor(r, step->chunk->version)) {
+        s.missing_ranks.push_back(r);
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace shardps::server
