@@ -4,9 +4,7 @@
 // of the same job run with static lists. Also: workers that start before the
 // servers wait for them, and shardps-ctl status lists the members.
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,19 +15,20 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
+using ::shardps::testing::Await;
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
-using ::shardps::testing::ExpectExitsZero;
-using ::shardps::testing::Must;
-using ::shardps::testing::ReadFile;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::TestCluster;
 using ::shardps::testing::WaitForLog;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
-constexpr char kJob[] = "--job_id=e2e";
 // Training a short job takes seconds; the deadlines allow a loaded machine.
 constexpr absl::Duration kTrainTimeout = absl::Minutes(3);
 constexpr absl::Duration kSelfExitTimeout = absl::Seconds(60);
@@ -44,118 +43,78 @@ std::vector<std::string> TrainingArgs() {
           "--backend=cpu"};
 }
 
-std::unique_ptr<Daemon> StartCoordinator() {
-  return Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                            {kJob, "--num_servers=2", "--num_workers=2"}));
-}
-
-// A server that knows only the coordinator; it reports its port once joined.
-std::unique_ptr<Daemon> StartServer(const std::string& name,
-                                    const Daemon& coordinator) {
-  return Must(Daemon::Start(
-      name, SHARDPS_SERVER_BIN,
-      {kJob, absl::StrCat("--coordinator=", coordinator.address())}));
-}
-
-std::unique_ptr<Daemon> StartWorker(const std::string& name,
-                                    const Daemon& coordinator,
-                                    const std::string& model_out) {
-  std::vector<std::string> args = TrainingArgs();
-  args.push_back(kJob);
-  args.push_back(absl::StrCat("--coordinator=", coordinator.address()));
-  args.push_back(absl::StrCat("--model_out=", model_out));
-  return Must(Daemon::StartProcess(name, SHARDPS_WORKER_BIN, args));
+// Two servers and two workers. Coordinated: servers and workers know only
+// the coordinator (a server reports its port once joined), and every worker
+// may write the model (only the one given rank 0 does).
+ClusterOptions Job(bool coordinated) {
+  ClusterOptions o;
+  o.coordinated = coordinated;
+  o.num_servers = 2;
+  o.num_workers = 2;
+  o.worker_flags = TrainingArgs();
+  return o;
 }
 
 // The model of the same job with static lists: explicit shapes and
 // addresses, servers stopped by SIGTERM.
-std::string TrainStatic(const std::string& dir) {
-  std::vector<std::unique_ptr<Daemon>> servers;
-  std::string addresses;
-  for (int s = 0; s < 2; ++s) {
-    servers.push_back(Must(
-        Daemon::Start(absl::StrCat("static-server-", s), SHARDPS_SERVER_BIN,
-                      {absl::StrCat("--shard_index=", s), "--num_shards=2",
-                       "--num_workers=2"})));
-    if (servers.back() == nullptr) return "";
-    absl::StrAppend(&addresses, s == 0 ? "" : ",", servers.back()->address());
+std::string TrainStatic() {
+  TestCluster job(Job(/*coordinated=*/false));
+  if (!job.StartServers() ||
+      !job.StartWorkers({{job.model_out_flag()}, {job.model_out_flag()}})) {
+    return "";
   }
-  const std::string model = dir + "/static.safetensors";
-  std::vector<std::unique_ptr<Daemon>> workers;
-  for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> args = TrainingArgs();
-    args.insert(args.end(),
-                {"--servers=" + addresses, absl::StrCat("--rank=", r),
-                 "--num_workers=2", "--model_out=" + model});
-    workers.push_back(Must(Daemon::StartProcess(
-        absl::StrCat("static-worker-", r), SHARDPS_WORKER_BIN, args)));
-  }
-  for (auto& w : workers) ExpectExitsZero(w.get(), kTrainTimeout);
-  return ReadFile(model);
+  job.ExpectWorkersExitZero(kTrainTimeout);
+  return job.ModelBytes();
 }
 
 class CoordinatedJobTest : public ::testing::Test {
  protected:
+  CoordinatedJobTest() : job_(Job(/*coordinated=*/true)) {}
   void SetUp() override {
-    if (!fs::exists(kFashionMnist)) {
-      GTEST_SKIP() << kFashionMnist
-                   << " is missing: apt-get install dataset-fashion-mnist";
-    }
-    dir_ = testing::MakeTempDir("shardps-coordinated");
+    if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   }
-  std::string dir_;
+  TestCluster job_;
 };
 
 TEST_F(CoordinatedJobTest, EveryProcessExitsByItselfWithTheStaticModel) {
-  std::unique_ptr<Daemon> coordinator = StartCoordinator();
-  ASSERT_NE(coordinator, nullptr);
-  std::unique_ptr<Daemon> s0 = StartServer("server-0", *coordinator);
-  std::unique_ptr<Daemon> s1 = StartServer("server-1", *coordinator);
-  ASSERT_NE(s0, nullptr);
-  ASSERT_NE(s1, nullptr);
-  // Both workers may write the model: only the one given rank 0 does.
-  const std::string model = dir_ + "/coordinated.safetensors";
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-a", *coordinator, model);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-b", *coordinator, model);
-  ExpectExitsZero(w0.get(), kTrainTimeout);
-  ExpectExitsZero(w1.get(), kTrainTimeout);
-  // Nobody signals them: the coordinator tells the servers the job ended.
-  ExpectExitsZero(s0.get(), kSelfExitTimeout);
-  ExpectExitsZero(s1.get(), kSelfExitTimeout);
-  ExpectExitsZero(coordinator.get(), kSelfExitTimeout);
-  EXPECT_TRUE(absl::StrContains(s0->ReadLog(), "job e2e finished"))
-      << s0->ReadLog();
-  EXPECT_TRUE(absl::StrContains(coordinator->ReadLog(),
+  ASSERT_NE(job_.StartCoordinator(), nullptr);
+  ASSERT_TRUE(job_.StartServers());
+  ASSERT_TRUE(
+      job_.StartWorkers({{job_.model_out_flag()}, {job_.model_out_flag()}}));
+  // Nobody signals the servers: the coordinator tells them the job ended.
+  job_.ExpectJobEnds(kTrainTimeout, kSelfExitTimeout);
+  EXPECT_TRUE(absl::StrContains(job_.server(0).ReadLog(), "job e2e finished"))
+      << job_.server(0).ReadLog();
+  EXPECT_TRUE(absl::StrContains(job_.coordinator().ReadLog(),
                                 "job finished (all 2 workers finished)"))
-      << coordinator->ReadLog();
+      << job_.coordinator().ReadLog();
 
-  const std::string coordinated = ReadFile(model);
-  ASSERT_FALSE(coordinated.empty()) << w0->ReadLog() << w1->ReadLog();
-  const std::string static_model = TrainStatic(dir_);
+  const std::string coordinated = job_.ModelBytes();
+  ASSERT_FALSE(coordinated.empty())
+      << job_.worker(0).ReadLog() << job_.worker(1).ReadLog();
+  const std::string static_model = TrainStatic();
   ASSERT_EQ(coordinated.size(), static_model.size());
   EXPECT_TRUE(coordinated == static_model) << "models differ";
 }
 
 TEST_F(CoordinatedJobTest, EarlyWorkersWaitForTheServersAndCtlListsMembers) {
-  std::unique_ptr<Daemon> coordinator = StartCoordinator();
-  ASSERT_NE(coordinator, nullptr);
-  const std::string model = dir_ + "/model.safetensors";
-  std::unique_ptr<Daemon> w0 = StartWorker("worker-a", *coordinator, model);
-  std::unique_ptr<Daemon> w1 = StartWorker("worker-b", *coordinator, model);
-  ASSERT_NE(w0, nullptr);
-  ASSERT_NE(w1, nullptr);
+  ASSERT_NE(job_.StartCoordinator(), nullptr);
+  ASSERT_TRUE(
+      job_.StartWorkers({{job_.model_out_flag()}, {job_.model_out_flag()}}));
+  Daemon& w0 = job_.worker(0);
+  Daemon& w1 = job_.worker(1);
   // Each says what it waits for before any server exists.
-  EXPECT_TRUE(WaitForLog(*w0, "waiting for 2 server(s)")) << w0->ReadLog();
-  EXPECT_TRUE(WaitForLog(*w1, "waiting for 2 server(s)")) << w1->ReadLog();
-  std::unique_ptr<Daemon> s0 = StartServer("server-0", *coordinator);
+  EXPECT_TRUE(WaitForLog(w0, "waiting for 2 server(s)")) << w0.ReadLog();
+  EXPECT_TRUE(WaitForLog(w1, "waiting for 2 server(s)")) << w1.ReadLog();
+  Daemon* s0 = job_.StartServer();
   ASSERT_NE(s0, nullptr);
 
   // Mid-job (one server still missing), shardps-ctl shows who is there.
-  std::unique_ptr<Daemon> ctl = Must(Daemon::StartProcess(
-      "ctl", SHARDPS_CTL_BIN,
-      {"status", absl::StrCat("--coordinator=", coordinator->address())}));
-  ExpectExitsZero(ctl.get(), absl::Seconds(30));
-  const std::string status = ctl->ReadLog();
+  const CommandResult ctl =
+      MustRun(SHARDPS_CTL_BIN,
+              {"status", "--coordinator=" + job_.coordinator_address()});
+  EXPECT_EQ(ctl.code, 0) << ctl.output;
+  const std::string status = ctl.output;
   for (const std::string& want :
        {s0->address(), std::string("servers 1/2 alive"),
         std::string("workers 2/2 alive"), std::string("job state: running"),
@@ -163,29 +122,25 @@ TEST_F(CoordinatedJobTest, EarlyWorkersWaitForTheServersAndCtlListsMembers) {
     EXPECT_TRUE(absl::StrContains(status, want)) << want << " in\n" << status;
   }
 
-  std::unique_ptr<Daemon> s1 = StartServer("server-1", *coordinator);
-  ASSERT_NE(s1, nullptr);
-  ExpectExitsZero(w0.get(), kTrainTimeout);
-  ExpectExitsZero(w1.get(), kTrainTimeout);
-  ExpectExitsZero(s0.get(), kSelfExitTimeout);
-  ExpectExitsZero(s1.get(), kSelfExitTimeout);
-  ExpectExitsZero(coordinator.get(), kSelfExitTimeout);
-  EXPECT_TRUE(absl::StrContains(w0->ReadLog(), "told the coordinator"))
-      << w0->ReadLog();
-  EXPECT_TRUE(fs::exists(model));
+  ASSERT_NE(job_.StartServer(), nullptr);
+  job_.ExpectJobEnds(kTrainTimeout, kSelfExitTimeout);
+  EXPECT_TRUE(absl::StrContains(w0.ReadLog(), "told the coordinator"))
+      << w0.ReadLog();
+  EXPECT_TRUE(fs::exists(job_.model_path()));
 }
 
 TEST_F(CoordinatedJobTest, ServerIsNotServingUntilItHasItsShard) {
   // The coordinator is not up yet: the server listens, answers health
   // NOT_SERVING and its methods UNAVAILABLE while it waits for the shard map.
-  const int coordinator_port = testing::FreePort();
+  ClusterOptions o;
+  o.coordinated = true;
+  o.coordinator_port = testing::FreePort();
   const int server_port = testing::FreePort();
-  ASSERT_GT(coordinator_port, 0);
+  ASSERT_GT(o.coordinator_port, 0);
   ASSERT_GT(server_port, 0);
-  std::unique_ptr<Daemon> server = Must(Daemon::StartProcess(
-      "server", SHARDPS_SERVER_BIN,
-      {kJob, absl::StrCat("--coordinator=127.0.0.1:", coordinator_port),
-       absl::StrCat("--port=", server_port)}));
+  TestCluster job(o);
+  Daemon* server =
+      job.StartServer({absl::StrCat("--port=", server_port)}, Await::kStart);
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(WaitForLog(*server, "not joined yet")) << server->ReadLog();
   const std::string addr = absl::StrCat("--addr=127.0.0.1:", server_port);
@@ -200,11 +155,7 @@ TEST_F(CoordinatedJobTest, ServerIsNotServingUntilItHasItsShard) {
                                 "waiting for the coordinator's shard map"))
       << shards.output;
   // Once the coordinator is there, the shard is joined and installed.
-  std::unique_ptr<Daemon> coordinator =
-      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                         {kJob, "--num_servers=1", "--num_workers=1",
-                          absl::StrCat("--port=", coordinator_port)}));
-  ASSERT_NE(coordinator, nullptr);
+  ASSERT_NE(job.StartCoordinator(), nullptr);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline) {
     health = testing::RunCommand(SHARDPS_CTL_BIN, {"health", addr});

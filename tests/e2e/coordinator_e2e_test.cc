@@ -19,23 +19,31 @@
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_protocol.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::TestCluster;
 using ::shardps::testing::WaitForLog;
 
 constexpr char kServerA[] = "127.0.0.1:50001";
 constexpr char kServerB[] = "127.0.0.1:50002";
 
-absl::StatusOr<std::unique_ptr<Daemon>> StartCoordinator(
-    int heartbeat_timeout_ms = 30000) {
-  return Daemon::Start(
-      "coordinator", SHARDPS_COORDINATOR_BIN,
-      {"--job_id=e2e", "--num_servers=2", "--num_workers=2",
-       absl::StrCat("--heartbeat_timeout_ms=", heartbeat_timeout_ms)});
+// The coordinator of a job of 2 servers and 2 workers, played by the test.
+ClusterOptions Job(int heartbeat_timeout_ms = 30000) {
+  ClusterOptions o;
+  o.coordinated = true;
+  o.num_servers = 2;
+  o.num_workers = 2;
+  o.coordinator_flags = {
+      absl::StrCat("--heartbeat_timeout_ms=", heartbeat_timeout_ms)};
+  return o;
 }
 
 std::unique_ptr<v1::Coordinator::Stub> Connect(const Daemon& d) {
@@ -129,28 +137,15 @@ class Watcher {
   bool finished_ = false;
 };
 
-struct CtlResult {
-  int code = -1;
-  std::string output;
-};
-
-CtlResult RunCtl(std::vector<std::string> args) {
-  CtlResult result;
-  absl::StatusOr<std::unique_ptr<Daemon>> ctl =
-      Daemon::StartProcess("ctl", SHARDPS_CTL_BIN, std::move(args));
-  EXPECT_TRUE(ctl.ok()) << ctl.status();
-  if (!ctl.ok()) return result;
-  absl::StatusOr<int> code = (*ctl)->Wait(absl::Seconds(30));
-  EXPECT_TRUE(code.ok()) << code.status();
-  result.code = code.value_or(-1);
-  result.output = (*ctl)->ReadLog();
-  return result;
+CommandResult RunCtl(std::vector<std::string> args) {
+  return MustRun(SHARDPS_CTL_BIN, std::move(args));
 }
 
 TEST(CoordinatorE2ETest, MembersJoinAndWatchersSeeEveryGeneration) {
-  absl::StatusOr<std::unique_ptr<Daemon>> coordinator = StartCoordinator();
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto stub = Connect(**coordinator);
+  TestCluster cluster(Job());
+  Daemon* coordinator = cluster.StartCoordinator();
+  ASSERT_NE(coordinator, nullptr);
+  auto stub = Connect(*coordinator);
   Watcher watcher(stub.get(), 0);
   std::optional<v1::ClusterView> first =
       watcher.ReadUntil([](const v1::ClusterView&) { return true; });
@@ -180,8 +175,8 @@ TEST(CoordinatorE2ETest, MembersJoinAndWatchersSeeEveryGeneration) {
   EXPECT_EQ(beat.generation(), 5u);
   EXPECT_TRUE(beat.complete());
 
-  const CtlResult status = RunCtl(
-      {"status", absl::StrCat("--coordinator=", (*coordinator)->address())});
+  const CommandResult status = RunCtl(
+      {"status", absl::StrCat("--coordinator=", coordinator->address())});
   EXPECT_EQ(status.code, 0) << status.output;
   for (const char* want :
        {kServerA, kServerB, "generation 5", "complete: yes"}) {
@@ -200,15 +195,15 @@ TEST(CoordinatorE2ETest, MembersJoinAndWatchersSeeEveryGeneration) {
   ASSERT_TRUE(after.has_value());
   EXPECT_FALSE(after->workers(1).alive());
   EXPECT_FALSE(after->complete());
-  EXPECT_TRUE(WaitForLog(**coordinator, "worker 1 (w) left; generation 6"))
-      << (*coordinator)->ReadLog();
+  EXPECT_TRUE(WaitForLog(*coordinator, "worker 1 (w) left; generation 6"))
+      << coordinator->ReadLog();
 }
 
 TEST(CoordinatorE2ETest, SilentMemberIsExpiredAndWatchersSeeIt) {
-  absl::StatusOr<std::unique_ptr<Daemon>> coordinator =
-      StartCoordinator(/*heartbeat_timeout_ms=*/400);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto stub = Connect(**coordinator);
+  TestCluster cluster(Job(/*heartbeat_timeout_ms=*/400));
+  Daemon* coordinator = cluster.StartCoordinator();
+  ASSERT_NE(coordinator, nullptr);
+  auto stub = Connect(*coordinator);
   v1::JoinResponse server, worker;
   ASSERT_TRUE(
       Join(stub.get(), Request(v1::ROLE_SERVER, kServerA), &server).ok());
@@ -236,8 +231,8 @@ TEST(CoordinatorE2ETest, SilentMemberIsExpiredAndWatchersSeeIt) {
   v1::HeartbeatResponse beat;
   EXPECT_EQ(Beat(stub.get(), server.member_id(), &beat).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_TRUE(WaitForLog(**coordinator, "server 0 (127.0.0.1:50001) expired"))
-      << (*coordinator)->ReadLog();
+  EXPECT_TRUE(WaitForLog(*coordinator, "server 0 (127.0.0.1:50001) expired"))
+      << coordinator->ReadLog();
   // The restarted server gets its shard index back.
   v1::JoinResponse again;
   ASSERT_TRUE(
@@ -246,9 +241,10 @@ TEST(CoordinatorE2ETest, SilentMemberIsExpiredAndWatchersSeeIt) {
 }
 
 TEST(CoordinatorE2ETest, BadJoinsGetClearErrorsAndLeaveTheJobAlone) {
-  absl::StatusOr<std::unique_ptr<Daemon>> coordinator = StartCoordinator();
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto stub = Connect(**coordinator);
+  TestCluster cluster(Job());
+  Daemon* coordinator = cluster.StartCoordinator();
+  ASSERT_NE(coordinator, nullptr);
+  auto stub = Connect(*coordinator);
   v1::JoinResponse holder;
   ASSERT_TRUE(
       Join(stub.get(), Request(v1::ROLE_SERVER, kServerA, 0), &holder).ok());
@@ -288,46 +284,45 @@ TEST(CoordinatorE2ETest, BadJoinsGetClearErrorsAndLeaveTheJobAlone) {
   EXPECT_EQ(JobView(stub.get()).SerializeAsString(), before);
   v1::HeartbeatResponse beat;
   EXPECT_TRUE(Beat(stub.get(), holder.member_id(), &beat).ok());
-  EXPECT_TRUE(WaitForLog(**coordinator, "rejected join"))
-      << (*coordinator)->ReadLog();
+  EXPECT_TRUE(WaitForLog(*coordinator, "rejected join"))
+      << coordinator->ReadLog();
 }
 
 TEST(CoordinatorE2ETest, HealthAndSigterm) {
-  absl::StatusOr<std::unique_ptr<Daemon>> coordinator = StartCoordinator();
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  const std::string addr = (*coordinator)->address();
+  TestCluster cluster(Job());
+  Daemon* coordinator = cluster.StartCoordinator();
+  ASSERT_NE(coordinator, nullptr);
+  const std::string addr = coordinator->address();
   for (const char* service : {"", "shardps.v1.Coordinator"}) {
     SCOPED_TRACE(service);
-    const CtlResult health = RunCtl(
+    const CommandResult health = RunCtl(
         {"health", "--addr=" + addr, absl::StrCat("--service=", service)});
     EXPECT_EQ(health.code, 0) << health.output;
     EXPECT_TRUE(absl::StrContains(health.output, "SERVING")) << health.output;
   }
   // An open watch stream does not hold up the shutdown.
-  auto stub = Connect(**coordinator);
+  auto stub = Connect(*coordinator);
   Watcher watcher(stub.get(), 0);
   ASSERT_TRUE(watcher.ReadUntil([](const v1::ClusterView&) { return true; })
                   .has_value());
-  absl::StatusOr<int> code = (*coordinator)->Stop(SIGTERM, absl::Seconds(10));
+  absl::StatusOr<int> code = coordinator->Stop(SIGTERM, absl::Seconds(10));
   SHARDPS_ASSERT_OK(code);
-  EXPECT_EQ(*code, 0) << (*coordinator)->ReadLog();
+  EXPECT_EQ(*code, 0) << coordinator->ReadLog();
   EXPECT_EQ(watcher.Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
 
-  const CtlResult closed =
+  const CommandResult closed =
       RunCtl({"health", "--addr=" + addr, "--timeout_ms=2000"});
   EXPECT_EQ(closed.code, 1) << closed.output;
   EXPECT_TRUE(absl::StrContains(closed.output, addr)) << closed.output;
 }
 
 TEST(CoordinatorE2ETest, CtlShowsShardsAndRefusesBadUsage) {
-  absl::StatusOr<std::unique_ptr<Daemon>> server =
-      Daemon::Start("server", SHARDPS_SERVER_BIN,
-                    {"--shard_index=0", "--num_shards=1", "--num_workers=1"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  const CtlResult shards =
-      RunCtl({"shards", "--servers=" + (*server)->address()});
+  TestCluster cluster((ClusterOptions()));
+  Daemon* server = cluster.StartServer();
+  ASSERT_NE(server, nullptr);
+  const CommandResult shards = RunCtl({"shards", cluster.servers_flag()});
   EXPECT_EQ(shards.code, 0) << shards.output;
-  EXPECT_TRUE(absl::StrContains(shards.output, (*server)->address()))
+  EXPECT_TRUE(absl::StrContains(shards.output, server->address()))
       << shards.output;
   EXPECT_TRUE(absl::StrContains(shards.output, "0/1")) << shards.output;
 
@@ -343,7 +338,7 @@ TEST(CoordinatorE2ETest, CtlShowsShardsAndRefusesBadUsage) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    const CtlResult r = RunCtl(c.args);
+    const CommandResult r = RunCtl(c.args);
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_TRUE(absl::StrContains(r.output, c.message)) << r.output;
   }
@@ -361,14 +356,10 @@ TEST(CoordinatorE2ETest, BadFlagsExitNonZeroWithAMessage) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::StartProcess("bad-flags", SHARDPS_COORDINATOR_BIN, c.args);
-    ASSERT_TRUE(d.ok());
-    absl::StatusOr<int> code = (*d)->Wait(absl::Seconds(10));
-    SHARDPS_ASSERT_OK(code);
-    EXPECT_NE(*code, 0);
-    EXPECT_TRUE(absl::StrContains((*d)->ReadLog(), c.message))
-        << (*d)->ReadLog();
+    const CommandResult r =
+        MustRun(SHARDPS_COORDINATOR_BIN, c.args, absl::Seconds(10));
+    EXPECT_NE(r.code, 0);
+    EXPECT_TRUE(absl::StrContains(r.output, c.message)) << r.output;
   }
 }
 

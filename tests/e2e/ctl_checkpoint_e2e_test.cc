@@ -4,7 +4,6 @@
 // byte-identical to the one of the same job without it. Also the errors: a
 // job without --checkpoint_dir, a step already past, a negative step, a
 // checkpoint a finished job never reaches.
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,21 +17,17 @@
 #include "server/checkpoint.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
-namespace fs = std::filesystem;
+using ::shardps::testing::ClusterOptions;
 using ::shardps::testing::CommandResult;
-using ::shardps::testing::Daemon;
-using ::shardps::testing::ExpectExitsZero;
-using ::shardps::testing::Must;
-using ::shardps::testing::ReadFile;
 using ::shardps::testing::RunCommand;
+using ::shardps::testing::TestCluster;
 using ::shardps::testing::WaitForLog;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
-constexpr char kJob[] = "--job_id=ctl-e2e";
 // The slowed-down job trains for about 4 s; the deadlines allow a loaded
 // machine.
 constexpr absl::Duration kTrainTimeout = absl::Minutes(3);
@@ -54,59 +49,28 @@ std::vector<std::string> TrainingArgs(int steps) {
 
 // A coordinated job of two servers and two workers. With `checkpoint_dir`,
 // the servers write checkpoints there (only when asked: no periodic ones).
-class Job {
- public:
-  Job(const std::string& dir, const std::string& checkpoint_dir, int steps)
-      : model_(dir + "/model.safetensors") {
-    coordinator_ =
-        Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                           {kJob, "--num_servers=2", "--num_workers=2"}));
-    if (coordinator_ == nullptr) return;
-    for (int s = 0; s < 2; ++s) {
-      std::vector<std::string> args = {
-          kJob, "--coordinator=" + coordinator_->address()};
-      if (!checkpoint_dir.empty()) {
-        args.push_back("--checkpoint_dir=" + checkpoint_dir);
-      }
-      servers_.push_back(Must(
-          Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args)));
-    }
-    for (int w = 0; w < 2; ++w) {
-      std::vector<std::string> args = TrainingArgs(steps);
-      args.insert(args.end(), {kJob, "--coordinator=" + coordinator_->address(),
-                               "--model_out=" + model_});
-      workers_.push_back(Must(Daemon::StartProcess(absl::StrCat("worker-", w),
-                                                   SHARDPS_WORKER_BIN, args)));
-    }
-  }
+ClusterOptions Job(const std::string& checkpoint_dir, int steps) {
+  ClusterOptions o;
+  o.coordinated = true;
+  o.job_id = "ctl-e2e";
+  o.num_servers = 2;
+  o.num_workers = 2;
+  o.checkpoint_dir = checkpoint_dir;
+  o.worker_flags = TrainingArgs(steps);
+  return o;
+}
 
-  bool started() const {
-    for (const auto& d : servers_) {
-      if (d == nullptr) return false;
-    }
-    for (const auto& d : workers_) {
-      if (d == nullptr) return false;
-    }
-    return coordinator_ != nullptr;
-  }
-  const Daemon& coordinator() const { return *coordinator_; }
-  const Daemon& server(int s) const { return *servers_[s]; }
-  const Daemon& worker(int w) const { return *workers_[w]; }
+// Starts `job` with the model written by whichever worker is rank 0.
+bool StartJob(TestCluster& job) {
+  return job.StartCoordinator() != nullptr && job.StartServers() &&
+         job.StartWorkers({{job.model_out_flag()}, {job.model_out_flag()}});
+}
 
-  // Every process exits 0 by itself; returns the model's bytes.
-  std::string Finish() {
-    for (auto& w : workers_) ExpectExitsZero(w.get(), kTrainTimeout);
-    for (auto& s : servers_) ExpectExitsZero(s.get(), kSelfExitTimeout);
-    ExpectExitsZero(coordinator_.get(), kSelfExitTimeout);
-    return ReadFile(model_);
-  }
-
- private:
-  const std::string model_;
-  std::unique_ptr<Daemon> coordinator_;
-  std::vector<std::unique_ptr<Daemon>> servers_;
-  std::vector<std::unique_ptr<Daemon>> workers_;
-};
+// Every process exits 0 by itself; returns the model's bytes.
+std::string Finish(TestCluster& job) {
+  job.ExpectJobEnds(kTrainTimeout, kSelfExitTimeout);
+  return job.ModelBytes();
+}
 
 // The step of the "checkpoint of step N committed in DIR" line; -1 if none.
 int64_t CommittedStep(const std::string& output, const std::string& dir) {
@@ -137,10 +101,7 @@ bool HasRow(const std::string& output, const std::string& first,
 class CtlCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kFashionMnist)) {
-      GTEST_SKIP() << kFashionMnist
-                   << " is missing: apt-get install dataset-fashion-mnist";
-    }
+    if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
     dir_ = testing::MakeTempDir("shardps-ctl-checkpoint");
   }
   std::string dir_;
@@ -149,13 +110,11 @@ class CtlCheckpointTest : public ::testing::Test {
 TEST_F(CtlCheckpointTest, CheckpointMidRunIsCommittedAndChangesNoWeight) {
   constexpr int kSteps = 200;
   const std::string checkpoints = dir_ + "/checkpoints";
-  fs::create_directories(dir_ + "/with");
-  Job job(dir_ + "/with", checkpoints, kSteps);
-  ASSERT_TRUE(job.started());
+  TestCluster job(Job(checkpoints, kSteps));
+  ASSERT_TRUE(StartJob(job));
   ASSERT_TRUE(WaitForLog(job.worker(0), "declared")) << job.worker(0).ReadLog();
 
-  const std::string coordinator =
-      "--coordinator=" + job.coordinator().address();
+  const std::string coordinator = "--coordinator=" + job.coordinator_address();
   const CommandResult ctl =
       RunCommand(SHARDPS_CTL_BIN, {"checkpoint", coordinator}, kCtlTimeout);
   ASSERT_EQ(ctl.code, 0) << ctl.output;
@@ -192,7 +151,7 @@ TEST_F(CtlCheckpointTest, CheckpointMidRunIsCommittedAndChangesNoWeight) {
   }
   EXPECT_FALSE(absl::StrContains(status.output, "error")) << status.output;
 
-  const std::string with = job.Finish();
+  const std::string with = Finish(job);
   ASSERT_FALSE(with.empty());
   for (int s = 0; s < 2; ++s) {
     EXPECT_TRUE(absl::StrContains(
@@ -202,39 +161,29 @@ TEST_F(CtlCheckpointTest, CheckpointMidRunIsCommittedAndChangesNoWeight) {
   }
 
   // The same job, never asked for a checkpoint, ends with the same bytes.
-  fs::create_directories(dir_ + "/without");
-  Job plain(dir_ + "/without", "", kSteps);
-  ASSERT_TRUE(plain.started());
-  const std::string without = plain.Finish();
+  TestCluster plain(Job("", kSteps));
+  ASSERT_TRUE(StartJob(plain));
+  const std::string without = Finish(plain);
   ASSERT_EQ(with.size(), without.size());
   EXPECT_TRUE(with == without) << "models differ";
 }
 
-// Static servers (they keep running after the workers are done).
-std::vector<std::unique_ptr<Daemon>> StartStaticServers(
-    const std::string& checkpoint_dir, std::string* addresses) {
-  std::vector<std::unique_ptr<Daemon>> servers;
-  for (int s = 0; s < 2; ++s) {
-    std::vector<std::string> args = {absl::StrCat("--shard_index=", s),
-                                     "--num_shards=2", "--num_workers=1"};
-    if (!checkpoint_dir.empty()) {
-      args.push_back("--checkpoint_dir=" + checkpoint_dir);
-    }
-    servers.push_back(Must(Daemon::Start(absl::StrCat("static-server-", s),
-                                         SHARDPS_SERVER_BIN, args)));
-    if (servers.back() == nullptr) return {};
-    absl::StrAppend(addresses, s == 0 ? "" : ",", servers.back()->address());
-  }
-  return servers;
+// Two static servers for one worker (they keep running after the worker is
+// done), with checkpoints in `checkpoint_dir` unless it is empty.
+ClusterOptions StaticJob(const std::string& checkpoint_dir) {
+  ClusterOptions o;
+  o.num_servers = 2;
+  o.checkpoint_dir = checkpoint_dir;
+  o.worker_flags = TrainingArgs(30);
+  return o;
 }
 
 TEST_F(CtlCheckpointTest, ClearErrorsForWhatCannotBeCheckpointed) {
   {
-    std::string addresses;
-    auto servers = StartStaticServers("", &addresses);
-    ASSERT_EQ(servers.size(), 2u);
+    TestCluster job(StaticJob(""));
+    ASSERT_TRUE(job.StartServers());
     const CommandResult off = RunCommand(
-        SHARDPS_CTL_BIN, {"checkpoint", "--servers=" + addresses}, kCtlTimeout);
+        SHARDPS_CTL_BIN, {"checkpoint", job.servers_flag()}, kCtlTimeout);
     EXPECT_EQ(off.code, 1) << off.output;
     EXPECT_TRUE(absl::StrContains(off.output, "FAILED_PRECONDITION"))
         << off.output;
@@ -244,17 +193,12 @@ TEST_F(CtlCheckpointTest, ClearErrorsForWhatCannotBeCheckpointed) {
 
   // A finished static job of 30 steps: its shards are at step 30.
   const std::string checkpoints = dir_ + "/checkpoints";
-  std::string addresses;
-  auto servers = StartStaticServers(checkpoints, &addresses);
-  ASSERT_EQ(servers.size(), 2u);
-  std::vector<std::string> args = TrainingArgs(30);
-  args.insert(args.end(),
-              {"--servers=" + addresses, "--rank=0", "--num_workers=1"});
-  std::unique_ptr<Daemon> worker =
-      Must(Daemon::StartProcess("static-worker", SHARDPS_WORKER_BIN, args));
-  ExpectExitsZero(worker.get(), kTrainTimeout);
+  TestCluster job(StaticJob(checkpoints));
+  ASSERT_TRUE(job.StartServers());
+  ASSERT_TRUE(job.StartWorkers());
+  job.ExpectWorkersExitZero(kTrainTimeout);
 
-  const std::string servers_flag = "--servers=" + addresses;
+  const std::string servers_flag = job.servers_flag();
   const CommandResult past = RunCommand(
       SHARDPS_CTL_BIN, {"checkpoint", servers_flag, "--step=3"}, kCtlTimeout);
   EXPECT_EQ(past.code, 1) << past.output;

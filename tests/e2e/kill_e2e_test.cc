@@ -1,31 +1,28 @@
 // Kill tests: kill -9 a server or a worker in the middle of a sync run with
 // checkpoints, restart the job (as a supervisor would), and the final model
 // is bitwise identical to the same run without the kill.
-#include <dirent.h>
-#include <signal.h>
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
+using ::shardps::testing::ClusterOptions;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::NewestCommitted;
+using ::shardps::testing::TestCluster;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
 constexpr int kWorkers = 2;
 constexpr int kEvery = 20;
 
@@ -44,81 +41,33 @@ std::vector<std::string> WorkerFlags() {
           "--fault_step_delay_ms=5"};
 }
 
-// A job: servers and workers as separate processes on 127.0.0.1.
-struct Job {
-  std::vector<std::unique_ptr<Daemon>> servers;
-  std::vector<std::unique_ptr<Daemon>> workers;
-};
-
-absl::StatusOr<Job> StartJob(int num_servers, const std::string& ckpt_dir,
-                             const std::string& model_out) {
-  const int kServers = num_servers;
-  Job job;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < kServers; ++s) {
-    std::vector<std::string> args = {absl::StrCat("--shard_index=", s),
-                                     absl::StrCat("--num_shards=", kServers),
-                                     absl::StrCat("--num_workers=", kWorkers)};
-    if (!ckpt_dir.empty()) {
-      args.push_back("--checkpoint_dir=" + ckpt_dir);
-      args.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
-    }
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args);
-    if (!d.ok()) return d.status();
-    addresses.push_back((*d)->address());
-    job.servers.push_back(*std::move(d));
+// A job of `num_servers` static servers and kWorkers workers as processes
+// on 127.0.0.1, with checkpoints in `ckpt_dir` unless it is empty; rank 0
+// writes the model. Null after a failed start.
+std::unique_ptr<TestCluster> StartJob(int num_servers,
+                                      const std::string& ckpt_dir) {
+  ClusterOptions o;
+  o.num_servers = num_servers;
+  o.num_workers = kWorkers;
+  if (!ckpt_dir.empty()) {
+    o.checkpoint_dir = ckpt_dir;
+    o.checkpoint_every_steps = kEvery;
   }
-  for (int r = 0; r < kWorkers; ++r) {
-    std::vector<std::string> args = WorkerFlags();
-    args.push_back("--servers=" + absl::StrJoin(addresses, ","));
-    args.push_back(absl::StrCat("--rank=", r));
-    args.push_back(absl::StrCat("--num_workers=", kWorkers));
-    if (r == 0) args.push_back("--model_out=" + model_out);
-    absl::StatusOr<std::unique_ptr<Daemon>> w = Daemon::StartProcess(
-        absl::StrCat("worker-", r), SHARDPS_WORKER_BIN, args);
-    if (!w.ok()) return w.status();
-    job.workers.push_back(*std::move(w));
+  o.worker_flags = WorkerFlags();
+  auto job = std::make_unique<TestCluster>(std::move(o));
+  if (!job->StartServers() || !job->StartWorkers({{job->model_out_flag()}})) {
+    return nullptr;
   }
   return job;
 }
 
-absl::Status WaitForWorkers(Job& job) {
-  for (auto& w : job.workers) {
-    absl::StatusOr<int> code = w->Wait(absl::Seconds(240));
-    if (!code.ok()) return code.status();
-    if (*code != 0) {
-      return absl::InternalError(
-          absl::StrCat("worker exited with ", *code, ":\n", w->ReadLog()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The newest committed checkpoint step in `dir`, or -1.
-int64_t NewestCommitted(const std::string& dir) {
-  int64_t newest = -1;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (!absl::StartsWith(name, "step-")) continue;
-    struct stat st;
-    if (stat((dir + "/" + name + "/COMMITTED").c_str(), &st) == 0) {
-      newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
-    }
-  }
-  closedir(d);
-  return newest;
-}
-
 absl::StatusOr<std::vector<LoadedTensor>> ReferenceModel() {
-  const std::string out =
-      testing::MakeTempDir("shardps-ref") + "/model.safetensors";
-  absl::StatusOr<Job> job = StartJob(2, "", out);
-  if (!job.ok()) return job.status();
-  if (absl::Status s = WaitForWorkers(*job); !s.ok()) return s;
-  return ReadSafetensors(out);
+  std::unique_ptr<TestCluster> job = StartJob(2, "");
+  if (job == nullptr) return absl::InternalError("the job did not start");
+  if (absl::Status s = job->WorkersSucceed(absl::Seconds(240)); !s.ok()) {
+    return s;
+  }
+  return job->ReadModel();
 }
 
 void ExpectSameModel(const std::vector<LoadedTensor>& got,
@@ -135,31 +84,25 @@ enum class Victim { kServer, kWorker };
 // Kills `victim` mid-run (with `servers` servers) and restarts the job with
 // `restart_servers` servers.
 void KillAndRestart(Victim victim, int servers = 2, int restart_servers = 2) {
-  struct stat st;
-  if (stat(kFashionMnist, &st) != 0) {
-    GTEST_SKIP() << "no " << kFashionMnist
-                 << " (apt-get install dataset-fashion-mnist)";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   absl::StatusOr<std::vector<LoadedTensor>> want = ReferenceModel();
   SHARDPS_ASSERT_OK(want);
 
   const std::string ckpt = testing::MakeTempDir("shardps-ckpt");
-  const std::string out =
-      testing::MakeTempDir("shardps-killed") + "/model.safetensors";
   // Kill once a checkpoint at a random multiple of kEvery is committed.
   std::mt19937 rng(static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
   const int64_t kill_after = kEvery * (1 + rng() % 5);
   {
-    absl::StatusOr<Job> job = StartJob(servers, ckpt, out);
-    SHARDPS_ASSERT_OK(job);
+    std::unique_ptr<TestCluster> job = StartJob(servers, ckpt);
+    ASSERT_NE(job, nullptr);
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
     while (NewestCommitted(ckpt) < kill_after && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(2));
     }
     ASSERT_GE(NewestCommitted(ckpt), kill_after);
-    Daemon* target = victim == Victim::kServer ? job->servers[1].get()
-                                               : job->workers[1].get();
-    SHARDPS_ASSERT_OK(target->Stop(SIGKILL, absl::Seconds(10)));
+    Daemon* target =
+        victim == Victim::kServer ? &job->server(1) : &job->worker(1);
+    SHARDPS_ASSERT_OK(job->Kill(target));
     std::printf("killed %s after the checkpoint of step %ld was committed\n",
                 victim == Victim::kServer ? "server-1" : "worker-1",
                 static_cast<long>(NewestCommitted(ckpt)));
@@ -167,21 +110,21 @@ void KillAndRestart(Victim victim, int servers = 2, int restart_servers = 2) {
   }
   const int64_t restored = NewestCommitted(ckpt);
   const absl::Time restart = absl::Now();
-  absl::StatusOr<Job> again = StartJob(restart_servers, ckpt, out);
-  SHARDPS_ASSERT_OK(again);
-  SHARDPS_ASSERT_OK(WaitForWorkers(*again));
+  std::unique_ptr<TestCluster> again = StartJob(restart_servers, ckpt);
+  ASSERT_NE(again, nullptr);
+  SHARDPS_ASSERT_OK(again->WorkersSucceed(absl::Seconds(240)));
   std::printf("restarted from step %ld; finished %.2f s after the restart\n",
               static_cast<long>(restored),
               absl::ToDoubleSeconds(absl::Now() - restart));
-  EXPECT_NE(again->servers[0]->ReadLog().find(absl::StrCat(
+  EXPECT_NE(again->server(0).ReadLog().find(absl::StrCat(
                 "restored from the checkpoint of step ", restored)),
             std::string::npos)
-      << again->servers[0]->ReadLog();
-  EXPECT_NE(again->workers[0]->ReadLog().find(
+      << again->server(0).ReadLog();
+  EXPECT_NE(again->worker(0).ReadLog().find(
                 absl::StrCat("resuming at step ", restored)),
             std::string::npos)
-      << again->workers[0]->ReadLog();
-  absl::StatusOr<std::vector<LoadedTensor>> got = ReadSafetensors(out);
+      << again->worker(0).ReadLog();
+  absl::StatusOr<std::vector<LoadedTensor>> got = again->ReadModel();
   SHARDPS_ASSERT_OK(got);
   ExpectSameModel(*got, *want);
 }

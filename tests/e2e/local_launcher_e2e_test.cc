@@ -26,14 +26,19 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::Must;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::ReadLines;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
 // A short job keeps the test quick on two cores: 2048 samples an epoch.
 std::vector<std::string> ShortJob(int epochs) {
   return {"--servers=2",
@@ -45,13 +50,6 @@ std::vector<std::string> ShortJob(int epochs) {
           "--test_limit=1000",
           "--batch_size=128",
           "--timeout_s=240"};
-}
-
-std::vector<std::string> ReadLines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
 }
 
 std::set<std::string> FileNames(const std::string& dir) {
@@ -68,10 +66,16 @@ std::set<std::string> FileNames(const std::string& dir) {
 std::unique_ptr<Daemon> StartLauncher(const std::string& run_dir,
                                       std::vector<std::string> args) {
   args.push_back("--run_dir=" + run_dir);
-  absl::StatusOr<std::unique_ptr<Daemon>> launcher =
-      Daemon::StartProcess("local", SHARDPS_LOCAL_BIN, args);
-  EXPECT_TRUE(launcher.ok()) << launcher.status();
-  return launcher.ok() ? *std::move(launcher) : nullptr;
+  return Must(Daemon::StartProcess("local", SHARDPS_LOCAL_BIN, args));
+}
+
+// Runs shardps-local with `args` (plus --run_dir=`run_dir`) to its end, at
+// most `timeout`.
+CommandResult RunLauncher(const std::string& run_dir,
+                          std::vector<std::string> args,
+                          absl::Duration timeout) {
+  args.push_back("--run_dir=" + run_dir);
+  return MustRun(SHARDPS_LOCAL_BIN, std::move(args), timeout);
 }
 
 // The value of `key=` in the launcher's "final:" line; NaN if absent.
@@ -91,17 +95,12 @@ double FinalValue(const std::string& output, absl::string_view key) {
 }
 
 TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
-  if (!fs::exists(kFashionMnist)) {
-    GTEST_SKIP() << kFashionMnist
-                 << " is missing: apt-get install dataset-fashion-mnist";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
-  std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, ShortJob(1));
-  ASSERT_NE(launcher, nullptr);
-  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(5));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
-  const std::string output = launcher->ReadLog();
-  ASSERT_EQ(*code, 0) << output;
+  const CommandResult done =
+      RunLauncher(run_dir, ShortJob(1), absl::Minutes(5));
+  const std::string& output = done.output;
+  ASSERT_EQ(done.code, 0) << output;
 
   EXPECT_GT(FinalValue(output, "test_accuracy"), 0.5) << output;
   EXPECT_EQ(FinalValue(output, "epoch"), 1) << output;
@@ -146,19 +145,13 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
 }
 
 TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
-  if (!fs::exists(kFashionMnist)) {
-    GTEST_SKIP() << kFashionMnist
-                 << " is missing: apt-get install dataset-fashion-mnist";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
   std::vector<std::string> args = ShortJob(1);
   args.push_back("--static");
-  std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, args);
-  ASSERT_NE(launcher, nullptr);
-  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(5));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
-  const std::string output = launcher->ReadLog();
-  ASSERT_EQ(*code, 0) << output;
+  const CommandResult done = RunLauncher(run_dir, args, absl::Minutes(5));
+  const std::string& output = done.output;
+  ASSERT_EQ(done.code, 0) << output;
   EXPECT_GT(FinalValue(output, "test_accuracy"), 0.5) << output;
   const std::set<std::string> logs = {"server-0.log", "server-1.log",
                                       "worker-0.log", "worker-1.log"};
@@ -167,14 +160,13 @@ TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
 
 TEST(LocalLauncherTest, FailingCoordinatorIsAFailure) {
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
-  std::unique_ptr<Daemon> launcher = StartLauncher(
-      run_dir, {"--servers=1", "--workers=1", "--coordinator_binary=/bin/false",
-                "--timeout_s=120"});
-  ASSERT_NE(launcher, nullptr);
-  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
-  const std::string output = launcher->ReadLog();
-  EXPECT_EQ(*code, 1) << output;
+  const CommandResult done =
+      RunLauncher(run_dir,
+                  {"--servers=1", "--workers=1",
+                   "--coordinator_binary=/bin/false", "--timeout_s=120"},
+                  absl::Minutes(3));
+  const std::string& output = done.output;
+  EXPECT_EQ(done.code, 1) << output;
   EXPECT_TRUE(absl::StrContains(output, "coordinator failed (exit code 1)"))
       << output;
   EXPECT_FALSE(absl::StrContains(output, "started server-0")) << output;
@@ -183,14 +175,13 @@ TEST(LocalLauncherTest, FailingCoordinatorIsAFailure) {
 TEST(LocalLauncherTest, FailingWorkerIsNamedWithItsError) {
   // Fails while loading data, so this needs no dataset installed.
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
-  std::unique_ptr<Daemon> launcher = StartLauncher(
-      run_dir, {"--servers=1", "--workers=2", "--dataset=idx:/nonexistent",
-                "--model=mlp:784-10", "--timeout_s=120"});
-  ASSERT_NE(launcher, nullptr);
-  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
-  const std::string output = launcher->ReadLog();
-  EXPECT_EQ(*code, 1) << output;
+  const CommandResult done =
+      RunLauncher(run_dir,
+                  {"--servers=1", "--workers=2", "--dataset=idx:/nonexistent",
+                   "--model=mlp:784-10", "--timeout_s=120"},
+                  absl::Minutes(3));
+  const std::string& output = done.output;
+  EXPECT_EQ(done.code, 1) << output;
   // Both workers fail; whichever is reaped first is reported with the last
   // line of its log.
   bool reported = false;
@@ -211,15 +202,14 @@ TEST(LocalLauncherTest, FailingWorkerIsNamedWithItsError) {
 TEST(LocalLauncherTest, RestartOnCrashGivesUpAfterMaxRestarts) {
   // The worker fails while loading data, every time: no dataset needed.
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
-  std::unique_ptr<Daemon> launcher = StartLauncher(
-      run_dir, {"--servers=1", "--workers=1", "--static",
-                "--dataset=idx:/nonexistent", "--model=mlp:784-10",
-                "--restart_on_crash", "--max_restarts=1", "--timeout_s=120"});
-  ASSERT_NE(launcher, nullptr);
-  absl::StatusOr<int> code = launcher->Wait(absl::Minutes(3));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << launcher->ReadLog();
-  const std::string output = launcher->ReadLog();
-  EXPECT_EQ(*code, 1) << output;
+  const CommandResult done =
+      RunLauncher(run_dir,
+                  {"--servers=1", "--workers=1", "--static",
+                   "--dataset=idx:/nonexistent", "--model=mlp:784-10",
+                   "--restart_on_crash", "--max_restarts=1", "--timeout_s=120"},
+                  absl::Minutes(3));
+  const std::string& output = done.output;
+  EXPECT_EQ(done.code, 1) << output;
   for (const char* line :
        {"no checkpoints (--checkpoint_every_steps=0): a job restarted",
         "worker-0 (exit code 1) died: stopped the job; restarting it from "
@@ -253,10 +243,7 @@ TEST(LocalLauncherTest, RestartOnCrashGivesUpAfterMaxRestarts) {
 }
 
 TEST(LocalLauncherTest, SigtermStopsEveryChild) {
-  if (!fs::exists(kFashionMnist)) {
-    GTEST_SKIP() << kFashionMnist
-                 << " is missing: apt-get install dataset-fashion-mnist";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
   // Long enough to be running when the signal comes.
   std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, ShortJob(10000));
@@ -312,12 +299,9 @@ TEST(LocalLauncherTest, BadFlagsExitOneWithOneLine) {
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args[0]);
-    std::unique_ptr<Daemon> launcher = StartLauncher(run_dir, c.args);
-    ASSERT_NE(launcher, nullptr);
-    absl::StatusOr<int> code = launcher->Wait(absl::Seconds(30));
-    ASSERT_TRUE(code.ok()) << code.status();
-    const std::string output = launcher->ReadLog();
-    EXPECT_EQ(*code, 1) << output;
+    const CommandResult done = RunLauncher(run_dir, c.args, absl::Seconds(30));
+    const std::string& output = done.output;
+    EXPECT_EQ(done.code, 1) << output;
     EXPECT_TRUE(absl::StrContains(output, c.message)) << output;
     EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
   }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -26,15 +25,16 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
-namespace fs = std::filesystem;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::NewestCommitted;
 using ::shardps::testing::ReadFile;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
 constexpr int kEvery = 20;      // --checkpoint_every_steps
 constexpr int kMaxSteps = 200;  // --max_steps
 
@@ -83,23 +83,6 @@ std::optional<absl::Time> LogTime(const std::string& path,
   return std::nullopt;
 }
 
-// The newest committed checkpoint step in `dir`, or -1.
-int64_t NewestCommitted(const std::string& dir) {
-  int64_t newest = -1;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string file = e.path().filename().string();
-    absl::string_view name = file;
-    int64_t step = 0;
-    std::error_code missing;
-    if (absl::ConsumePrefix(&name, "step-") && absl::SimpleAtoi(name, &step) &&
-        fs::exists(e.path() / "COMMITTED", missing)) {
-      newest = std::max(newest, step);
-    }
-  }
-  return newest;
-}
-
 int ReadPid(const std::string& run_dir, const std::string& name) {
   int pid = 0;
   std::ifstream(absl::StrCat(run_dir, "/pids/", name, ".pid")) >> pid;
@@ -107,11 +90,7 @@ int ReadPid(const std::string& run_dir, const std::string& name) {
 }
 
 // Runs shardps-local to the end; its exit code and output.
-struct Finished {
-  int code = -1;
-  std::string output;
-};
-Finished WaitForLauncher(Daemon& launcher) {
+CommandResult WaitForLauncher(Daemon& launcher) {
   absl::StatusOr<int> code = launcher.Wait(absl::Minutes(5));
   EXPECT_TRUE(code.ok()) << code.status() << "\n" << launcher.ReadLog();
   return {code.ok() ? *code : -1, launcher.ReadLog()};
@@ -130,7 +109,7 @@ const Reference& GetReference() {
     absl::StatusOr<std::unique_ptr<Daemon>> launcher = Daemon::StartProcess(
         "local-reference", SHARDPS_LOCAL_BIN, JobFlags(run_dir));
     if (!launcher.ok()) return r;
-    const Finished done = WaitForLauncher(**launcher);
+    const CommandResult done = WaitForLauncher(**launcher);
     if (done.code != 0) {
       ADD_FAILURE() << "the reference run failed:\n" << done.output;
       return r;
@@ -159,10 +138,7 @@ void ExpectSameModel(const std::string& got, const std::string& want) {
 // Kills `victim` with SIGKILL once a checkpoint at a random multiple of
 // kEvery is committed, and checks that the run ends like the reference.
 void KillAndFinish(const std::string& victim) {
-  if (!fs::exists(kFashionMnist)) {
-    GTEST_SKIP() << kFashionMnist
-                 << " is missing: apt-get install dataset-fashion-mnist";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const Reference& reference = GetReference();
   const std::string run_dir = testing::MakeTempDir("shardps-restart") + "/run";
   const std::string checkpoints = run_dir + "/checkpoints";
@@ -196,7 +172,7 @@ void KillAndFinish(const std::string& victim) {
   std::printf("killed %s (pid %d) after the checkpoint of step %ld\n",
               victim.c_str(), pid, static_cast<long>(committed));
 
-  const Finished done = WaitForLauncher(**launcher);
+  const CommandResult done = WaitForLauncher(**launcher);
   ASSERT_EQ(done.code, 0) << done.output;
   EXPECT_TRUE(absl::StrContains(
       done.output, absl::StrCat(victim, " (signal 9, SIGKILL) died: ")))

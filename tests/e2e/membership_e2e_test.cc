@@ -23,19 +23,18 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
+using ::shardps::testing::ClusterOptions;
 using ::shardps::testing::Daemon;
 using ::shardps::testing::ExpectExitsZero;
-using ::shardps::testing::Must;
-using ::shardps::testing::ReadFile;
+using ::shardps::testing::TestCluster;
 using ::shardps::testing::WaitForLog;
 
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
-constexpr char kJob[] = "--job_id=membership";
 // 2048 samples in batches of 64: 32 steps per epoch.
 constexpr int64_t kStepsPerEpoch = 32;
 constexpr absl::Duration kTrainTimeout = absl::Minutes(3);
@@ -54,108 +53,99 @@ int64_t NumberAfter(const std::string& text, const std::string& prefix) {
   return n;
 }
 
+// A coordinated job of two servers and two workers; `heartbeat_ms` is the
+// coordinator's heartbeat timeout (how long a dead worker holds steps up).
+ClusterOptions Job(int heartbeat_ms) {
+  ClusterOptions o;
+  o.coordinated = true;
+  o.job_id = "membership";
+  o.num_servers = 2;
+  o.num_workers = 2;
+  o.coordinator_flags = {absl::StrCat("--heartbeat_timeout_ms=", heartbeat_ms)};
+  return o;
+}
+
 class MembershipTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kFashionMnist)) {
-      GTEST_SKIP() << kFashionMnist
-                   << " is missing: apt-get install dataset-fashion-mnist";
-    }
+    if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
     dir_ = testing::MakeTempDir("shardps-membership");
   }
 
-  // Coordinator and two servers; `heartbeat_ms` is the coordinator's
-  // heartbeat timeout (how long a dead worker holds steps up).
+  // Coordinator and two servers (see Job).
   void StartCluster(int heartbeat_ms) {
-    coordinator_ = Must(
-        Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                      {kJob, "--num_servers=2", "--num_workers=2",
-                       absl::StrCat("--heartbeat_timeout_ms=", heartbeat_ms)}));
-    ASSERT_NE(coordinator_, nullptr);
-    for (int s = 0; s < 2; ++s) {
-      servers_.push_back(
-          Must(Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
-                             {kJob, "--coordinator=" + coordinator_->address(),
-                              "--step_timeout_s=1"})));
-      ASSERT_NE(servers_.back(), nullptr);
-    }
+    ClusterOptions o = Job(heartbeat_ms);
+    o.server_flags = {"--step_timeout_s=1"};
+    cluster_ = std::make_unique<TestCluster>(std::move(o));
+    ASSERT_NE(cluster_->StartCoordinator(), nullptr);
+    ASSERT_TRUE(cluster_->StartServers());
   }
 
   // A worker of a job of `epochs` epochs asking for `rank` (-1: any),
   // slowed down so that the test can act while it trains.
-  std::unique_ptr<Daemon> StartWorker(const std::string& name, int rank,
-                                      int epochs) {
-    return Must(Daemon::StartProcess(
-        name, SHARDPS_WORKER_BIN,
-        {kJob, "--coordinator=" + coordinator_->address(),
-         absl::StrCat("--rank=", rank), "--dataset=fashion-mnist",
+  Daemon* StartWorker(int rank, int epochs) {
+    return cluster_->StartWorker(
+        {absl::StrCat("--rank=", rank), "--dataset=fashion-mnist",
          "--model=mlp:784-32-10", absl::StrCat("--epochs=", epochs),
          "--train_limit=2048", "--test_limit=500", "--batch_size=64",
          "--backend=cpu", "--fault_step_delay_ms=40", "--model_out=" + model_,
-         "--metrics_csv=" + dir_ + "/metrics.csv"}));
+         "--metrics_csv=" + dir_ + "/metrics.csv"});
   }
 
   // Workers 0 and 1 (asking for those ranks) of an `epochs`-epoch job.
-  std::vector<std::unique_ptr<Daemon>> StartWorkers(int epochs) {
-    std::vector<std::unique_ptr<Daemon>> workers;
+  std::vector<Daemon*> StartWorkers(int epochs) {
+    std::vector<Daemon*> workers;
     for (int r = 0; r < 2; ++r) {
-      workers.push_back(StartWorker(absl::StrCat("worker-", r), r, epochs));
+      workers.push_back(StartWorker(r, epochs));
       EXPECT_NE(workers.back(), nullptr);
     }
     return workers;
   }
 
   // Lets `w` train for `after`, then kills it with SIGKILL.
-  static void KillWhileTraining(Daemon* w, absl::Duration after) {
+  void KillWhileTraining(Daemon* w, absl::Duration after) {
     ASSERT_TRUE(WaitForLog(*w, "declared")) << w->ReadLog();
     absl::SleepFor(after);
-    ASSERT_TRUE(w->Stop(SIGKILL, absl::Seconds(10)).ok());
+    ASSERT_TRUE(cluster_->Kill(w).ok());
   }
 
   // Both servers log that `rank` no longer holds steps up.
   void ExpectServersDropped(int rank) {
-    for (auto& s : servers_) {
-      EXPECT_TRUE(WaitForLog(*s, absl::StrCat("rank ", rank, " left the job")))
-          << s->ReadLog();
+    for (int s = 0; s < cluster_->num_servers(); ++s) {
+      const Daemon& server = cluster_->server(s);
+      EXPECT_TRUE(
+          WaitForLog(server, absl::StrCat("rank ", rank, " left the job")))
+          << server.ReadLog();
     }
   }
 
   // Servers and coordinator exit 0 by themselves once the workers are done.
   void ExpectJobEnds() {
-    for (auto& s : servers_) ExpectExitsZero(s.get(), absl::Seconds(60));
-    ExpectExitsZero(coordinator_.get(), absl::Seconds(60));
+    cluster_->ExpectJobEnds(kTrainTimeout, absl::Seconds(60));
   }
 
   std::string dir_;
   std::string model_ = "";
-  std::unique_ptr<Daemon> coordinator_;
-  std::vector<std::unique_ptr<Daemon>> servers_;
+  std::unique_ptr<TestCluster> cluster_;
 };
 
 TEST_F(MembershipTest, MembersArrivingLongAfterTheCoordinatorTrainTogether) {
   // The coordinator has settled (up for more than its heartbeat timeout)
   // before anyone joins: the first workers are still the job's cohort.
-  coordinator_ = Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                                    {kJob, "--num_servers=2", "--num_workers=2",
-                                     "--heartbeat_timeout_ms=500"}));
-  ASSERT_NE(coordinator_, nullptr);
+  cluster_ = std::make_unique<TestCluster>(Job(/*heartbeat_ms=*/500));
+  ASSERT_NE(cluster_->StartCoordinator(), nullptr);
   absl::SleepFor(absl::Milliseconds(1500));
-  for (int s = 0; s < 2; ++s) {
-    servers_.push_back(Must(
-        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
-                      {kJob, "--coordinator=" + coordinator_->address()})));
-    ASSERT_NE(servers_.back(), nullptr);
-  }
-  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(1);
+  ASSERT_TRUE(cluster_->StartServers());
+  std::vector<Daemon*> workers = StartWorkers(1);
   ASSERT_FALSE(HasFailure());
-  for (auto& w : workers) {
-    ExpectExitsZero(w.get(), kTrainTimeout);
+  for (Daemon* w : workers) {
+    ExpectExitsZero(w, kTrainTimeout);
     EXPECT_FALSE(absl::StrContains(w->ReadLog(), "joins the running job"))
         << w->ReadLog();
   }
-  for (auto& s : servers_) {
-    EXPECT_FALSE(absl::StrContains(s->ReadLog(), "left the job"))
-        << s->ReadLog();
+  for (int s = 0; s < cluster_->num_servers(); ++s) {
+    const std::string log = cluster_->server(s).ReadLog();
+    EXPECT_FALSE(absl::StrContains(log, "left the job")) << log;
   }
   ExpectJobEnds();
 }
@@ -163,11 +153,11 @@ TEST_F(MembershipTest, MembersArrivingLongAfterTheCoordinatorTrainTogether) {
 TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(3);
+  std::vector<Daemon*> workers = StartWorkers(3);
   ASSERT_FALSE(HasFailure());
-  Daemon* w1 = workers[1].get();
+  Daemon* w1 = workers[1];
   // Rank 0, the lead, dies a little into the first epoch.
-  KillWhileTraining(workers[0].get(), absl::Milliseconds(700));
+  KillWhileTraining(workers[0], absl::Milliseconds(700));
   ASSERT_FALSE(HasFailure());
   const absl::Time kill_time = absl::Now();
   ExpectServersDropped(0);
@@ -185,9 +175,9 @@ TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
   EXPECT_GT(fs::file_size(model_), 100000u);
   EXPECT_TRUE(fs::exists(dir_ + "/metrics.csv"));
   ExpectJobEnds();
-  EXPECT_TRUE(
-      absl::StrContains(coordinator_->ReadLog(), "1 of 2 workers finished"))
-      << coordinator_->ReadLog();
+  EXPECT_TRUE(absl::StrContains(cluster_->coordinator().ReadLog(),
+                                "1 of 2 workers finished"))
+      << cluster_->coordinator().ReadLog();
   std::cout << "rank 0 killed; servers stopped waiting for it after "
             << absl::FormatDuration(to_drop) << "\n";
 }
@@ -195,10 +185,10 @@ TEST_F(MembershipTest, WorkerKilledAndNotReplacedLeavesTheOthersToFinish) {
 TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   model_ = dir_ + "/model.safetensors";
   StartCluster(/*heartbeat_ms=*/1000);
-  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(5);
+  std::vector<Daemon*> workers = StartWorkers(5);
   ASSERT_FALSE(HasFailure());
-  Daemon* w0 = workers[0].get();
-  KillWhileTraining(workers[1].get(), absl::Milliseconds(500));
+  Daemon* w0 = workers[0];
+  KillWhileTraining(workers[1], absl::Milliseconds(500));
   ASSERT_FALSE(HasFailure());
   ExpectServersDropped(1);
   // Rank 0 trains alone from the next epoch on.
@@ -206,7 +196,7 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
       WaitForLog(*w0, "the global batch is sharded over 1 worker(s), ranks 0"))
       << w0->ReadLog();
   // A new process takes the free rank (1) and joins the running job.
-  std::unique_ptr<Daemon> fresh = StartWorker("worker-new", -1, 5);
+  Daemon* fresh = StartWorker(-1, 5);
   ASSERT_NE(fresh, nullptr);
   ASSERT_TRUE(WaitForLog(*fresh, "joins the running job at step"))
       << fresh->ReadLog();
@@ -217,7 +207,7 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   EXPECT_EQ(join % kStepsPerEpoch, 0) << "not an epoch start: " << join;
 
   ExpectExitsZero(w0, kTrainTimeout);
-  ExpectExitsZero(fresh.get(), kTrainTimeout);
+  ExpectExitsZero(fresh, kTrainTimeout);
   const std::string log0 = w0->ReadLog();
   EXPECT_TRUE(absl::StrContains(
       log0, absl::StrCat("epoch ", join / kStepsPerEpoch + 1,
@@ -227,10 +217,11 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
   EXPECT_TRUE(absl::StrContains(log0, "done: epoch 5 step 160")) << log0;
   EXPECT_TRUE(absl::StrContains(fresh->ReadLog(), "done: epoch 5 step 160"))
       << fresh->ReadLog();
-  for (auto& s : servers_) {
-    EXPECT_TRUE(absl::StrContains(s->ReadLog(),
-                                  "rank 1 is held by a new worker process"))
-        << s->ReadLog();
+  for (int s = 0; s < cluster_->num_servers(); ++s) {
+    const std::string log = cluster_->server(s).ReadLog();
+    EXPECT_TRUE(
+        absl::StrContains(log, "rank 1 is held by a new worker process"))
+        << log;
   }
   ExpectJobEnds();
   std::cout << "replacement joined at step " << join << " (epoch "
@@ -239,10 +230,10 @@ TEST_F(MembershipTest, NewWorkerJoinsARunningJobAtAnEpochStart) {
 
 TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   StartCluster(/*heartbeat_ms=*/4000);
-  std::vector<std::unique_ptr<Daemon>> workers = StartWorkers(5);
+  std::vector<Daemon*> workers = StartWorkers(5);
   ASSERT_FALSE(HasFailure());
-  Daemon* w0 = workers[0].get();
-  Daemon* w1 = workers[1].get();
+  Daemon* w0 = workers[0];
+  Daemon* w1 = workers[1];
   ASSERT_TRUE(WaitForLog(*w1, "declared")) << w1->ReadLog();
   absl::SleepFor(absl::Milliseconds(500));
   ASSERT_EQ(kill(w1->pid(), SIGSTOP), 0);
@@ -253,7 +244,7 @@ TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
   while (absl::Now() < deadline) {
     status = testing::RunCommand(
         SHARDPS_CTL_BIN,
-        {"status", "--coordinator=" + coordinator_->address()});
+        {"status", "--coordinator=" + cluster_->coordinator_address()});
     if (absl::StrContains(status.output, "stalled steps:")) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -280,65 +271,49 @@ TEST_F(MembershipTest, PausedWorkerShowsAsStalledIsDroppedAndJoinsAgain) {
 // once a checkpoint is committed and restarts it alone at the same address.
 // Returns the model file's bytes.
 std::string RunCheckpointedJob(const std::string& dir, bool kill_server) {
-  auto coordinator =
-      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                         {kJob, "--num_servers=2", "--num_workers=2",
-                          "--heartbeat_timeout_ms=2000"}));
-  if (coordinator == nullptr) return "";
-  std::vector<std::string> server_args = {
-      kJob, "--coordinator=" + coordinator->address(),
-      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every_steps=10"};
-  std::vector<std::unique_ptr<Daemon>> servers;
+  ClusterOptions o = Job(/*heartbeat_ms=*/2000);
+  o.checkpoint_dir = dir + "/ckpt";
+  o.checkpoint_every_steps = 10;
+  TestCluster job(std::move(o));
+  if (job.StartCoordinator() == nullptr) return "";
   for (int s = 0; s < 2; ++s) {
-    std::vector<std::string> args = server_args;
-    args.push_back(absl::StrCat("--shard_index=", s));
-    servers.push_back(Must(
-        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args)));
-    if (servers.back() == nullptr) return "";
+    if (job.StartServer({absl::StrCat("--shard_index=", s)}) == nullptr) {
+      return "";
+    }
   }
-  const std::string model = dir + "/model.safetensors";
-  std::vector<std::unique_ptr<Daemon>> workers;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(Must(Daemon::StartProcess(
-        absl::StrCat("worker-", r), SHARDPS_WORKER_BIN,
-        {kJob, "--coordinator=" + coordinator->address(),
-         absl::StrCat("--rank=", r), "--dataset=fashion-mnist",
-         "--model=mlp:784-32-10", "--epochs=3", "--train_limit=2048",
-         "--test_limit=500", "--batch_size=64", "--backend=cpu",
-         "--optimizer=adam", "--lr=0.003", "--fault_step_delay_ms=30",
-         "--model_out=" + model})));
-    if (workers.back() == nullptr) return "";
+    if (job.StartWorker({absl::StrCat("--rank=", r), "--dataset=fashion-mnist",
+                         "--model=mlp:784-32-10", "--epochs=3",
+                         "--train_limit=2048", "--test_limit=500",
+                         "--batch_size=64", "--backend=cpu", "--optimizer=adam",
+                         "--lr=0.003", "--fault_step_delay_ms=30",
+                         job.model_out_flag()}) == nullptr) {
+      return "";
+    }
   }
   if (kill_server) {
-    EXPECT_TRUE(WaitForLog(*servers[1], "(all shards written)"))
-        << servers[1]->ReadLog();
+    EXPECT_TRUE(WaitForLog(job.server(1), "(all shards written)"))
+        << job.server(1).ReadLog();
     absl::SleepFor(absl::Milliseconds(150));  // a few steps past it
-    const int port = servers[1]->port();
-    EXPECT_TRUE(servers[1]->Stop(SIGKILL, absl::Seconds(10)).ok());
+    EXPECT_TRUE(job.Kill(&job.server(1)).ok());
     const absl::Time killed = absl::Now();
-    std::vector<std::string> args = server_args;
-    args.push_back("--shard_index=1");
-    args.push_back(absl::StrCat("--port=", port));
-    servers[1] =
-        Must(Daemon::Start("server-1-restarted", SHARDPS_SERVER_BIN, args));
-    if (servers[1] == nullptr) return "";
+    if (job.Restart(&job.server(1)) == nullptr) return "";
     EXPECT_TRUE(
-        WaitForLog(*servers[0], "shard reset to the checkpoint of step"))
-        << servers[0]->ReadLog();
-    for (auto& w : workers) {
-      EXPECT_TRUE(WaitForLog(*w, "the job rolls back to step")) << w->ReadLog();
+        WaitForLog(job.server(0), "shard reset to the checkpoint of step"))
+        << job.server(0).ReadLog();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(WaitForLog(job.worker(r), "the job rolls back to step"))
+          << job.worker(r).ReadLog();
     }
-    const std::string log = workers[0]->ReadLog();
+    const std::string log = job.worker(0).ReadLog();
     const size_t at = log.find("the job rolls back to step");
     std::cout << "server 1 killed and restarted; every shard reset after "
               << absl::FormatDuration(absl::Now() - killed)
               << "; worker 0: " << log.substr(at, log.find(':', at) - at)
               << "\n";
   }
-  for (auto& w : workers) ExpectExitsZero(w.get(), kTrainTimeout);
-  for (auto& s : servers) ExpectExitsZero(s.get(), absl::Seconds(60));
-  ExpectExitsZero(coordinator.get(), absl::Seconds(60));
-  return ReadFile(model);
+  job.ExpectJobEnds(kTrainTimeout, absl::Seconds(60));
+  return job.ModelBytes();
 }
 
 TEST_F(MembershipTest, ServerRestartedAloneRollsTheJobBackToItsCheckpoint) {

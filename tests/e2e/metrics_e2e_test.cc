@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -27,39 +26,28 @@
 #include "tests/testing/e2e.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/http_get.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
 using ::shardps::testing::HttpGet;
-using ::shardps::testing::Must;
+using ::shardps::testing::MustRun;
 using ::shardps::testing::ParseExposition;
 using ::shardps::testing::SampleOr;
 using ::shardps::testing::Samples;
+using ::shardps::testing::TestCluster;
+using ::shardps::testing::WaitForPortFile;
 
-constexpr char kJob[] = "--job_id=metrics";
 // Waits allow a loaded 2-core machine; none is a timing assertion.
 constexpr absl::Duration kWait = absl::Seconds(120);
 
 // The flags that serve metrics on a free port, reported in `port_file`.
 std::vector<std::string> MetricsArgs(const std::string& port_file) {
   return {"--metrics_port=0", "--metrics_port_file=" + port_file};
-}
-
-// Waits for a daemon's metrics port file; 0 if it does not appear in time.
-int WaitForPort(const std::string& port_file) {
-  const absl::Time deadline = absl::Now() + kWait;
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    std::string text;
-    int port = 0;
-    if (std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) {
-      return port;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return 0;
 }
 
 // Runs `promtool check metrics` on `text`; "" when it passes or promtool is
@@ -109,41 +97,39 @@ Samples ScrapeUntil(int port, const std::string& series, double at_least) {
 
 TEST(MetricsE2eTest, CountersMoveAndGaugesMatchTheJob) {
   const std::string dir = ::shardps::testing::MakeTempDir("metrics_e2e");
-  std::vector<std::string> args = MetricsArgs(dir + "/coordinator.mport");
+  ClusterOptions o;
+  o.coordinated = true;
+  o.job_id = "metrics";
+  o.num_workers = 2;
   // Heartbeats every half second (a third of the timeout).
-  args.insert(args.end(), {kJob, "--num_servers=1", "--num_workers=2",
-                           "--heartbeat_timeout_ms=1500"});
-  std::unique_ptr<Daemon> coordinator =
-      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN, args));
-  ASSERT_NE(coordinator, nullptr);
-  const std::string at = "--coordinator=" + coordinator->address();
-
-  args = MetricsArgs(dir + "/server.mport");
-  args.insert(args.end(), {kJob, at, "--checkpoint_dir=" + dir + "/ckpt",
-                           "--checkpoint_every_steps=5"});
-  std::unique_ptr<Daemon> server =
-      Must(Daemon::Start("server", SHARDPS_SERVER_BIN, args));
-  ASSERT_NE(server, nullptr);
-
-  std::vector<std::unique_ptr<Daemon>> workers;
+  o.coordinator_flags = {"--heartbeat_timeout_ms=1500"};
+  o.checkpoint_dir = dir + "/ckpt";
+  o.checkpoint_every_steps = 5;
+  // Slow steps keep the job running while the test scrapes it.
+  o.worker_flags = {"--dataset=fashion-mnist",  "--model=mlp:784-32-10",
+                    "--train_limit=4096",       "--test_limit=100",
+                    "--batch_size=32",          "--max_steps=120",
+                    "--fault_step_delay_ms=25", "--backend=cpu"};
+  TestCluster job(std::move(o));
+  ASSERT_NE(job.StartCoordinator(MetricsArgs(dir + "/coordinator.mport")),
+            nullptr);
+  ASSERT_NE(job.StartServer(MetricsArgs(dir + "/server.mport")), nullptr);
   for (int r = 0; r < 2; ++r) {
-    args = MetricsArgs(absl::StrCat(dir, "/worker", r, ".mport"));
-    // Slow steps keep the job running while the test scrapes it.
-    args.insert(args.end(), {kJob, at, absl::StrCat("--rank=", r),
-                             "--dataset=fashion-mnist", "--model=mlp:784-32-10",
-                             "--train_limit=4096", "--test_limit=100",
-                             "--batch_size=32", "--max_steps=120",
-                             "--fault_step_delay_ms=25", "--backend=cpu"});
-    workers.push_back(Must(Daemon::StartProcess(absl::StrCat("worker", r),
-                                                SHARDPS_WORKER_BIN, args)));
-    ASSERT_NE(workers.back(), nullptr);
+    std::vector<std::string> args =
+        MetricsArgs(absl::StrCat(dir, "/worker", r, ".mport"));
+    args.push_back(absl::StrCat("--rank=", r));
+    ASSERT_NE(job.StartWorker(args), nullptr);
   }
-  const int coordinator_port = WaitForPort(dir + "/coordinator.mport");
-  const int server_port = WaitForPort(dir + "/server.mport");
-  const int worker_port = WaitForPort(dir + "/worker0.mport");
+  Daemon* coordinator = &job.coordinator();
+  Daemon* server = &job.server(0);
+  Daemon* worker = &job.worker(0);
+  const int coordinator_port =
+      WaitForPortFile(dir + "/coordinator.mport", kWait);
+  const int server_port = WaitForPortFile(dir + "/server.mport", kWait);
+  const int worker_port = WaitForPortFile(dir + "/worker0.mport", kWait);
   ASSERT_GT(coordinator_port, 0) << coordinator->ReadLog();
   ASSERT_GT(server_port, 0) << server->ReadLog();
-  ASSERT_GT(worker_port, 0) << workers[0]->ReadLog();
+  ASSERT_GT(worker_port, 0) << worker->ReadLog();
 
   // Two scrapes of each, at least ten steps apart.
   const Samples w1 = ScrapeUntil(worker_port, "shardps_worker_steps_total", 5);
@@ -210,11 +196,7 @@ TEST(MetricsE2eTest, CountersMoveAndGaugesMatchTheJob) {
   }
   if (skipped) std::cerr << "promtool not installed: check skipped\n";
 
-  for (auto& w : workers) {
-    absl::StatusOr<int> code = w->Wait(kWait);
-    ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 0) << w->ReadLog();
-  }
+  job.ExpectWorkersExitZero(kWait);
 }
 
 // Listens on a free port of 127.0.0.1 until destroyed.
@@ -256,14 +238,9 @@ TEST(MetricsE2eTest, TakenMetricsPortIsAClearErrorForEveryDaemon) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    std::unique_ptr<Daemon> d =
-        Must(Daemon::StartProcess(c.name, c.binary, c.args));
-    ASSERT_NE(d, nullptr);
-    absl::StatusOr<int> code = d->Wait(kWait);
-    ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 1) << d->ReadLog();
-    EXPECT_TRUE(absl::StrContains(d->ReadLog(), "--metrics_port="))
-        << d->ReadLog();
+    const CommandResult r = MustRun(c.binary, c.args, kWait);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "--metrics_port=")) << r.output;
   }
 }
 

@@ -19,13 +19,17 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "server/optimizer.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 #include "worker/client.h"
 
 namespace shardps {
 namespace {
 
-using ::shardps::testing::Daemon;
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::TestCluster;
 
 // Three tensors in 4 KiB chunks: 3000 floats -> 3 chunks, 1000 -> 1, 7 -> 1.
 v1::Layout TestLayout() {
@@ -132,34 +136,23 @@ Model Reference(const v1::Layout& layout, const v1::OptimizerSpec& spec,
   return w;
 }
 
-struct Cluster {
-  std::vector<std::unique_ptr<Daemon>> servers;
-  std::vector<std::string> addresses;
-};
-
-absl::StatusOr<Cluster> StartCluster(uint32_t shards, uint32_t workers,
-                                     const std::string& mode,
-                                     std::vector<std::string> extra = {}) {
-  Cluster c;
-  for (uint32_t s = 0; s < shards; ++s) {
-    std::vector<std::string> args = {absl::StrCat("--shard_index=", s),
-                                     absl::StrCat("--num_shards=", shards),
-                                     absl::StrCat("--num_workers=", workers),
-                                     "--mode=" + mode};
-    args.insert(args.end(), extra.begin(), extra.end());
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN, args);
-    if (!d.ok()) return d.status();
-    c.addresses.push_back((*d)->address());
-    c.servers.push_back(*std::move(d));
-  }
-  return c;
+// `shards` static servers for `workers` workers; null after a failed start.
+std::unique_ptr<TestCluster> StartCluster(uint32_t shards, uint32_t workers,
+                                          const std::string& mode,
+                                          std::vector<std::string> extra = {}) {
+  ClusterOptions o;
+  o.num_servers = static_cast<int>(shards);
+  o.num_workers = static_cast<int>(workers);
+  o.mode = mode;
+  o.server_flags = std::move(extra);
+  auto cluster = std::make_unique<TestCluster>(std::move(o));
+  if (!cluster->StartServers()) return nullptr;
+  return cluster;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Connect(const Cluster& c,
-                                                uint32_t rank) {
+absl::StatusOr<std::unique_ptr<Client>> Connect(TestCluster& c, uint32_t rank) {
   ClientOptions o;
-  o.servers = c.addresses;
+  o.servers = c.server_addresses();
   o.rank = rank;
   o.connect_timeout = absl::Seconds(30);
   o.rpc_timeout = absl::Seconds(60);
@@ -168,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Cluster& c,
 
 // Trains `steps` sync steps with one Client thread per worker; returns each
 // worker's final weights.
-std::vector<Model> Train(const Cluster& cluster, uint32_t workers,
+std::vector<Model> Train(TestCluster& cluster, uint32_t workers,
                          const v1::OptimizerSpec& spec, int64_t steps,
                          std::atomic<int64_t>* retries = nullptr) {
   const v1::Layout layout = TestLayout();
@@ -202,8 +195,9 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<SyncCase> {};
 TEST_P(SyncEquivalenceTest, WeightsEqualTheOptimizerOnTheRankOrderedMean) {
   const SyncCase& p = GetParam();
   const v1::OptimizerSpec spec = p.adam ? Adam() : Sgd();
-  absl::StatusOr<Cluster> cluster = StartCluster(p.shards, p.workers, "sync");
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<TestCluster> cluster =
+      StartCluster(p.shards, p.workers, "sync");
+  ASSERT_NE(cluster, nullptr);
   constexpr int64_t kSteps = 6;
   std::vector<Model> got = Train(*cluster, p.workers, spec, kSteps);
   Model want = Reference(TestLayout(), spec, p.workers, kSteps);
@@ -226,9 +220,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ParameterServerE2ETest, DroppedRepliesAreRetriedAndAppliedOnce) {
   // Every 3rd reply is lost; the clients retry, the servers de-duplicate.
-  absl::StatusOr<Cluster> cluster =
+  std::unique_ptr<TestCluster> cluster =
       StartCluster(2, 2, "sync", {"--fault_drop_reply_every=3"});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_NE(cluster, nullptr);
   constexpr int64_t kSteps = 5;
   std::atomic<int64_t> retries{0};
   std::vector<Model> got = Train(*cluster, 2, Sgd(), kSteps, &retries);
@@ -255,8 +249,8 @@ TEST(ParameterServerE2ETest, DroppedRepliesAreRetriedAndAppliedOnce) {
 TEST(ParameterServerE2ETest, SameRunTwiceIsBitwiseIdentical) {
   std::vector<Model> runs[2];
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<Cluster> cluster = StartCluster(2, 3, "sync");
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    std::unique_ptr<TestCluster> cluster = StartCluster(2, 3, "sync");
+    ASSERT_NE(cluster, nullptr);
     runs[i] = Train(*cluster, 3, Adam(), 4);
   }
   for (size_t t = 0; t < runs[0][0].tensors.size(); ++t) {
@@ -267,8 +261,8 @@ TEST(ParameterServerE2ETest, SameRunTwiceIsBitwiseIdentical) {
 TEST(ParameterServerE2ETest, AsyncAppliesEveryPushOnArrival) {
   // Plain SGD with lr 1 and small integer gradients: every order of
   // application gives exactly w0 - sum of all gradients.
-  absl::StatusOr<Cluster> cluster = StartCluster(2, 3, "async");
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<TestCluster> cluster = StartCluster(2, 3, "async");
+  ASSERT_NE(cluster, nullptr);
   v1::Layout layout = TestLayout();
   for (auto& t : *layout.mutable_tensors()) t.mutable_init()->Clear();
   v1::OptimizerSpec spec;
@@ -303,9 +297,9 @@ TEST(ParameterServerE2ETest, AsyncAppliesEveryPushOnArrival) {
 TEST(ParameterServerE2ETest, SspNeverLetsAWorkerRunMoreThanKStepsAhead) {
   constexpr int64_t kStaleness = 2;
   constexpr int64_t kSteps = 12;
-  absl::StatusOr<Cluster> cluster =
+  std::unique_ptr<TestCluster> cluster =
       StartCluster(2, 2, absl::StrCat("ssp:", kStaleness));
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_NE(cluster, nullptr);
   const v1::Layout layout = TestLayout();
   std::atomic<int64_t> completed[2] = {0, 0};
   std::atomic<int64_t> max_gap{0};
@@ -340,11 +334,11 @@ TEST(ParameterServerE2ETest, SspNeverLetsAWorkerRunMoreThanKStepsAhead) {
 }
 
 TEST(ParameterServerE2ETest, AStalledSyncStepLogsWhatItWaitsFor) {
-  absl::StatusOr<Cluster> cluster =
+  std::unique_ptr<TestCluster> cluster =
       StartCluster(1, 2, "sync", {"--step_timeout_s=1"});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_NE(cluster, nullptr);
   ClientOptions o;
-  o.servers = cluster->addresses;
+  o.servers = cluster->server_addresses();
   o.rank = 0;
   o.rpc_timeout = absl::Seconds(3);
   o.max_attempts = 1;
@@ -356,16 +350,16 @@ TEST(ParameterServerE2ETest, AStalledSyncStepLogsWhatItWaitsFor) {
   // the server has said what it waits for.
   absl::Status s = (*client)->PushPull(0, g.ConstViews(), w.Views());
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  const std::string log = cluster->servers[0]->ReadLog();
+  const std::string log = cluster->server(0).ReadLog();
   EXPECT_NE(log.find("step 0 has waited"), std::string::npos) << log;
   EXPECT_NE(log.find("for rank(s) 1;"), std::string::npos) << log;
   EXPECT_NE(log.find("5 chunk(s) pending"), std::string::npos) << log;
 }
 
 TEST(ParameterServerE2ETest, ServesHealthAndStopsCleanlyOnSigterm) {
-  absl::StatusOr<Cluster> cluster = StartCluster(1, 1, "sync");
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto channel = grpc::CreateChannel(cluster->addresses[0],
+  std::unique_ptr<TestCluster> cluster = StartCluster(1, 1, "sync");
+  ASSERT_NE(cluster, nullptr);
+  auto channel = grpc::CreateChannel(cluster->server(0).address(),
                                      grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   // The standard health service answers SERVING for the empty service name.
@@ -395,9 +389,9 @@ TEST(ParameterServerE2ETest, ServesHealthAndStopsCleanlyOnSigterm) {
   // HealthCheckResponse{status: SERVING (1)} is field 1, varint 1.
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
   absl::StatusOr<int> code =
-      cluster->servers[0]->Stop(SIGTERM, absl::Seconds(10));
+      cluster->server(0).Stop(SIGTERM, absl::Seconds(10));
   SHARDPS_ASSERT_OK(code);
-  EXPECT_EQ(*code, 0) << cluster->servers[0]->ReadLog();
+  EXPECT_EQ(*code, 0) << cluster->server(0).ReadLog();
 }
 
 TEST(ParameterServerE2ETest, BadFlagsExitNonZeroWithAMessage) {
@@ -415,14 +409,10 @@ TEST(ParameterServerE2ETest, BadFlagsExitNonZeroWithAMessage) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::StartProcess("bad-flags", SHARDPS_SERVER_BIN, c.args);
-    ASSERT_TRUE(d.ok());
-    absl::StatusOr<int> code = (*d)->Wait(absl::Seconds(10));
-    SHARDPS_ASSERT_OK(code);
-    EXPECT_NE(*code, 0);
-    EXPECT_NE((*d)->ReadLog().find(c.message), std::string::npos)
-        << (*d)->ReadLog();
+    const CommandResult r =
+        MustRun(SHARDPS_SERVER_BIN, c.args, absl::Seconds(10));
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }
 }
 

@@ -22,13 +22,19 @@
 #include "server/coordinator/coordinator_protocol.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 #include "worker/client.h"
 
 namespace shardps {
 namespace {
 
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::ReadFile;
+using ::shardps::testing::TestCluster;
 
 constexpr char kMakeCerts[] = SHARDPS_SOURCE_DIR "/deploy/tls/make-certs.sh";
 
@@ -112,6 +118,12 @@ class SecurityE2eTest : public ::testing::Test {
 };
 std::string* SecurityE2eTest::dir_ = nullptr;
 
+// `bad`'s call was refused with one of the codes it may get.
+void ExpectRefused(const BadClient& bad, const grpc::Status& s) {
+  EXPECT_TRUE(bad.codes.count(s.error_code()))
+      << s.error_code() << " " << s.error_message();
+}
+
 void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
@@ -152,10 +164,12 @@ std::string ShardState(const v1::GetStatusResponse& s) {
 }
 
 TEST_F(SecurityE2eTest, ShardRefusesWrongClientsAndServesTheRightOne) {
-  absl::StatusOr<std::unique_ptr<Daemon>> server =
-      Daemon::Start("server", SHARDPS_SERVER_BIN, DaemonFlags());
-  SHARDPS_ASSERT_OK(server);
-  const std::string address = (*server)->address();
+  ClusterOptions o;
+  o.server_flags = DaemonFlags();
+  TestCluster cluster(std::move(o));
+  Daemon* server = cluster.StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string address = server->address();
   const SecurityOptions good = Load(GoodFiles());
 
   auto good_status = [&]() {
@@ -180,15 +194,11 @@ TEST_F(SecurityE2eTest, ShardRefusesWrongClientsAndServesTheRightOne) {
       v1::DeclareResponse declared;
       grpc::ClientContext ctx;
       SetDeadline(&ctx);
-      const grpc::Status s = stub->Declare(&ctx, declare, &declared);
-      EXPECT_TRUE(bad.codes.count(s.error_code()))
-          << s.error_code() << " " << s.error_message();
+      ExpectRefused(bad, stub->Declare(&ctx, declare, &declared));
       v1::GetStatusResponse status;
       grpc::ClientContext status_ctx;
       SetDeadline(&status_ctx);
-      const grpc::Status g = stub->GetStatus(&status_ctx, {}, &status);
-      EXPECT_TRUE(bad.codes.count(g.error_code()))
-          << g.error_code() << " " << g.error_message();
+      ExpectRefused(bad, stub->GetStatus(&status_ctx, {}, &status));
     }
   };
 
@@ -218,28 +228,25 @@ TEST_F(SecurityE2eTest, ShardRefusesWrongClientsAndServesTheRightOne) {
   SHARDPS_ASSERT_OK((*client)->Pull({absl::MakeSpan(after)}));
   EXPECT_EQ(after, w);
   EXPECT_TRUE(absl::StrContains(
-      (*server)->ReadLog(),
+      server->ReadLog(),
       "TLS with client certificates required; bearer token required"))
-      << (*server)->ReadLog();
+      << server->ReadLog();
 }
 
 // Runs shardps-ctl with `args`; returns its exit code and output.
 std::pair<int, std::string> Ctl(std::vector<std::string> args) {
-  absl::StatusOr<std::unique_ptr<Daemon>> ctl =
-      Daemon::StartProcess("ctl", SHARDPS_CTL_BIN, std::move(args));
-  if (!ctl.ok()) return {-1, ctl.status().ToString()};
-  absl::StatusOr<int> code = (*ctl)->Wait(absl::Seconds(30));
-  return {code.ok() ? *code : -1, (*ctl)->ReadLog()};
+  CommandResult r = MustRun(SHARDPS_CTL_BIN, std::move(args));
+  return {r.code, std::move(r.output)};
 }
 
 TEST_F(SecurityE2eTest, CoordinatorRefusesWrongClientsAndCtlUsesTheFlags) {
-  std::vector<std::string> flags = DaemonFlags();
-  flags.insert(flags.end(),
-               {"--job_id=e2e", "--num_servers=1", "--num_workers=1"});
-  absl::StatusOr<std::unique_ptr<Daemon>> coordinator =
-      Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN, flags);
-  SHARDPS_ASSERT_OK(coordinator);
-  const std::string address = (*coordinator)->address();
+  ClusterOptions o;
+  o.coordinated = true;
+  o.coordinator_flags = DaemonFlags();
+  TestCluster cluster(std::move(o));
+  Daemon* coordinator = cluster.StartCoordinator();
+  ASSERT_NE(coordinator, nullptr);
+  const std::string address = coordinator->address();
 
   for (const BadClient& bad : BadClients()) {
     SCOPED_TRACE(bad.name);
@@ -254,9 +261,7 @@ TEST_F(SecurityE2eTest, CoordinatorRefusesWrongClientsAndCtlUsesTheFlags) {
     v1::JoinResponse joined;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    const grpc::Status s = stub->Join(&ctx, join, &joined);
-    EXPECT_TRUE(bad.codes.count(s.error_code()))
-        << s.error_code() << " " << s.error_message();
+    ExpectRefused(bad, stub->Join(&ctx, join, &joined));
   }
 
   // Nobody joined: no slot was ever held.
@@ -305,19 +310,15 @@ TEST_F(SecurityE2eTest, WholeJobTrainsWithMutualTlsAndToken) {
       "--run_dir=" + run_dir};
   const std::vector<std::string> tls = DaemonFlags();
   args.insert(args.end(), tls.begin(), tls.end());
-  absl::StatusOr<std::unique_ptr<Daemon>> local =
-      Daemon::StartProcess("local", SHARDPS_LOCAL_BIN, args);
-  SHARDPS_ASSERT_OK(local);
-  absl::StatusOr<int> code = (*local)->Wait(absl::Seconds(300));
-  SHARDPS_ASSERT_OK(code);
-  EXPECT_EQ(*code, 0) << (*local)->ReadLog();
-  EXPECT_TRUE(absl::StrContains((*local)->ReadLog(), "final: epoch=1"))
-      << (*local)->ReadLog();
+  const CommandResult local =
+      MustRun(SHARDPS_LOCAL_BIN, args, absl::Seconds(300));
+  EXPECT_EQ(local.code, 0) << local.output;
+  EXPECT_TRUE(absl::StrContains(local.output, "final: epoch=1"))
+      << local.output;
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/model.safetensors"));
   for (const char* log : {"coordinator", "server-0", "server-1"}) {
-    std::ifstream in(absl::StrCat(run_dir, "/logs/", log, ".log"));
-    const std::string text((std::istreambuf_iterator<char>(in)),
-                           std::istreambuf_iterator<char>());
+    const std::string text =
+        ReadFile(absl::StrCat(run_dir, "/logs/", log, ".log"));
     EXPECT_TRUE(absl::StrContains(
         text, "TLS with client certificates required; bearer token required"))
         << log << ":\n"
@@ -357,13 +358,9 @@ TEST_F(SecurityE2eTest, EveryBinaryRejectsBadSecurityFlags) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.binary, " ", c.want));
-    absl::StatusOr<std::unique_ptr<Daemon>> p =
-        Daemon::StartProcess("bad-flags", c.binary, c.args);
-    SHARDPS_ASSERT_OK(p);
-    absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(30));
-    SHARDPS_ASSERT_OK(code);
-    EXPECT_EQ(*code, 1) << (*p)->ReadLog();
-    EXPECT_TRUE(absl::StrContains((*p)->ReadLog(), c.want)) << (*p)->ReadLog();
+    const CommandResult r = MustRun(c.binary, c.args);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, c.want)) << r.output;
   }
 }
 

@@ -10,12 +10,14 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
+using ::shardps::testing::ClusterOptions;
 using ::shardps::testing::Daemon;
+using ::shardps::testing::TestCluster;
 
 v1::DeclareRequest Declaration() {
   v1::DeclareRequest req;
@@ -42,18 +44,24 @@ v1::PushPullRequest GoodPush() {
   return req;
 }
 
+// One static server, talked to with raw requests.
+ClusterOptions OneServer() {
+  ClusterOptions o;
+  o.server_flags = {"--max_message_bytes=65536"};
+  return o;
+}
+
 class ValidationTest : public ::testing::Test {
  protected:
+  ValidationTest() : cluster_(OneServer()) {}
+
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::Start("server", SHARDPS_SERVER_BIN,
-                      {"--num_workers=1", "--max_message_bytes=65536"});
-    ASSERT_TRUE(d.ok()) << d.status();
-    server_ = *std::move(d);
+    Daemon* server = cluster_.StartServer();
+    ASSERT_NE(server, nullptr);
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
     stub_ = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        server_->address(), grpc::InsecureChannelCredentials(), args));
+        server->address(), grpc::InsecureChannelCredentials(), args));
   }
 
   grpc::Status Declare(const v1::DeclareRequest& req) {
@@ -95,7 +103,7 @@ class ValidationTest : public ::testing::Test {
     return w;
   }
 
-  std::unique_ptr<Daemon> server_;
+  TestCluster cluster_;
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
 };
 

@@ -1,8 +1,6 @@
 // End to end: real shardps-server and shardps-worker processes training on
 // Fashion-MNIST. Sync data parallelism must give the weights of a single
 // worker training on the whole global batch, on any number of servers.
-#include <sys/stat.h>
-
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,23 +9,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/safetensors.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
-#include "tests/testing/daemon.h"
+#include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
-using ::shardps::testing::Daemon;
-
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
-
-bool HaveFashionMnist() {
-  struct stat st;
-  return stat(kFashionMnist, &st) == 0;
-}
+using ::shardps::testing::ClusterOptions;
+using ::shardps::testing::CommandResult;
+using ::shardps::testing::MustRun;
+using ::shardps::testing::TestCluster;
 
 // Flags of a short run on a subset of the data.
 std::vector<std::string> TrainingFlags() {
@@ -50,48 +44,23 @@ std::vector<std::string> TrainingFlags() {
 // returns the model rank 0 wrote.
 absl::StatusOr<std::vector<LoadedTensor>> TrainCluster(int servers,
                                                        int workers) {
-  std::vector<std::unique_ptr<Daemon>> shards;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < servers; ++s) {
-    absl::StatusOr<std::unique_ptr<Daemon>> d =
-        Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
-                      {absl::StrCat("--shard_index=", s),
-                       absl::StrCat("--num_shards=", servers),
-                       absl::StrCat("--num_workers=", workers)});
-    if (!d.ok()) return d.status();
-    addresses.push_back((*d)->address());
-    shards.push_back(*std::move(d));
+  ClusterOptions o;
+  o.num_servers = servers;
+  o.num_workers = workers;
+  o.worker_flags = TrainingFlags();
+  TestCluster cluster(std::move(o));
+  if (!cluster.StartServers() ||
+      !cluster.StartWorkers({{cluster.model_out_flag()}})) {
+    return absl::InternalError("the cluster did not start");
   }
-  const std::string model_out =
-      testing::MakeTempDir("shardps-model") + "/model.safetensors";
-  std::vector<std::unique_ptr<Daemon>> procs;
-  for (int r = 0; r < workers; ++r) {
-    std::vector<std::string> args = TrainingFlags();
-    args.push_back("--servers=" + absl::StrJoin(addresses, ","));
-    args.push_back(absl::StrCat("--rank=", r));
-    args.push_back(absl::StrCat("--num_workers=", workers));
-    if (r == 0) args.push_back("--model_out=" + model_out);
-    absl::StatusOr<std::unique_ptr<Daemon>> w = Daemon::StartProcess(
-        absl::StrCat("worker-", r), SHARDPS_WORKER_BIN, args);
-    if (!w.ok()) return w.status();
-    procs.push_back(*std::move(w));
+  if (absl::Status s = cluster.WorkersSucceed(absl::Seconds(240)); !s.ok()) {
+    return s;
   }
-  for (auto& p : procs) {
-    absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
-    if (!code.ok()) return code.status();
-    if (*code != 0) {
-      return absl::InternalError(
-          absl::StrCat("worker exited with ", *code, ":\n", p->ReadLog()));
-    }
-  }
-  return ReadSafetensors(model_out);
+  return cluster.ReadModel();
 }
 
 TEST(WorkerE2ETest, SyncWorkersMatchASingleWorkerOnAnyNumberOfServers) {
-  if (!HaveFashionMnist()) {
-    GTEST_SKIP() << "no " << kFashionMnist
-                 << " (apt-get install dataset-fashion-mnist)";
-  }
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   absl::StatusOr<std::vector<LoadedTensor>> reference = TrainCluster(1, 1);
   SHARDPS_ASSERT_OK(reference);
   ASSERT_EQ(reference->size(), 6u);
@@ -127,11 +96,8 @@ TEST(WorkerE2ETest, SyncWorkersMatchASingleWorkerOnAnyNumberOfServers) {
 std::pair<int, std::string> RunFailingWorker(std::vector<std::string> args) {
   args.push_back("--servers=127.0.0.1:1");
   args.push_back("--connect_timeout_s=2");
-  absl::StatusOr<std::unique_ptr<Daemon>> w =
-      Daemon::StartProcess("bad-worker", SHARDPS_WORKER_BIN, args);
-  if (!w.ok()) return {-1, std::string(w.status().message())};
-  absl::StatusOr<int> code = (*w)->Wait(absl::Seconds(60));
-  return {code.ok() ? *code : -1, (*w)->ReadLog()};
+  CommandResult r = MustRun(SHARDPS_WORKER_BIN, args, absl::Seconds(60));
+  return {r.code, std::move(r.output)};
 }
 
 TEST(WorkerE2ETest, BadInputIsAClearErrorNotACrash) {
@@ -161,7 +127,7 @@ TEST(WorkerE2ETest, BadInputIsAClearErrorNotACrash) {
       {{"--optimizer=rmsprop"}, "--optimizer=rmsprop"},
       {{"--backend=tpu"}, "--backend=tpu"},
   };
-  if (HaveFashionMnist()) {
+  if (testing::HaveFashionMnist()) {
     cases.push_back({{"--model=mlp:100-10"}, "100"});
     cases.push_back({{"--model=mlp:784-10-7"}, "7"});
     cases.push_back(

@@ -63,10 +63,10 @@ std::string MakeTempDir(const std::string& prefix) {
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartProcess(
     const std::string& name, const std::string& binary,
-    std::vector<std::string> args) {
+    std::vector<std::string> args, const std::string& dir) {
   std::unique_ptr<Daemon> d(new Daemon());
-  d->log_path_ =
-      absl::StrCat(MakeTempDir("shardps-" + name), "/", name, ".log");
+  d->log_path_ = absl::StrCat(
+      dir.empty() ? MakeTempDir("shardps-" + name) : dir, "/", name, ".log");
   absl::StatusOr<pid_t> pid = Spawn(binary, args, d->log_path_);
   if (!pid.ok()) return pid.status();
   d->pid_ = *pid;
@@ -75,9 +75,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartProcess(
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const std::string& name, const std::string& binary,
-    std::vector<std::string> args, absl::Duration timeout) {
-  const std::string dir = MakeTempDir("shardps-" + name);
-  const std::string port_file = dir + "/port";
+    std::vector<std::string> args, absl::Duration timeout,
+    const std::string& log_dir) {
+  const std::string dir =
+      log_dir.empty() ? MakeTempDir("shardps-" + name) : log_dir;
+  const std::string port_file = dir + "/" + name + ".port";
   const bool has_port = std::any_of(
       args.begin(), args.end(),
       [](const std::string& a) { return a.rfind("--port=", 0) == 0; });
@@ -90,9 +92,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   d->pid_ = *pid;
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) {
+    if (const int port = WaitForPortFile(port_file, absl::ZeroDuration());
+        port > 0) {
       d->port_ = port;
       return d;
     }
@@ -165,6 +166,20 @@ int FreePort() {
   }
   close(fd);
   return port;
+}
+
+int WaitForPortFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    std::ifstream in(path);
+    std::string text;
+    int port = 0;
+    if (std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) {
+      return port;
+    }
+    if (absl::Now() >= deadline) return 0;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 bool WaitForLog(const Daemon& d, const std::string& text,

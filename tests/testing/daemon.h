@@ -18,16 +18,17 @@ namespace shardps::testing {
 class Daemon {
  public:
   // Starts `binary` with `args` plus --port=0 (unless `args` has a --port)
-  // and --port_file=<tmp>, and waits up to `timeout` for the port. Output goes
-  // to <tmp dir>/<name>.log.
+  // and --port_file=<dir>/<name>.port, and waits up to `timeout` for the
+  // port. Output goes to <dir>/<name>.log; an empty `dir` is a fresh
+  // temporary directory.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const std::string& name, const std::string& binary,
-      std::vector<std::string> args,
-      absl::Duration timeout = absl::Seconds(30));
+      std::vector<std::string> args, absl::Duration timeout = absl::Seconds(30),
+      const std::string& dir = "");
   // Starts a process that does not serve (a worker): no port file.
   static absl::StatusOr<std::unique_ptr<Daemon>> StartProcess(
       const std::string& name, const std::string& binary,
-      std::vector<std::string> args);
+      std::vector<std::string> args, const std::string& dir = "");
   ~Daemon();
 
   int port() const { return port_; }
@@ -56,6 +57,10 @@ std::string MakeTempDir(const std::string& prefix);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed).
 int FreePort();
+
+// Polls the port file a daemon writes (--port_file, --metrics_port_file)
+// until it holds a port (returned) or `timeout` passes (0).
+int WaitForPortFile(const std::string& path, absl::Duration timeout);
 
 // Polls `d`'s log until it contains `text` (true) or `timeout` passes.
 bool WaitForLog(const Daemon& d, const std::string& text,

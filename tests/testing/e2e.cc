@@ -1,9 +1,14 @@
 #include "tests/testing/e2e.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 
 namespace shardps::testing {
@@ -20,11 +25,49 @@ void ExpectExitsZero(Daemon* d, absl::Duration timeout) {
   EXPECT_EQ(*code, 0) << d->ReadLog();
 }
 
+CommandResult MustRun(const std::string& binary, std::vector<std::string> args,
+                      absl::Duration timeout) {
+  CommandResult result;
+  std::unique_ptr<Daemon> d =
+      Must(Daemon::StartProcess("command", binary, std::move(args)));
+  if (d == nullptr) return result;
+  absl::StatusOr<int> code = d->Wait(timeout);
+  EXPECT_TRUE(code.ok()) << binary << ": " << code.status() << "\n"
+                         << d->ReadLog();
+  result.code = code.value_or(-1);
+  result.output = d->ReadLog();
+  return result;
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+int64_t NewestCommitted(const std::string& dir) {
+  namespace fs = std::filesystem;
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string file = e.path().filename().string();
+    absl::string_view name = file;
+    int64_t step = 0;
+    std::error_code missing;
+    if (absl::ConsumePrefix(&name, "step-") && absl::SimpleAtoi(name, &step) &&
+        fs::exists(e.path() / "COMMITTED", missing)) {
+      newest = std::max(newest, step);
+    }
+  }
+  return newest;
 }
 
 }  // namespace shardps::testing
