@@ -126,9 +126,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 }
 
 absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
-                               v1::DeclareResponse* resp) {
+                               absl::Time deadline, v1::DeclareResponse* resp) {
   Stream& lane = *lanes_[shard * options_.streams_per_shard];
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Duration backoff = options_.initial_backoff;
   while (true) {
     grpc::ClientContext ctx;
@@ -166,19 +165,16 @@ absl::Status Client::Declare(const v1::Layout& layout,
   const int k = options_.streams_per_shard;
   layout_ = layout;
   optimizer_ = optimizer;
-  std::vector<int64_t> versions(num_shards, 0);
-  std::vector<int64_t> max_versions(num_shards, 0);
-  std::vector<char> must_join(num_shards, 0);
+  std::vector<v1::DeclareResponse> declared(num_shards);
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   SHARDPS_RETURN_IF_ERROR(RunParallel(num_shards, [&](size_t shard) {
-    v1::DeclareResponse resp;
-    SHARDPS_RETURN_IF_ERROR(DeclareOn(shard, DeclareRequestFor(shard), &resp));
+    v1::DeclareResponse& resp = declared[shard];
+    SHARDPS_RETURN_IF_ERROR(
+        DeclareOn(shard, DeclareRequestFor(shard), deadline, &resp));
     std::vector<uint32_t> want;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (shard_of[i] == shard) want.push_back(static_cast<uint32_t>(i));
     }
-    versions[shard] = resp.next_step();
-    max_versions[shard] = resp.max_version();
-    must_join[shard] = resp.must_join();
     if (std::vector<uint32_t>(resp.chunk_ids().begin(),
                               resp.chunk_ids().end()) != want) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -189,19 +185,26 @@ absl::Status Client::Declare(const v1::Layout& layout,
     }
     return absl::OkStatus();
   }));
-  must_join_ = std::any_of(must_join.begin(), must_join.end(),
-                           [](char m) { return m != 0; });
-  max_version_ = *std::max_element(max_versions.begin(), max_versions.end());
+  must_join_ = false;
+  max_version_ = 0;
+  int64_t lo = declared[0].next_step();
+  int64_t hi = lo;
+  for (const v1::DeclareResponse& resp : declared) {
+    must_join_ = must_join_ || resp.must_join();
+    max_version_ = std::max(max_version_, resp.max_version());
+    lo = std::min(lo, resp.next_step());
+    hi = std::max(hi, resp.next_step());
+  }
   // Resume where the servers are (a restored checkpoint's step). A worker
   // that died mid-step may have left one shard a step ahead: start from the
   // lowest, which that shard answers as a retry.
-  const auto [lo, hi] = std::minmax_element(versions.begin(), versions.end());
-  if (*hi - *lo > 1) {
+  if (hi - lo > 1) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the shards are at steps ", *lo, " to ", *hi,
+        absl::StrCat("the shards are at steps ", lo, " to ", hi,
                      ": restore every shard from the same checkpoint"));
   }
-  start_step_ = *lo;
+  start_step_ = lo;
+  declared_states_ = std::move(declared);
   // Spread each shard's chunks over its lanes, largest first.
   for (auto& lane : lanes_) lane->chunk_ids.clear();
   std::vector<int64_t> lane_bytes(lanes_.size(), 0);
@@ -462,34 +465,37 @@ absl::Status Client::JoinAt(int64_t step) {
   if (!declared_) {
     return absl::FailedPreconditionError("call Declare before JoinAt");
   }
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   SHARDPS_RETURN_IF_ERROR(
       RunParallel(options_.servers.size(), [&](size_t shard) {
         v1::DeclareRequest req = DeclareRequestFor(shard);
         req.set_join(true);
         req.set_join_step(step);
         v1::DeclareResponse resp;
-        return DeclareOn(shard, req, &resp);
+        return DeclareOn(shard, req, deadline, &resp);
       }));
   must_join_ = false;
   start_step_ = step;
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Client::MinVersion() {
-  SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> statuses,
-                           ShardStatus());
-  int64_t lo = -1;
-  for (const v1::GetStatusResponse& s : statuses) {
-    if (lo < 0 || s.min_version() < lo) lo = s.min_version();
+absl::StatusOr<std::vector<v1::DeclareResponse>> Client::Redeclare() {
+  if (!declared_) {
+    return absl::FailedPreconditionError("call Declare before Redeclare");
   }
-  return std::max<int64_t>(lo, 0);
+  std::vector<v1::DeclareResponse> out(options_.servers.size());
+  const absl::Time deadline = absl::Now() + options_.probe_timeout;
+  SHARDPS_RETURN_IF_ERROR(RunParallel(out.size(), [&](size_t shard) {
+    return DeclareOn(shard, DeclareRequestFor(shard), deadline, &out[shard]);
+  }));
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::GetStatusResponse>> Client::ShardStatus() {
   std::vector<v1::GetStatusResponse> out(options_.servers.size());
   SHARDPS_RETURN_IF_ERROR(RunParallel(out.size(), [&](size_t shard) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(absl::Seconds(10)));
+    ctx.set_deadline(Deadline(options_.probe_timeout));
     Stream& lane = *lanes_[shard * options_.streams_per_shard];
     return WithAddress(
         FromGrpcStatus(

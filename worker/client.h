@@ -6,6 +6,22 @@
 //
 // Thread-compatible: one step at a time per Client; use one Client per
 // worker thread.
+//
+// Errors. Every call names the shard (index and address) in its message.
+// Besides the codes listed per call, any call that reaches a shard may
+// return UNAUTHENTICATED or PERMISSION_DENIED (credentials refused; see
+// SecurityOptions), and INTERNAL for a malformed reply. In a job with a
+// coordinator the shards fence off processes and steps that are no longer
+// the job's:
+//   ABORTED: a stale incarnation (another process holds this rank, or the
+//     rank left the job or was expelled: join the job again), or a push
+//     from before the job's last rollback (set_rollback_id older than the
+//     shard's: go back to the rollback's step and redo the steps from there).
+//   FAILED_PRECONDITION with must_join(): this process is new to a running
+//     job; its pushes are refused until JoinAt.
+//   UNAVAILABLE: a shard is down or restarting, or has not yet seen the
+//     coordinator's view that admitted this process (the calls below retry
+//     it up to their deadline first).
 #ifndef SHARDPS_WORKER_CLIENT_H_
 #define SHARDPS_WORKER_CLIENT_H_
 
@@ -40,6 +56,9 @@ struct ClientOptions {
   // servers to come up.
   absl::Duration rpc_timeout = absl::Seconds(300);
   absl::Duration connect_timeout = absl::Seconds(120);
+  // Deadline of Redeclare and ShardStatus: they ask where the shards are,
+  // and a caller polling them wants an answer soon rather than late.
+  absl::Duration probe_timeout = absl::Seconds(10);
   // Attempts per step on UNAVAILABLE or DEADLINE_EXCEEDED, with exponential
   // backoff from initial_backoff up to max_backoff.
   int max_attempts = 6;
@@ -54,21 +73,54 @@ using Tensors = std::vector<absl::Span<float>>;
 
 class Client {
  public:
-  // InvalidArgument for bad options. Connects lazily.
+  // INVALID_ARGUMENT for bad options. Connects lazily.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   ~Client();
 
   // Declares the model on every shard and computes the chunk map. Waits up
-  // to connect_timeout for servers that are not up yet. InvalidArgument for
-  // a bad layout, FailedPrecondition when a shard holds a different model or
-  // the shards are at different steps. start_step() then tells where the
-  // servers are (0 for a new model, the step of a restored checkpoint).
+  // to connect_timeout for servers that are not up yet. start_step() then
+  // tells where the servers are (0 for a new model, the step of a restored
+  // checkpoint) and declared() what each shard answered.
+  //   INVALID_ARGUMENT: a bad layout, or a rank the job does not have.
+  //   FAILED_PRECONDITION: a shard holds a different model, is another
+  //     shard index or count than this client computed, or the shards are
+  //     more than a step apart (not restored from the same checkpoint).
+  //   ABORTED: a stale incarnation (see above).
+  //   UNAVAILABLE, DEADLINE_EXCEEDED: a shard did not answer within
+  //     connect_timeout.
   absl::Status Declare(const v1::Layout& layout,
                        const v1::OptimizerSpec& optimizer);
+  // After Declare: each shard's answer, by shard index (its consistency
+  // mode, versions, last rollback, active ranks; see DeclareResponse).
+  const std::vector<v1::DeclareResponse>& declared() const {
+    return declared_states_;
+  }
+  // Declares the same model again on every shard and returns each shard's
+  // answer, by shard index; the Client's own state (start_step(),
+  // must_join(), the chunk map) is unchanged. Declare is idempotent, so
+  // this is how a worker asks the shards where they are: their versions,
+  // the last rollback they applied, the ranks they wait for. Waits up to
+  // probe_timeout for a shard that is restarting (it may create the model
+  // on a shard that restarted without it, as Declare would).
+  //   FAILED_PRECONDITION: before Declare, or a shard holds another model.
+  //   ABORTED: a stale incarnation.
+  //   UNAVAILABLE, DEADLINE_EXCEEDED: a shard did not answer in time.
+  absl::StatusOr<std::vector<v1::DeclareResponse>> Redeclare();
 
   // One step: pushes `gradients` (computed on the weights of version `step`)
   // and writes the weights after the step into `weights`. Each span must
-  // hold its tensor's element count. REQUIRES: Declare succeeded.
+  // hold its tensor's element count. Retries UNAVAILABLE and
+  // DEADLINE_EXCEEDED up to max_attempts times, then returns them.
+  //   INVALID_ARGUMENT: a buffer of the wrong size, or a non-finite
+  //     gradient.
+  //   FAILED_PRECONDITION: before Declare; a shard without the model (it
+  //     restarted empty: declare again); must_join() and no JoinAt yet.
+  //   OUT_OF_RANGE: `step` is not the shard's (from the past or the
+  //     future, or before this rank's join step).
+  //   ABORTED: after a rollback the push did not know of, or for a stale
+  //     incarnation (see above).
+  //   NOT_FOUND: a chunk the shard does not hold; RESOURCE_EXHAUSTED: a
+  //     message over the shard's size limit.
   absl::Status PushPull(int64_t step, const ConstTensors& gradients,
                         const Tensors& weights);
   // After Declare: this process is new to a running job (must_join()), so
@@ -78,18 +130,28 @@ class Client {
   // be below it).
   int64_t max_version() const { return max_version_; }
   // Declares on every shard that this rank joins at `step`; start_step()
-  // becomes `step`. OutOfRange when a shard has already passed it (pick a
-  // later one). REQUIRES: Declare succeeded.
+  // becomes `step`. Waits up to connect_timeout for a shard that is not up.
+  //   OUT_OF_RANGE: a shard has already passed `step` (pick a later one).
+  //   INVALID_ARGUMENT: a negative step.
+  //   FAILED_PRECONDITION: before Declare, or a static job (no
+  //     coordinator: nobody can join while it runs).
+  //   ABORTED: a stale incarnation.
+  //   UNAVAILABLE, DEADLINE_EXCEEDED: a shard did not answer in time.
   absl::Status JoinAt(int64_t step);
-  // The smallest version over every chunk of every shard.
-  absl::StatusOr<int64_t> MinVersion();
 
-  // Pushes without waiting for weights (acknowledged per chunk).
+  // Pushes without waiting for weights (acknowledged per chunk); the same
+  // codes as PushPull.
   absl::Status Push(int64_t step, const ConstTensors& gradients);
-  // Reads the current weights of every chunk.
+  // Reads the current weights of every chunk, retrying UNAVAILABLE and
+  // DEADLINE_EXCEEDED as PushPull does.
+  //   INVALID_ARGUMENT: a buffer of the wrong size.
+  //   FAILED_PRECONDITION: before Declare, or a shard without the model.
   absl::Status Pull(const Tensors& weights);
 
-  // Each shard's status, by shard index.
+  // Each shard's status report, by shard index: the operator's view
+  // (counters, checkpoints), not part of the training protocol -- workers
+  // use declared() and Redeclare(). UNAVAILABLE or DEADLINE_EXCEEDED (after
+  // probe_timeout) when a shard does not answer.
   absl::StatusOr<std::vector<v1::GetStatusResponse>> ShardStatus();
 
   // Time the last PushPull/Push took until every gradient chunk was handed
@@ -102,6 +164,7 @@ class Client {
   int64_t start_step() const { return start_step_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
   const v1::Layout& layout() const { return layout_; }
+  const v1::OptimizerSpec& optimizer() const { return optimizer_; }
   uint32_t rank() const { return options_.rank; }
   // Sets the rollback later pushes say they know of (PushPullRequest).
   void set_rollback_id(uint64_t id) { rollback_id_ = id; }
@@ -121,9 +184,9 @@ class Client {
                        std::vector<uint32_t>* pending);
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
   // Declare on one shard, retrying while the shard answers UNAVAILABLE
-  // (not up yet, or not yet aware of this process) until connect_timeout.
+  // (not up yet, or not yet aware of this process) until `deadline`.
   absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
-                         v1::DeclareResponse* resp);
+                         absl::Time deadline, v1::DeclareResponse* resp);
   v1::DeclareRequest DeclareRequestFor(size_t shard) const;
 
   ClientOptions options_;
@@ -135,6 +198,7 @@ class Client {
   int64_t max_version_ = 0;
   std::vector<ChunkSpec> chunks_;
   std::vector<uint32_t> shard_of_;
+  std::vector<v1::DeclareResponse> declared_states_;  // by shard
   bool declared_ = false;
   int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};

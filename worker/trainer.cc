@@ -260,8 +260,8 @@ std::vector<uint32_t> Trainer::EpochRanks() const {
   if (options_.active_ranks) {
     // The ranks the servers wait for at this step (joins and leaves as the
     // servers apply them), else those of the coordinator's view.
-    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
-        client_->ShardStatus();
+    absl::StatusOr<std::vector<v1::DeclareResponse>> shards =
+        client_->Redeclare();
     if (shards.ok() && !shards->empty()) {
       ranks.assign(shards->front().active_ranks().begin(),
                    shards->front().active_ranks().end());
@@ -277,158 +277,6 @@ std::vector<uint32_t> Trainer::EpochRanks() const {
                  options_.rank);
   }
   return ranks;
-}
-
-absl::StatusOr<int64_t> Trainer::JoinRunningJob(int64_t steps_per_epoch,
-                                                int64_t total_steps) {
-  // Joining at an epoch's start keeps the data sharding consistent: every
-  // worker splits an epoch's batches over the workers alive at its start.
-  auto epoch_start_from = [&](int64_t step) {
-    const int64_t start =
-        (step + steps_per_epoch - 1) / steps_per_epoch * steps_per_epoch;
-    return std::min(start, total_steps);
-  };
-  // Sync: past every step a shard has started. Async and ssp: the
-  // servers' versions count updates; this rank's own clock is the step.
-  int64_t join =
-      epoch_start_from(sync_ ? client_->max_version() : client_->start_step());
-  while (true) {
-    const absl::Status s = client_->JoinAt(join);
-    if (s.ok()) break;
-    if (!absl::IsOutOfRange(s) || join >= total_steps) return s;
-    join = epoch_start_from(join + 1);
-  }
-  join_step_ = join;
-  LogInfo(
-      "rank %d joins the running job at step %d (start of epoch %d); the "
-      "servers wait for it from then on",
-      options_.rank, join, join / steps_per_epoch + 1);
-  SHARDPS_RETURN_IF_ERROR(AwaitJobAt(join));
-  return join;
-}
-
-absl::Status Trainer::AwaitJobAt(int64_t step) {
-  absl::Time next_log = absl::Now() + absl::Seconds(10);
-  absl::Time next_declare = absl::Now() + absl::Seconds(2);
-  absl::Time failing_since = absl::InfiniteFuture();
-  while (true) {
-    const absl::StatusOr<int64_t> at = client_->MinVersion();
-    if (at.ok() && *at >= step) return absl::OkStatus();
-    const absl::Time now = absl::Now();
-    if (!at.ok()) {
-      // A shard restarting: keep asking for a while.
-      failing_since = std::min(failing_since, now);
-      if (now - failing_since > absl::Minutes(5)) return at.status();
-    } else {
-      failing_since = absl::InfiniteFuture();
-    }
-    if (now >= next_declare) {
-      // Again, for a shard that restarted and lost it; a no-op elsewhere.
-      const absl::Status s = client_->JoinAt(step);
-      if (!s.ok() && !absl::IsUnavailable(s)) return s;
-      next_declare = now + absl::Seconds(2);
-    }
-    if (now >= next_log) {
-      LogInfo("waiting for the job to reach step %d (now at step %s)", step,
-              at.ok() ? absl::StrCat(*at) : at.status().ToString());
-      next_log = now + absl::Seconds(10);
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
-absl::StatusOr<bool> Trainer::AwaitRollback(uint64_t id, int64_t step,
-                                            int64_t at) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  bool announced = false;
-  while (true) {
-    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
-        client_->ShardStatus();
-    bool applied = shards.ok();
-    bool there = shards.ok();
-    if (shards.ok()) {
-      for (const v1::GetStatusResponse& s : *shards) {
-        applied = applied && s.rollback_id() >= id;
-        // Async and ssp versions count every update: only a rollback's
-        // having been applied tells.
-        there = there && (!sync_ || (s.min_version() == step &&
-                                     s.max_version() <= step + 1));
-      }
-    }
-    if (applied && !there && !announced) {
-      // Every shard took the rollback long ago (it needed no reset, or the
-      // job has moved on since): nothing to go back to.
-      seen_rollback_ = id;
-      client_->set_rollback_id(id);
-      return false;
-    }
-    if (!announced) {
-      LogWarning(
-          "the job rolls back to step %d (rollback %d) from step %d, %d "
-          "step(s) to redo: a server restarted from the last committed "
-          "checkpoint; waiting for every shard to reset",
-          step, id, at, at - step);
-      announced = true;
-    }
-    if (applied && there) break;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the shards did not all reset to step ", step, " for rollback ", id,
-          shards.ok() ? "" : absl::StrCat(": ", shards.status().message())));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  seen_rollback_ = id;
-  client_->set_rollback_id(id);
-  if (join_step_ > step) {
-    // Joined after the rollback's step: join there again (a restarted
-    // shard lost it) and wait for the others to get back to it.
-    SHARDPS_RETURN_IF_ERROR(client_->JoinAt(join_step_));
-    SHARDPS_RETURN_IF_ERROR(AwaitJobAt(join_step_));
-  }
-  SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
-  return true;
-}
-
-absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& why, int64_t at,
-                                         int64_t steps_per_epoch,
-                                         int64_t total_steps) {
-  if (!options_.rollback && !options_.rejoin_when_dropped) return why;
-  // The coordinator's news may trail the refusal a little.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  bool dropped_checked = false;
-  while (true) {
-    if (options_.rollback) {
-      const auto [id, step] = options_.rollback();
-      if (id > seen_rollback_) {
-        SHARDPS_ASSIGN_OR_RETURN(const bool rolled_back,
-                                 AwaitRollback(id, step, at));
-        if (rolled_back) return std::max(step, join_step_);
-        // A push refused for predating that rollback: redo it.
-        if (absl::IsAborted(why)) return at;
-      }
-    }
-    const bool refused =
-        absl::IsAborted(why) || absl::IsFailedPrecondition(why);
-    if (options_.rejoin_when_dropped && refused && !dropped_checked) {
-      // Dropped: the shards see this process as new to the job.
-      const absl::Status s = client_->Declare(
-          ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
-      if (s.ok() && client_->must_join()) {
-        LogWarning("the servers refused this worker's push (%s); joining again",
-                   why.message());
-        SHARDPS_ASSIGN_OR_RETURN(const int64_t step,
-                                 JoinRunningJob(steps_per_epoch, total_steps));
-        SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
-        return step;
-      }
-      // Still a member: wait for a rollback; an ABORTED Declare means the
-      // drop is not visible everywhere yet: ask again.
-      dropped_checked = s.ok();
-    }
-    if (absl::Now() > deadline) return why;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
@@ -449,20 +297,13 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           ? std::min<int64_t>(options_.max_steps,
                               steps_per_epoch * options_.epochs)
           : steps_per_epoch * options_.epochs;
-  if (options_.rollback) {
-    seen_rollback_ = options_.rollback().first;
-    client_->set_rollback_id(seen_rollback_);
-  }
-  {
-    absl::StatusOr<std::vector<v1::GetStatusResponse>> shards =
-        client_->ShardStatus();
-    SHARDPS_RETURN_IF_ERROR(shards.status());
-    sync_ = shards->empty() || shards->front().mode() == "sync";
-  }
+  Recovery recovery(options_.recovery, client_.get(), WeightViews(),
+                    steps_per_epoch, total_steps, options_.rollback,
+                    options_.rejoin_when_dropped);
+  recovery.Start();
   int64_t step = client_->start_step();
   if (client_->must_join()) {
-    SHARDPS_ASSIGN_OR_RETURN(step,
-                             JoinRunningJob(steps_per_epoch, total_steps));
+    SHARDPS_ASSIGN_OR_RETURN(step, recovery.JoinRunningJob());
   }
   SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
   LogInfo("model %s (%d parameters) declared; %d steps per epoch, %d epochs",
@@ -507,8 +348,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
           &stats);
       if (!pushed.ok()) {
-        SHARDPS_ASSIGN_OR_RETURN(
-            rejoined_at, Recover(pushed, step, steps_per_epoch, total_steps));
+        SHARDPS_ASSIGN_OR_RETURN(rejoined_at, recovery.Recover(pushed, step));
         break;
       }
       ++step;

@@ -1,7 +1,9 @@
 // The data-parallel training loop of one worker: each step it computes the
 // gradient of its slice of the global batch, pushes it to the parameter
-// servers and continues with the weights they return. Rank 0 also evaluates,
-// writes the per-epoch metrics and the final model. Thread-compatible.
+// servers and continues with the weights they return. The lead (rank 0, or
+// with a coordinator the lowest rank left) also evaluates, writes the
+// per-epoch metrics and the final model. Getting back in step after a
+// rollback or a drop is Recovery's (worker/recovery.h). Thread-compatible.
 #ifndef SHARDPS_WORKER_TRAINER_H_
 #define SHARDPS_WORKER_TRAINER_H_
 
@@ -18,6 +20,7 @@
 #include "worker/client.h"
 #include "worker/dataset.h"
 #include "worker/model.h"
+#include "worker/recovery.h"
 #include "worker/worker_metrics.h"
 
 namespace shardps::worker {
@@ -31,7 +34,7 @@ struct TrainerOptions {
   uint64_t seed = 1;
   int eval_every_epochs = 1;
   uint64_t chunk_bytes = 256 << 10;
-  // Rank 0 only; empty: not written.
+  // Written by the lead only (see `lead`); empty: not written.
   std::string metrics_csv;
   std::string model_out;
   // Called after every step with the steps completed and the current epoch
@@ -46,7 +49,8 @@ struct TrainerOptions {
   std::function<std::vector<uint32_t>()> active_ranks;
   // Whether this worker does rank 0's duties (evaluation, metrics, the
   // model file): the lowest rank still in the job. Asked at every epoch's
-  // end. Empty function: rank 0.
+  // end and before writing the model. Empty function: rank 0. A worker that
+  // may become the lead needs the test set to evaluate.
   std::function<bool()> lead;
   // With a coordinator: a worker the servers dropped (it stopped
   // heartbeating long enough to be expired, then came back) joins the job
@@ -57,7 +61,9 @@ struct TrainerOptions {
   // rollback shows, the worker waits for every shard to be reset, takes the
   // weights and goes on from that step (same data position). Empty
   // function: no rollbacks.
-  std::function<std::pair<uint64_t, int64_t>()> rollback;
+  RollbackNews rollback;
+  // How long recovery (joining, rollbacks, rejoining) waits.
+  RecoveryOptions recovery;
   // Told about every step; null: no metrics. Must outlive the Trainer.
   WorkerMetrics* metrics = nullptr;
 };
@@ -101,7 +107,7 @@ class Trainer {
           std::optional<Dataset> test, std::unique_ptr<Backend> backend,
           std::unique_ptr<Client> client, v1::OptimizerSpec optimizer);
 
-  // Declares the model, trains, and (rank 0) writes metrics and the model.
+  // Declares the model, trains, and (the lead) writes metrics and the model.
   absl::StatusOr<TrainResult> Run();
 
  private:
@@ -109,27 +115,6 @@ class Trainer {
   absl::Status Step(int64_t step, absl::Span<const int64_t> indices,
                     EpochStats* stats);
   absl::StatusOr<EvalResult> Evaluate();
-  // A worker new to a running job: declares the first epoch start the
-  // servers have not passed as its join step, waits for the job to get
-  // there and returns that step.
-  absl::StatusOr<int64_t> JoinRunningJob(int64_t steps_per_epoch,
-                                         int64_t total_steps);
-  // After a step failed with `why`: when the job rolled back, the
-  // rollback's step once every shard is there; when the servers dropped
-  // this worker, declares again and returns the epoch start it joins at;
-  // otherwise (or when neither shows within a while) returns `why`.
-  // `at`: the step that failed.
-  absl::StatusOr<int64_t> Recover(const absl::Status& why, int64_t at,
-                                  int64_t steps_per_epoch, int64_t total_steps);
-  // Waits until every shard applied rollback `id` to `step`, then takes
-  // the weights (true). False when every shard applied it long ago (it
-  // needed no reset, or the job moved on): nothing to go back to. `at`: the
-  // step this worker was at.
-  absl::StatusOr<bool> AwaitRollback(uint64_t id, int64_t step, int64_t at);
-  // Waits until every chunk of every shard is at `step` at least, declaring
-  // the join at `step` again now and then; tolerates shards that are away
-  // for a while.
-  absl::Status AwaitJobAt(int64_t step);
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
@@ -151,9 +136,6 @@ class Trainer {
   uint32_t epoch_workers_ = 1;
   bool resumed_ = false;  // started from a restored checkpoint's step
   bool metrics_started_ = false;
-  uint64_t seen_rollback_ = 0;  // the last rollback id acted on
-  int64_t join_step_ = -1;      // the step this worker joined a job at
-  bool sync_ = true;            // the servers' mode is sync
   int64_t eval_batch_ = 0;
   std::vector<std::vector<float>> weights_;
   std::vector<std::vector<float>> grads_;

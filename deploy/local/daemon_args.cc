@@ -47,7 +47,7 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
                                     int rank, const std::string& coordinator,
                                     const std::vector<std::string>& servers) {
   // The rank is given even with a coordinator: worker-0 is rank 0, whose log
-  // the launcher relays and who writes the metrics and the model.
+  // the launcher relays.
   std::vector<std::string> args = {absl::StrCat("--rank=", rank)};
   if (coordinator.empty()) {
     args.push_back(absl::StrCat("--servers=", absl::StrJoin(servers, ",")));
@@ -56,10 +56,11 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
     args.push_back(absl::StrCat("--coordinator=", coordinator));
   }
   args.insert(args.end(), o.training_args.begin(), o.training_args.end());
-  if (rank == 0) {
-    args.push_back(absl::StrCat("--metrics_csv=", dir.MetricsPath()));
-    args.push_back(absl::StrCat("--model_out=", dir.ModelPath()));
-  }
+  // Every worker gets the output paths: only the lead writes them (rank 0,
+  // or with a coordinator the lowest rank left, which takes over when rank 0
+  // dies), so one file has one writer at a time.
+  args.push_back(absl::StrCat("--metrics_csv=", dir.MetricsPath()));
+  args.push_back(absl::StrCat("--model_out=", dir.ModelPath()));
   args.push_back(absl::StrCat("--log_format=", o.log_format));
   args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   args.insert(args.end(), o.worker_extra_args.begin(),

@@ -24,8 +24,9 @@ std::vector<std::string> CoordinatorArgs(const LaunchOptions& options,
 std::vector<std::string> ServerArgs(const LaunchOptions& options,
                                     const RunDir& dir, int index,
                                     const std::string& coordinator);
-// shardps-worker of `rank`, named "worker-<rank>"; rank 0 writes the
-// metrics and the model. `servers` (shard order) only in static mode.
+// shardps-worker of `rank`, named "worker-<rank>". Every worker gets the
+// metrics and model paths; the lead writes them. `servers` (shard order)
+// only in static mode.
 std::vector<std::string> WorkerArgs(const LaunchOptions& options,
                                     const RunDir& dir, int rank,
                                     const std::string& coordinator,

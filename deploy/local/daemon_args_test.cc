@@ -52,8 +52,26 @@ TEST(DaemonArgsTest, WithACoordinatorMembersGetItsAddressInsteadOfLists) {
                 "--port=0", "--port_file=/r/ports/server-1.port",
                 "--log_format=text"}));
   EXPECT_EQ(WorkerArgs(Options(), dir, 2, "127.0.0.1:7", {}),
-            (std::vector<std::string>{"--rank=2", "--coordinator=127.0.0.1:7",
-                                      "--epochs=1", "--log_format=text"}));
+            (std::vector<std::string>{
+                "--rank=2", "--coordinator=127.0.0.1:7", "--epochs=1",
+                "--metrics_csv=/r/metrics.csv",
+                "--model_out=/r/model.safetensors", "--log_format=text"}));
+}
+
+TEST(DaemonArgsTest, EveryWorkerGetsTheOutputPathsAnyOneMayLead) {
+  // With a coordinator the lowest rank left takes over from rank 0.
+  const RunDir dir("/r");
+  for (int rank = 0; rank < 3; ++rank) {
+    for (const std::vector<std::string>& args :
+         {WorkerArgs(Options(), dir, rank, "127.0.0.1:7", {}),
+          WorkerArgs(Options(), dir, rank, "", {"h:1", "h:2"})}) {
+      for (const char* flag : {"--metrics_csv=/r/metrics.csv",
+                               "--model_out=/r/model.safetensors"}) {
+        EXPECT_NE(std::find(args.begin(), args.end(), flag), args.end())
+            << flag << " missing for rank " << rank;
+      }
+    }
+  }
 }
 
 TEST(DaemonArgsTest, StaticModeGivesTheShapeAndTheServers) {
@@ -85,10 +103,12 @@ TEST(DaemonArgsTest, ServersGetTheCheckpointFlagsAndWorkersTheExtraArgs) {
           "--keep_checkpoints=2", "--port=0",
           "--port_file=/r/ports/server-1.port", "--log_format=text"}));
   // Last, so that they win over a training flag of the same name.
-  EXPECT_EQ(WorkerArgs(o, dir, 1, "127.0.0.1:7", {}),
-            (std::vector<std::string>{
-                "--rank=1", "--coordinator=127.0.0.1:7", "--epochs=1",
-                "--log_format=text", "--fault_step_delay_ms=5", "--epochs=3"}));
+  EXPECT_EQ(
+      WorkerArgs(o, dir, 1, "127.0.0.1:7", {}),
+      (std::vector<std::string>{
+          "--rank=1", "--coordinator=127.0.0.1:7", "--epochs=1",
+          "--metrics_csv=/r/metrics.csv", "--model_out=/r/model.safetensors",
+          "--log_format=text", "--fault_step_delay_ms=5", "--epochs=3"}));
 }
 
 }  // namespace

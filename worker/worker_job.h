@@ -1,0 +1,101 @@
+// One worker's part in a job. Static: the servers, the rank and the job's
+// size are given. With a coordinator: the worker joins the job there, takes
+// its rank, the job's size and the servers' addresses from the coordinator's
+// view, waits until the job can take it, trains, and tells the coordinator it
+// finished (or leaves, after a failure). Who leads (evaluates, writes the
+// metrics and the model) and when a worker may start are pure functions of
+// the coordinator's view, below.
+#ifndef SHARDPS_WORKER_WORKER_JOB_H_
+#define SHARDPS_WORKER_WORKER_JOB_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/security.h"
+#include "server/coordinator/coordinator_client.h"
+#include "worker/trainer.h"
+
+namespace shardps::worker {
+
+// Workers alive in `view`, ascending.
+std::vector<uint32_t> AliveRanks(const v1::ClusterView& view);
+
+// The lowest rank still in the job (alive, or finished its training): it
+// evaluates and writes the metrics and the model. `self` counts as alive
+// (its own view may not show it yet).
+uint32_t LeadRank(const v1::ClusterView& view, uint32_t self);
+
+// A job can take this worker: every member is there (the first workers
+// start together), or the job is under way and every shard is up (a worker
+// joining a running job does not wait for ranks that left).
+bool ReadyToJoin(const v1::ClusterView& view);
+
+// Waits until ReadyToJoin(view) and returns the servers' addresses in shard
+// order, logging what it waits for every `log_every`. DeadlineExceeded
+// after `timeout`.
+absl::StatusOr<std::vector<std::string>> WaitForCluster(
+    const coordinator::CoordinatorClient& client, absl::Duration timeout,
+    absl::Duration log_every = absl::Seconds(3));
+
+// This process, for the coordinator: its incarnation (the time now: call
+// once, at the start, so that a restarted worker's is larger) and a label
+// (host/pid).
+uint64_t ProcessIncarnation();
+std::string ProcessLabel();
+
+struct WorkerJobOptions {
+  // Static mode: the servers (shard order), this worker's rank (-1: 0) and
+  // the job's size (unset: 1).
+  std::vector<std::string> servers;
+  int32_t rank = -1;
+  std::optional<uint32_t> num_workers;
+  // With a coordinator (host:port; empty: static mode): the job to join,
+  // the rank asked for (-1: any free one) and, when set, the job size this
+  // worker expects (FailedPrecondition when the job's differs).
+  std::string coordinator;
+  std::string job_id;
+  uint64_t incarnation = 0;  // JoinRequest.incarnation
+  std::string label;         // shown in the coordinator's view
+
+  // The data: a LoadDatasetSpec spec, and how many samples to keep (0: all).
+  std::string dataset;
+  int64_t train_limit = 0;
+  int64_t test_limit = 0;
+  std::string model;  // ParseModelSpec
+  OptimizerFlags optimizer;
+  std::string backend = "auto";  // auto | cpu | cuda
+  int threads = 0;               // CPU backend threads (0: its default)
+  int streams_per_shard = 2;
+  // How long to wait for the servers to come up and, with a coordinator,
+  // to join and for every member to join.
+  absl::Duration connect_timeout = absl::Seconds(120);
+  SecurityOptions security;
+  // Training; rank, num_workers and the coordinator's functions (on_step,
+  // active_ranks, lead, rollback) are filled in here.
+  TrainerOptions trainer;
+  // Told this worker's rank as soon as it is known (with a coordinator:
+  // after joining), on the calling thread, before anything is logged under
+  // it. May be empty.
+  std::function<void(uint32_t rank)> on_rank;
+
+  // A worker that failed leaves as a courtesy (its lease would expire
+  // anyway): not for long.
+  absl::Duration leave_timeout = absl::Seconds(3);
+  // Telling the coordinator this worker finished is what ends the job:
+  // worth waiting for.
+  absl::Duration finish_timeout = absl::Seconds(60);
+};
+
+// Runs this worker's part in the job to its end. InvalidArgument for bad
+// options; otherwise the first error of joining, loading, training.
+absl::Status RunWorker(WorkerJobOptions options);
+
+}  // namespace shardps::worker
+
+#endif  // SHARDPS_WORKER_WORKER_JOB_H_
