@@ -3,11 +3,7 @@
 // SIGKILL after the first epoch and not restarted. The surviving rank 1
 // finishes the job, evaluates (its final line has a test accuracy), appends
 // the last epoch's row to the metrics CSV rank 0 started and writes the model.
-#include <signal.h>
-
-#include <filesystem>
 #include <map>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,19 +13,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/safetensors.h"
+#include "common/status_matchers.h"
 #include "gtest/gtest.h"
-#include "tests/testing/daemon.h"
 #include "tests/testing/e2e.h"
+#include "tests/testing/test_cluster.h"
 
 namespace shardps {
 namespace {
 
+using testing::ClusterOptions;
 using testing::Daemon;
-using testing::ExpectExitsZero;
-using testing::Must;
-
-constexpr char kJob[] = "--job_id=takeover";
-constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist";
+using testing::TestCluster;
 
 // The line of `log` that contains `text` (the last one), or "".
 std::string LineWith(const std::string& log, const std::string& text) {
@@ -41,48 +35,38 @@ std::string LineWith(const std::string& log, const std::string& text) {
 }
 
 TEST(LeadTakeoverTest, TheLowestRankLeftEvaluatesAndWritesTheOutputs) {
-  if (!std::filesystem::exists(kFashionMnist)) {
-    GTEST_SKIP() << kFashionMnist
-                 << " is missing: apt-get install dataset-fashion-mnist";
-  }
-  const std::string dir = testing::MakeTempDir("shardps-takeover");
-  const std::string model = dir + "/model.safetensors";
-  const std::string metrics = dir + "/metrics.csv";
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  ClusterOptions o;
+  o.coordinated = true;
+  o.job_id = "takeover";
+  o.num_servers = 2;
+  o.num_workers = 2;
   // A dead worker holds steps up for the heartbeat timeout.
-  std::unique_ptr<Daemon> coordinator =
-      Must(Daemon::Start("coordinator", SHARDPS_COORDINATOR_BIN,
-                         {kJob, "--num_servers=2", "--num_workers=2",
-                          "--heartbeat_timeout_ms=1000"}));
-  ASSERT_NE(coordinator, nullptr);
-  std::vector<std::unique_ptr<Daemon>> servers;
-  for (int s = 0; s < 2; ++s) {
-    servers.push_back(
-        Must(Daemon::Start(absl::StrCat("server-", s), SHARDPS_SERVER_BIN,
-                           {kJob, "--coordinator=" + coordinator->address()})));
-    ASSERT_NE(servers.back(), nullptr);
-  }
+  o.coordinator_flags = {"--heartbeat_timeout_ms=1000"};
+  TestCluster job(o);
+  const std::string metrics = job.dir() + "/metrics.csv";
   // Both workers get the output paths, as shardps-local gives them; 2048
   // samples in batches of 64: 32 steps per epoch, 2 epochs.
-  std::vector<std::unique_ptr<Daemon>> workers;
+  ASSERT_NE(job.StartCoordinator(), nullptr);
+  ASSERT_TRUE(job.StartServers());
+  std::vector<std::vector<std::string>> rank_flags;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(Must(Daemon::StartProcess(
-        absl::StrCat("worker-", r), SHARDPS_WORKER_BIN,
-        {kJob, "--coordinator=" + coordinator->address(),
-         absl::StrCat("--rank=", r), "--dataset=fashion-mnist",
-         "--model=mlp:784-32-10", "--epochs=2", "--train_limit=2048",
-         "--test_limit=500", "--batch_size=64", "--backend=cpu",
-         "--fault_step_delay_ms=20", "--model_out=" + model,
-         "--metrics_csv=" + metrics})));
-    ASSERT_NE(workers.back(), nullptr);
+    rank_flags.push_back({absl::StrCat("--rank=", r), "--dataset=fashion-mnist",
+                          "--model=mlp:784-32-10", "--epochs=2",
+                          "--train_limit=2048", "--test_limit=500",
+                          "--batch_size=64", "--backend=cpu",
+                          "--fault_step_delay_ms=20", job.model_out_flag(),
+                          "--metrics_csv=" + metrics});
   }
+  ASSERT_TRUE(job.StartWorkers(rank_flags));
   // Rank 0 leads the first epoch, then dies.
-  ASSERT_TRUE(testing::WaitForLog(*workers[0], "epoch 1/2 step 32"))
-      << workers[0]->ReadLog();
-  ASSERT_TRUE(workers[0]->Stop(SIGKILL, absl::Seconds(10)).ok());
+  ASSERT_TRUE(testing::WaitForLog(job.worker(0), "epoch 1/2 step 32"))
+      << job.worker(0).ReadLog();
+  SHARDPS_ASSERT_OK(job.Kill(&job.worker(0)));
 
-  Daemon* w1 = workers[1].get();
-  ExpectExitsZero(w1, absl::Minutes(3));
-  const std::string log = w1->ReadLog();
+  job.ExpectWorkersExitZero(absl::Minutes(3));
+  Daemon& w1 = job.worker(1);
+  const std::string log = w1.ReadLog();
   const std::string done = LineWith(log, "done: epoch 2 step 64");
   ASSERT_FALSE(done.empty()) << log;
   const size_t at = done.find("test_accuracy ");
@@ -113,13 +97,12 @@ TEST(LeadTakeoverTest, TheLowestRankLeftEvaluatesAndWritesTheOutputs) {
 
   std::map<std::string, std::string> meta;
   absl::StatusOr<std::vector<LoadedTensor>> tensors =
-      ReadSafetensors(model, &meta);
+      ReadSafetensors(job.model_path(), &meta);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   EXPECT_EQ(tensors->size(), 4u);  // two layers' weights and biases
   EXPECT_EQ(meta["step"], "64");
 
-  for (auto& s : servers) ExpectExitsZero(s.get(), absl::Seconds(60));
-  ExpectExitsZero(coordinator.get(), absl::Seconds(60));
+  job.ExpectJobEnds(absl::Seconds(1), absl::Seconds(60));
 }
 
 }  // namespace
