@@ -1,10 +1,5 @@
 #include "common/daemon_flags.h"
 
-#include <signal.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <fstream>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -13,6 +8,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "common/transport.h"
 
@@ -83,46 +79,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> ServeMetricsFromFlags() {
 
 absl::Status WritePortFile(const std::string& path, int port) {
   if (path.empty()) return absl::OkStatus();
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot write port file ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-sigset_t TerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-}  // namespace
-
-void BlockTerminationSignals() {
-  sigset_t set = TerminationSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  // A peer that vanishes mid-write must not kill the daemon.
-  signal(SIGPIPE, SIG_IGN);
-}
-
-int WaitForTerminationSignal() {
-  sigset_t set = TerminationSignals();
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
-  }
-  return sig;
+  return WriteFileAtomically(path, absl::StrCat(port, "\n"));
 }
 
 int ExitCode(const absl::Status& status) {

@@ -1,7 +1,8 @@
 // Flags every daemon shares (--host, --port, --port_file, --log_format,
 // --metrics_port, --metrics_port_file) and the process plumbing around them:
-// port files, the metrics endpoint, termination signals, and turning a Status
-// into an exit code. Only *_main.cc files include this.
+// port files, the metrics endpoint, and turning a Status into an exit code
+// (termination signals: signal_wait.h, included here for the mains). Only
+// *_main.cc files include this.
 #ifndef SHARDPS_COMMON_DAEMON_FLAGS_H_
 #define SHARDPS_COMMON_DAEMON_FLAGS_H_
 
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/metrics.h"
+#include "common/signal_wait.h"
 
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(int32_t, port);
@@ -33,21 +35,14 @@ std::vector<char*> ParseDaemonFlags(int argc, char** argv,
 // Validates the shared flags: InvalidArgument naming the flag.
 absl::Status CheckDaemonFlags();
 
-// Writes `port` to `path` atomically (temporary file, then rename), so a
-// reader never sees a partial number. Empty path: does nothing.
+// Writes `port` and a newline to `path` with WriteFileAtomically, so a reader
+// never sees a partial number. Empty path: does nothing.
 absl::Status WritePortFile(const std::string& path, int port);
 
 // Serves Prometheus metrics on --host:--metrics_port and writes the bound
 // port to --metrics_port_file; nullptr (and no error) when --metrics_port is
 // -1. Unavailable naming --metrics_port when the port cannot be bound.
 absl::StatusOr<std::unique_ptr<MetricsExporter>> ServeMetricsFromFlags();
-
-// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts
-// afterwards; call first thing in main. WaitForTerminationSignal then
-// receives them synchronously.
-void BlockTerminationSignals();
-// Waits until SIGINT or SIGTERM arrives and returns its number.
-int WaitForTerminationSignal();
 
 // Logs a failed status as one line and returns the process exit code.
 int ExitCode(const absl::Status& status);

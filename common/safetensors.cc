@@ -1,8 +1,5 @@
 #include "common/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -13,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/atomic_file.h"
 #include "common/safetensors_json.h"
 #include "common/status.h"
 
@@ -106,57 +104,6 @@ absl::StatusOr<std::string> BuildHeader(
   json.push_back('}');
   json.append((8 - json.size() % 8) % 8, ' ');
   return json;
-}
-
-absl::Status WriteAll(int fd, const void* bytes, size_t n,
-                      const std::string& path) {
-  const char* p = static_cast<const char*>(bytes);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      return absl::InternalError(
-          absl::StrCat("write ", path, ": ", ErrnoText()));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteFile(int fd, const std::string& path,
-                       const std::string& header,
-                       const std::vector<SafetensorsTensor>& tensors) {
-  const uint64_t header_len = header.size();
-  SHARDPS_RETURN_IF_ERROR(WriteAll(fd, &header_len, 8, path));
-  SHARDPS_RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), path));
-  for (const SafetensorsTensor& t : tensors) {
-    size_t count = 1;
-    for (const int64_t d : t.shape) count *= static_cast<size_t>(d);
-    SHARDPS_RETURN_IF_ERROR(WriteAll(fd, t.data, 4 * count, path));
-  }
-  if (::fsync(fd) != 0) {
-    return absl::InternalError(absl::StrCat("fsync ", path, ": ", ErrnoText()));
-  }
-  return absl::OkStatus();
-}
-
-// Makes a completed rename durable.
-absl::Status SyncParentDirectory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("open ", dir, ": ", ErrnoText()));
-  }
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat("fsync ", dir, ": ", ErrnoText()));
-  }
-  return absl::OkStatus();
 }
 
 // A tensor's header entry; offsets are relative to the data section.
@@ -339,28 +286,19 @@ absl::Status WriteSafetensors(
     const std::map<std::string, std::string>& metadata) {
   SHARDPS_ASSIGN_OR_RETURN(const std::string header,
                            BuildHeader(tensors, metadata));
-  const std::string tmp = path + ".tmp";
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("open ", tmp, ": ", ErrnoText()));
+  const uint64_t header_len = header.size();  // little-endian on disk
+  std::vector<absl::string_view> pieces = {
+      absl::string_view(reinterpret_cast<const char*>(&header_len), 8), header};
+  for (const SafetensorsTensor& t : tensors) {
+    size_t count = 1;
+    for (const int64_t d : t.shape) count *= static_cast<size_t>(d);
+    pieces.emplace_back(reinterpret_cast<const char*>(t.data), 4 * count);
   }
-  absl::Status status = WriteFile(fd, tmp, header, tensors);
-  if (::close(fd) != 0 && status.ok()) {
-    status =
-        absl::InternalError(absl::StrCat("close ", tmp, ": ", ErrnoText()));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = absl::InternalError(
-        absl::StrCat("rename ", tmp, " to ", path, ": ", ErrnoText()));
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return SyncParentDirectory(path);
+  const absl::Status written = WriteFileAtomically(path, pieces);
+  // Every I/O failure is Internal here (the header's contract), whatever
+  // the errno.
+  if (!written.ok()) return absl::InternalError(written.message());
+  return written;
 }
 
 absl::StatusOr<std::vector<LoadedTensor>> ReadSafetensors(
@@ -370,8 +308,7 @@ absl::StatusOr<std::vector<LoadedTensor>> ReadSafetensors(
   absl::StatusOr<std::vector<LoadedTensor>> tensors =
       ParseFile(bytes, &read_metadata);
   if (!tensors.ok()) {
-    return absl::Status(tensors.status().code(),
-                        absl::StrCat(path, ": ", tensors.status().message()));
+    return WithPrefix(path, tensors.status());
   }
   if (metadata != nullptr) *metadata = std::move(read_metadata);
   return tensors;

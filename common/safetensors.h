@@ -31,11 +31,11 @@ struct LoadedTensor {
 };
 
 // Writes `tensors` (dtype F32, in the given order, contiguous) and the string
-// pairs in `metadata` (as "__metadata__") to `path`. Writes `path`.tmp first,
-// fsyncs it, renames it over `path` and fsyncs the directory, so a reader sees
-// the old file or the whole new one. InvalidArgument for an empty or duplicate
-// name, the reserved name "__metadata__", a negative dimension or null data;
-// Internal for I/O errors (with errno text).
+// pairs in `metadata` (as "__metadata__") to `path` with WriteFileAtomically
+// (common/atomic_file.h), so a reader sees the old file or the whole new one.
+// InvalidArgument for an empty or duplicate name, the reserved name
+// "__metadata__", a negative dimension or null data; Internal for I/O errors
+// (with errno text).
 absl::Status WriteSafetensors(
     const std::string& path, const std::vector<SafetensorsTensor>& tensors,
     const std::map<std::string, std::string>& metadata);

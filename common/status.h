@@ -1,6 +1,6 @@
 // Status helpers shared by every library: early-return macros for
-// absl::Status and absl::StatusOr, and the test assertions that print the
-// status on failure.
+// absl::Status and absl::StatusOr, and context added to a status's message.
+// The test assertions that print the status are in status_matchers.h.
 #ifndef SHARDPS_COMMON_STATUS_H_
 #define SHARDPS_COMMON_STATUS_H_
 
@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define SHARDPS_STATUS_CONCAT_INNER_(a, b) a##b
 #define SHARDPS_STATUS_CONCAT_(a, b) SHARDPS_STATUS_CONCAT_INNER_(a, b)
@@ -27,5 +29,18 @@
   auto statusor = (rexpr);                                   \
   if (!statusor.ok()) return std::move(statusor).status();   \
   lhs = std::move(statusor).value()
+
+namespace shardps {
+
+// `status` with "<prefix>: " before its message and the same code (what was
+// being done, or with whom); OK stays OK.
+inline absl::Status WithPrefix(absl::string_view prefix,
+                               const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(prefix, ": ", status.message()));
+}
+
+}  // namespace shardps
 
 #endif  // SHARDPS_COMMON_STATUS_H_

@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -21,7 +20,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/atomic_file.h"
+#include "common/checkpoint_steps.h"
 #include "common/chunking.h"
+#include "common/crc32c.h"
 #include "common/partitioner.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -32,119 +34,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint32_t kCrc32cPoly = 0x82F63B78;  // reflected Castagnoli
-constexpr char kManifestName[] = "COMMITTED";
 constexpr char kManifestMagic[] = "shardps-checkpoint 1";
 // A manifest lists a few lines per shard; anything bigger is garbage.
 constexpr size_t kMaxManifestBytes = 1 << 20;
 
-// Slicing-by-8 tables: t[0] is the byte-at-a-time table, t[s][b] is the CRC
-// of byte b followed by s zero bytes.
-struct Crc32cTables {
-  uint32_t t[8][256];
-  Crc32cTables() {
-    for (uint32_t b = 0; b < 256; ++b) {
-      uint32_t c = b;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1) ? kCrc32cPoly : 0);
-      t[0][b] = c;
-    }
-    for (uint32_t b = 0; b < 256; ++b) {
-      for (int s = 1; s < 8; ++s) {
-        t[s][b] = (t[s - 1][b] >> 8) ^ t[0][t[s - 1][b] & 0xff];
-      }
-    }
-  }
-};
-
-// a * b modulo the CRC polynomial, in the reflected bit order (bit 31 is x^0).
-uint32_t MultModP(uint32_t a, uint32_t b) {
-  uint32_t m = uint32_t{1} << 31;
-  uint32_t p = 0;
-  for (;;) {
-    if (a & m) {
-      p ^= b;
-      if ((a & (m - 1)) == 0) break;
-    }
-    m >>= 1;
-    b = (b & 1) ? (b >> 1) ^ kCrc32cPoly : b >> 1;
-  }
-  return p;
-}
-
-// CRC32C(A || B) from CRC32C(A), CRC32C(B) and |B| (zlib's crc32_combine), so
-// the writer gets the whole file's CRC without reading the data back.
-uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
-  uint32_t x8n = uint32_t{1} << 31;  // x^(8 * len_b), built by squaring x^8
-  for (uint32_t sq = uint32_t{1} << 23; len_b != 0; len_b >>= 1) {
-    if (len_b & 1) x8n = MultModP(sq, x8n);
-    sq = MultModP(sq, sq);
-  }
-  return MultModP(x8n, crc_a) ^ crc_b;
-}
-
 std::string ErrnoText(int err) {
   return std::error_code(err, std::generic_category()).message();
-}
-
-// Permission problems and a path through a regular file are the operator's
-// to fix (FailedPrecondition); anything else is an I/O failure (Internal).
-absl::Status IoError(absl::string_view op, const std::string& path, int err) {
-  const std::string msg = absl::StrCat(op, " ", path, ": ", ErrnoText(err));
-  switch (err) {
-    case EACCES:
-    case EPERM:
-    case EROFS:
-    case ENOTDIR:
-    case EEXIST:
-      return absl::FailedPreconditionError(msg);
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("open", dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? absl::OkStatus() : IoError("fsync", dir, err);
-}
-
-// Writes `text` to `path` via path.tmp + fsync + rename + directory fsync.
-absl::Status WriteFileAtomically(const std::string& dir,
-                                 const std::string& name,
-                                 const std::string& text) {
-  const std::string path = absl::StrCat(dir, "/", name);
-  // Unique per writer: two shards may commit the same step at once (they
-  // write the same manifest; the last rename wins).
-  const std::string tmp =
-      absl::StrCat(path, ".tmp.", ::getpid(), ".",
-                   std::hash<std::thread::id>()(std::this_thread::get_id()));
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("open", tmp, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) break;
-    done += static_cast<size_t>(w);
-  }
-  const bool ok = done == text.size() && ::fsync(fd) == 0;
-  const int err = errno;
-  if (::close(fd) != 0 || !ok) {
-    ::unlink(tmp.c_str());
-    return IoError("write", tmp, ok ? errno : err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int rename_err = errno;
-    ::unlink(tmp.c_str());
-    return IoError("rename", tmp, rename_err);
-  }
-  return SyncDirectory(dir);
 }
 
 // Reads the whole file, or its first `limit` bytes, and computes the CRC32C
@@ -156,7 +51,7 @@ struct FileScan {
 };
 absl::StatusOr<FileScan> ScanFile(const std::string& path, size_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("open", path, errno);
+  if (fd < 0) return FileError("open", path, errno);
   std::unique_ptr<char[]> buf(new char[1 << 20]);
   FileScan scan;
   for (;;) {
@@ -165,7 +60,7 @@ absl::StatusOr<FileScan> ScanFile(const std::string& path, size_t limit) {
     if (n < 0) {
       const int err = errno;
       ::close(fd);
-      return IoError("read", path, err);
+      return FileError("read", path, err);
     }
     if (n == 0) break;
     if (scan.prefix.size() < limit) {
@@ -255,16 +150,16 @@ absl::StatusOr<std::vector<const ChunkState*>> OrderOwnedChunks(
 absl::Status PrepareStepDirectory(const std::string& step_dir) {
   std::error_code ec;
   fs::create_directories(step_dir, ec);
-  if (ec) return IoError("create directory", step_dir, ec.value());
+  if (ec) return FileError("create directory", step_dir, ec.value());
   if (::access(step_dir.c_str(), W_OK) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint directory ", step_dir,
                      " is not writable: ", ErrnoText(errno)));
   }
-  const std::string manifest = absl::StrCat(step_dir, "/", kManifestName);
+  const std::string manifest = absl::StrCat(step_dir, "/", kCommittedManifest);
   if (::unlink(manifest.c_str()) == 0) return SyncDirectory(step_dir);
   return errno == ENOENT ? absl::OkStatus()
-                         : IoError("unlink", manifest, errno);
+                         : FileError("unlink", manifest, errno);
 }
 
 // The whole file's size and CRC32C, from its header (read back) and the CRC
@@ -272,7 +167,7 @@ absl::Status PrepareStepDirectory(const std::string& step_dir) {
 absl::Status FinishShardFile(const std::string& path, uint32_t data_crc,
                              uint64_t data_bytes, ShardFile* file) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("open", path, errno);
+  if (fd < 0) return FileError("open", path, errno);
   uint64_t header_len = 0;
   std::string head(8, '\0');
   struct stat st;
@@ -358,36 +253,12 @@ absl::StatusOr<CheckpointInfo> ParseManifest(absl::string_view text) {
   return info;
 }
 
-// Step directories under `dir` as (step, name), newest first; empty when
-// `dir` does not exist.
-absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListSteps(
-    const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> steps;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec.value() == ENOENT) return steps;
-  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    absl::string_view digits = name;
-    int64_t step = 0;
-    if (absl::ConsumePrefix(&digits, "step-") &&
-        absl::SimpleAtoi(digits, &step) && step >= 0 &&
-        StepDirectory(dir, step) == absl::StrCat(dir, "/", name) &&
-        it->is_directory(ec)) {
-      steps.emplace_back(step, name);
-    }
-  }
-  if (ec) return IoError("list", dir, ec.value());
-  std::sort(steps.rbegin(), steps.rend());
-  return steps;
-}
-
 // The checkpoint in dir/name if its manifest and every file check out.
 absl::StatusOr<CheckpointInfo> VerifyStep(const std::string& dir, int64_t step,
                                           const std::string& name) {
   const std::string step_dir = absl::StrCat(dir, "/", name);
-  absl::StatusOr<FileScan> manifest =
-      ScanFile(absl::StrCat(step_dir, "/", kManifestName), kMaxManifestBytes);
+  absl::StatusOr<FileScan> manifest = ScanFile(
+      absl::StrCat(step_dir, "/", kCommittedManifest), kMaxManifestBytes);
   if (absl::IsNotFound(manifest.status())) {
     return absl::NotFoundError("no COMMITTED manifest (in progress or torn)");
   }
@@ -416,12 +287,12 @@ absl::StatusOr<CheckpointInfo> VerifyStep(const std::string& dir, int64_t step,
 // directory never reads as committed.
 absl::Status RemoveStep(const std::string& dir, const std::string& name) {
   const std::string step_dir = absl::StrCat(dir, "/", name);
-  ::unlink(absl::StrCat(step_dir, "/", kManifestName).c_str());
+  ::unlink(absl::StrCat(step_dir, "/", kCommittedManifest).c_str());
   std::error_code ec;
   fs::remove_all(step_dir, ec);
   // Another shard pruning the same directory at once is not an error.
   if (ec == std::errc::no_such_file_or_directory) return absl::OkStatus();
-  return ec ? IoError("remove", step_dir, ec.value()) : absl::OkStatus();
+  return ec ? FileError("remove", step_dir, ec.value()) : absl::OkStatus();
 }
 
 // Parses the "versions" metadata ("id:version,...") of the file at `path`.
@@ -497,23 +368,6 @@ absl::Status ReadChunksFromFile(const CheckpointInfo& ckpt,
 
 }  // namespace
 
-uint32_t Crc32c(uint32_t crc, const void* data, size_t n) {
-  static const Crc32cTables* const tables = new Crc32cTables();
-  const auto& t = tables->t;
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);  // little-endian host, as safetensors assumes
-    w ^= crc;
-    crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^
-          t[4][(w >> 24) & 0xff] ^ t[3][(w >> 32) & 0xff] ^
-          t[2][(w >> 40) & 0xff] ^ t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
-  }
-  for (; n > 0; ++p, --n) crc = (crc >> 8) ^ t[0][(crc ^ *p) & 0xff];
-  return ~crc;
-}
-
 absl::StatusOr<v1::DeclareRequest> CheckpointDeclaration(
     const CheckpointInfo& ckpt) {
   if (ckpt.files.empty()) {
@@ -562,10 +416,6 @@ absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
   f.bytes = scan.bytes;
   f.crc32c = scan.crc32c;
   return f;
-}
-
-std::string StepDirectory(const std::string& dir, int64_t step) {
-  return absl::StrFormat("%s/step-%012d", dir, step);
 }
 
 absl::StatusOr<ShardFile> WriteShardCheckpoint(
@@ -647,12 +497,12 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
     }
   }
   return WriteFileAtomically(
-      step_dir, kManifestName,
+      absl::StrCat(step_dir, "/", kCommittedManifest),
       FormatManifest(step, num_shards, files[0].fingerprint, by_index));
 }
 
 absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir) {
-  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListSteps(dir));
+  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListStepDirectories(dir));
   std::vector<std::string> skipped;
   for (const auto& [step, name] : steps) {
     absl::StatusOr<CheckpointInfo> info = VerifyStep(dir, step, name);
@@ -671,17 +521,6 @@ absl::StatusOr<CheckpointInfo> CommittedAt(const std::string& dir,
                                            int64_t step) {
   const std::string step_dir = StepDirectory(dir, step);
   return VerifyStep(dir, step, step_dir.substr(dir.size() + 1));
-}
-
-absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir) {
-  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListSteps(dir));
-  for (const auto& [step, name] : steps) {
-    std::error_code ec;
-    if (fs::exists(absl::StrCat(dir, "/", name, "/", kManifestName), ec)) {
-      return step;
-    }
-  }
-  return 0;
 }
 
 absl::StatusOr<std::vector<ChunkState>> LoadChunksForShard(
@@ -725,7 +564,7 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
   if (keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("keep ", keep, " < 1"));
   }
-  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListSteps(dir));
+  SHARDPS_ASSIGN_OR_RETURN(const auto steps, ListStepDirectories(dir));
   int kept = 0;
   for (const auto& [step, name] : steps) {
     if (kept == keep) {

@@ -1,9 +1,11 @@
 // Coordinated checkpoints on disk: each shard writes its chunks (weights,
 // optimizer slots, versions) to dir/step-<step>/shard-<i>-of-<n>.safetensors,
 // and the step becomes a checkpoint once a COMMITTED manifest lists every
-// shard file with its size and CRC32C. Stateless functions; concurrent calls
-// are safe on distinct step directories (shards of one step write distinct
-// files), and readers only trust steps whose manifest and files all check out.
+// shard file with its size and CRC32C (the layout: common/checkpoint_steps.h,
+// where NewestCommittedStep reads it cheaply). Stateless functions; concurrent
+// calls are safe on distinct step directories (shards of one step write
+// distinct files), and readers only trust steps whose manifest and files all
+// check out.
 #ifndef SHARDPS_SERVER_CHECKPOINT_H_
 #define SHARDPS_SERVER_CHECKPOINT_H_
 
@@ -14,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/checkpoint_steps.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps::server {
@@ -49,14 +52,6 @@ struct CheckpointInfo {
   // the daemon's log.
   std::vector<std::string> skipped;
 };
-
-// Extends `crc` (0 to start) with n bytes: CRC-32C (Castagnoli, reflected
-// polynomial 0x82F63B78, as in iSCSI and ext4), so `crc32c` from common tools
-// matches. Crc32c(0, "123456789", 9) == 0xE3069283.
-uint32_t Crc32c(uint32_t crc, const void* data, size_t n);
-
-// "dir/step-000000000042" for step 42.
-std::string StepDirectory(const std::string& dir, int64_t step);
 
 // The model a checkpoint holds: the DeclareRequest saved in its shard 0 file
 // (num_shards and shard_index cleared). DataLoss when it is unreadable.
@@ -106,12 +101,6 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
 // are reported in `skipped`. NotFound when `dir` holds no valid checkpoint
 // (the message lists what was skipped).
 absl::StatusOr<CheckpointInfo> LatestCommitted(const std::string& dir);
-
-// The newest step under `dir` whose directory has a COMMITTED manifest, 0
-// when there is none (or no `dir`). Cheap: it reads no file, so unlike
-// LatestCommitted it does not verify them; for reports, not for restoring.
-// Internal when `dir` cannot be listed.
-absl::StatusOr<int64_t> LastCommittedStep(const std::string& dir);
 
 // The committed checkpoint of exactly `step` under `dir`, verified like
 // LatestCommitted; FailedPrecondition or DataLoss naming what is wrong when

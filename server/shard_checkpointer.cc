@@ -82,8 +82,10 @@ CheckpointProgress ShardCheckpointer::Progress() const {
   // Listed outside the lock: that may take a while on a network disk. A
   // directory that cannot be listed reports no commit; writing to it fails
   // and says why.
-  absl::StatusOr<int64_t> committed = LastCommittedStep(dir_);
-  if (committed.ok()) progress.committed_step = *committed;
+  absl::StatusOr<int64_t> committed = NewestCommittedStep(dir_);
+  if (committed.ok() && *committed != kNoCommittedStep) {
+    progress.committed_step = *committed;
+  }
   return progress;
 }
 

@@ -70,7 +70,7 @@ class ShardCheckpointer {
   void Failed(int64_t step, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The steps written and failed so far; the committed step is read from the
-  // directory (LastCommittedStep), so it counts commits by any shard and
+  // directory (NewestCommittedStep), so it counts commits by any shard and
   // checkpoints restored at start.
   CheckpointProgress Progress() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -7,12 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/chunking.h"
+#include "common/grpc_server.h"
 #include "common/status.h"
 #include "common/transport.h"
-#include "grpc/grpc.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/server_builder.h"
 
 namespace shardps::server {
 
@@ -52,22 +50,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Listen(
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->service_ = std::make_unique<ParameterService>(options.service);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  ConfigureServer(&builder, max_message);
-  const std::string address = absl::StrCat(
-      options.host.find(':') != std::string::npos && options.host.front() != '['
-          ? absl::StrCat("[", options.host, "]")
-          : options.host,
-      ":", options.port);
-  builder.AddListeningPort(address, MakeServerCredentials(options.security),
-                           &s->port_);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
-  }
+  GrpcServerOptions grpc_options;
+  grpc_options.host = options.host;
+  grpc_options.port = options.port;
+  grpc_options.security = options.security;
+  grpc_options.max_message_bytes = max_message;
+  SHARDPS_ASSIGN_OR_RETURN(
+      s->server_,
+      StartGrpcServer(grpc_options, {s->service_.get()}, &s->port_));
   s->SetServing(false);  // until Install
   return s;
 }

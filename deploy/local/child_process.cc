@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/signal_wait.h"
 
 namespace shardps::local {
 namespace {
@@ -169,14 +170,7 @@ std::string SignalName(int sig) {
 }
 
 int WaitForSignal(absl::Duration timeout) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);
-  const timespec wait = absl::ToTimespec(timeout);
-  const int sig = sigtimedwait(&signals, nullptr, &wait);
-  return sig > 0 ? sig : 0;
+  return WaitForSignalFor({SIGINT, SIGTERM, SIGCHLD}, timeout);
 }
 
 }  // namespace shardps::local

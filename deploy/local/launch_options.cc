@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_steps.h"
 #include "common/status.h"
 #include "deploy/local/binaries.h"
 #include "deploy/local/run_dir.h"
@@ -100,8 +101,11 @@ std::string ResumePoint(const LaunchOptions& o) {
   if (o.checkpoint_dir.empty()) {
     return "step 0 (no checkpoints: --checkpoint_every_steps=0)";
   }
-  const int64_t step = NewestCommittedStep(o.checkpoint_dir);
-  if (step < 0) {
+  // A directory that cannot be listed holds no checkpoint the servers
+  // could restore either.
+  const int64_t step =
+      NewestCommittedStep(o.checkpoint_dir).value_or(kNoCommittedStep);
+  if (step == kNoCommittedStep) {
     return absl::StrCat("step 0 (no committed checkpoint in ", o.checkpoint_dir,
                         ")");
   }

@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -94,24 +93,6 @@ int RunDir::ReadPort(const std::string& name) const {
 void RunDir::RemovePort(const std::string& name) const {
   std::error_code ec;
   fs::remove(PortPath(name), ec);
-}
-
-int64_t NewestCommittedStep(const std::string& checkpoint_dir) {
-  int64_t newest = -1;
-  std::error_code ec;
-  std::error_code unreadable;  // counts as not committed
-  for (fs::directory_iterator it(checkpoint_dir, ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    absl::string_view digits = name;
-    int64_t step = 0;
-    if (absl::ConsumePrefix(&digits, "step-") &&
-        absl::SimpleAtoi(digits, &step) && step > newest &&
-        fs::exists(it->path() / "COMMITTED", unreadable)) {
-      newest = step;
-    }
-  }
-  return newest;
 }
 
 absl::StatusOr<std::string> FinalMetricsLine(const std::string& path,

@@ -1,7 +1,6 @@
 // The run directory of shardps-local: logs/NAME.log, pids/NAME.pid and
 // ports/NAME.port for each process (NAME: server-0, worker-1, ...), plus the
-// metrics.csv and model.safetensors that worker 0 writes; and where the
-// servers' checkpoints stand. Not thread-safe.
+// metrics.csv and model.safetensors that worker 0 writes. Not thread-safe.
 #ifndef SHARDPS_DEPLOY_LOCAL_RUN_DIR_H_
 #define SHARDPS_DEPLOY_LOCAL_RUN_DIR_H_
 
@@ -46,11 +45,6 @@ class RunDir {
  private:
   std::string root_;
 };
-
-// The step of the newest checkpoint in `checkpoint_dir` that was committed
-// (step-N/COMMITTED exists), or -1 if there is none. Servers restore it at
-// start (or an older one, should it not check out).
-int64_t NewestCommittedStep(const std::string& checkpoint_dir);
 
 // "final: epoch=E step=S test_accuracy=A train_loss=L wall_s=T\n" from the
 // last row of the metrics CSV at `path`, with T = `wall` in seconds. NotFound

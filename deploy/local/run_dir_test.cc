@@ -41,21 +41,6 @@ TEST(RunDirTest, PrepareRemovesStaleResultsAndKeepsLogs) {
   EXPECT_TRUE(fs::exists(dir.LogPath("server-0")));
 }
 
-TEST(RunDirTest, NewestCommittedStepSkipsUncommittedSteps) {
-  const std::string dir = testing::MakeTempDir("run_dir_test") + "/ckpt";
-  EXPECT_EQ(NewestCommittedStep(dir), -1);  // no directory yet
-  for (const char* step : {"step-000000000020", "step-000000000040",
-                           "step-000000000060", "step-x"}) {
-    fs::create_directories(absl::StrCat(dir, "/", step));
-  }
-  EXPECT_EQ(NewestCommittedStep(dir), -1);
-  WriteText(dir + "/step-000000000020/COMMITTED", "");
-  WriteText(dir + "/step-000000000040/COMMITTED", "");
-  WriteText(dir + "/step-x/COMMITTED", "");
-  // step 60 is still being written.
-  EXPECT_EQ(NewestCommittedStep(dir), 40);
-}
-
 TEST(RunDirTest, RemovePortForgetsTheOldPort) {
   const RunDir dir(testing::MakeTempDir("run_dir_test") + "/run");
   SHARDPS_ASSERT_OK(dir.Prepare());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "grpc/grpc.h"
 #include "server/coordinator/coordinator_protocol.h"
 
@@ -75,11 +76,8 @@ absl::StatusOr<v1::JoinResponse> CoordinatorClient::JoinOnce(
   ctx.set_deadline(ToChrono(absl::Now() + options_.rpc_timeout));
   v1::JoinResponse response;
   const absl::Status s = FromGrpcStatus(stub_->Join(&ctx, request, &response));
-  if (!s.ok()) {
-    return absl::Status(
-        s.code(),
-        absl::StrCat("coordinator ", options_.coordinator, ": ", s.message()));
-  }
+  if (!s.ok())
+    return WithPrefix(absl::StrCat("coordinator ", options_.coordinator), s);
   return response;
 }
 
@@ -263,9 +261,9 @@ void CoordinatorClient::Beat() {
   }
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
-    health_ = absl::Status(
-        s.code(), absl::StrCat("heartbeat to coordinator ",
-                               options_.coordinator, " failed: ", s.message()));
+    health_ = WithPrefix(absl::StrCat("heartbeat to coordinator ",
+                                      options_.coordinator, " failed"),
+                         s);
     return;
   }
   health_ = absl::OkStatus();
@@ -281,11 +279,9 @@ void CoordinatorClient::Rejoin() {
   absl::StatusOr<v1::JoinResponse> response = JoinOnce(request);
   if (!response.ok()) {
     absl::MutexLock lock(&mu_);
-    health_ = absl::Status(
-        response.status().code(),
-        absl::StrCat("the coordinator forgot this member and joining again "
-                     "failed: ",
-                     response.status().message()));
+    health_ = WithPrefix(
+        "the coordinator forgot this member and joining again failed",
+        response.status());
     return;
   }
   Adopt(*response);
@@ -368,10 +364,8 @@ absl::Status CoordinatorClient::LeaveOnce(bool finished, absl::Time deadline) {
       ToChrono(std::min(deadline, absl::Now() + options_.rpc_timeout)));
   v1::LeaveResponse response;
   const absl::Status s = FromGrpcStatus(stub_->Leave(&ctx, request, &response));
-  if (s.ok()) return s;
-  return absl::Status(
-      s.code(), absl::StrCat("leaving at coordinator ", options_.coordinator,
-                             ": ", s.message()));
+  return WithPrefix(
+      absl::StrCat("leaving at coordinator ", options_.coordinator), s);
 }
 
 absl::Status CoordinatorClient::Leave(absl::Time deadline) {

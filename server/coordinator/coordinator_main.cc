@@ -11,15 +11,14 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/daemon_flags.h"
+#include "common/grpc_server.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/membership.h"
@@ -60,11 +59,6 @@ absl::StatusOr<MembershipOptions> OptionsFromFlags() {
   std::random_device random;
   o.incarnation = (uint64_t{random()} << 32) | random();
   return o;
-}
-
-std::string ListenAddress(const std::string& host, int port) {
-  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
-  return absl::StrCat(ipv6 ? absl::StrCat("[", host, "]") : host, ":", port);
 }
 
 // Logs (and counts, when `metrics` is not null) membership events and
@@ -109,24 +103,6 @@ class MembershipTicker {
   absl::Notification stop_;
   std::thread thread_;  // last: starts once the rest is built
 };
-
-// Builds and starts the gRPC server: the service, health and reflection.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
-    CoordinatorService* service, const SecurityOptions& security, int* port) {
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  const std::string address =
-      ListenAddress(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, MakeServerCredentials(security), port);
-  builder.RegisterService(service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || *port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
-  }
-  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-  return server;
-}
 
 // How often the main thread looks at the job while it waits for a signal.
 constexpr absl::Duration kJobCheckInterval = absl::Milliseconds(100);
@@ -188,9 +164,14 @@ absl::Status Run() {
   }
   // Declared before the server: it must outlive it.
   CoordinatorService service(membership.get(), metrics.get());
+  GrpcServerOptions grpc_options;
+  grpc_options.host = absl::GetFlag(FLAGS_host);
+  grpc_options.port = absl::GetFlag(FLAGS_port);
+  grpc_options.security = security;
   int port = 0;
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
-                           StartServer(&service, security, &port));
+                           StartGrpcServer(grpc_options, {&service}, &port));
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   MembershipTicker ticker(membership.get(), options.heartbeat_timeout,
                           metrics.get());
   LogInfo(

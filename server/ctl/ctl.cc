@@ -46,7 +46,7 @@ absl::Status CallError(const std::string& address, absl::string_view method,
                   ? absl::StrCat("does not serve ", method)
                   : absl::StrCat(method, " failed");
   }
-  return absl::Status(status.code(), absl::StrCat(address, ": ", message));
+  return WithPrefix(address, absl::Status(status.code(), message));
 }
 
 std::string Seconds(int64_t ms) {
