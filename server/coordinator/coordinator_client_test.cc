@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_protocol.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/join_job.h"
 #include "server/coordinator/membership.h"
 
 namespace shardps::coordinator {
@@ -128,6 +129,41 @@ TEST_F(CoordinatorClientTest, JoinGivesUpAtTheDeadlineOrOnAFatalError) {
       NewClient()->Join(v1::ROLE_WORKER, "w", kAnyIndex, "other", Deadline());
   EXPECT_EQ(wrong_job.code(), absl::StatusCode::kFailedPrecondition)
       << wrong_job;
+}
+
+TEST_F(CoordinatorClientTest, JoinJobTellsEachRetryInOneLine) {
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+  JoinOptions o;
+  o.client.coordinator = address();
+  o.client.initial_backoff = absl::Milliseconds(20);
+  o.client.max_backoff = absl::Milliseconds(100);
+  o.role = v1::ROLE_WORKER;
+  o.address = "w";
+  o.job_id = kJob;
+  o.timeout = absl::Milliseconds(300);
+  o.on_retry = [&](const std::string& line) {
+    absl::MutexLock lock(&mu);
+    lines.push_back(line);
+  };
+  const absl::StatusOr<std::unique_ptr<CoordinatorClient>> late = JoinJob(o);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << late.status();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_TRUE(absl::StartsWith(lines[0], "not joined yet (UNAVAILABLE: "))
+        << lines[0];
+    EXPECT_TRUE(absl::StrContains(lines[0], "; retrying in ")) << lines[0];
+  }
+
+  TestCoordinator coordinator(reservation_->port(), 1, 1, absl::Seconds(30));
+  o.timeout = absl::Seconds(30);
+  o.requested_index = 0;
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> joined = JoinJob(o);
+  SHARDPS_ASSERT_OK(joined);
+  EXPECT_EQ((*joined)->index(), 0u);
+  EXPECT_TRUE((*joined)->view().workers(0).alive());
 }
 
 TEST_F(CoordinatorClientTest, ViewsProgressAndFinishingEndTheJob) {
