@@ -80,11 +80,6 @@ absl::Status RunParallel(size_t n,
   return absl::OkStatus();
 }
 
-absl::Status WithAddress(const absl::Status& s, const std::string& what) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
-
 }  // namespace
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {}
@@ -137,8 +132,8 @@ absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
     // UNAVAILABLE from the shard itself: it has not yet seen the
     // coordinator's view that admitted this process. Ask again.
     if (!absl::IsUnavailable(s) || absl::Now() + backoff > deadline) {
-      return WithAddress(
-          s, absl::StrCat("Declare on shard ", shard, " at ", lane.address));
+      return WithPrefix(
+          absl::StrCat("Declare on shard ", shard, " at ", lane.address), s);
     }
     absl::SleepFor(backoff);
     backoff = std::min(2 * backoff, absl::Seconds(1));
@@ -374,9 +369,9 @@ absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
-    return WithAddress(lane_status,
-                       absl::StrCat("step ", step, " on shard ", lane->shard,
-                                    " at ", lane->address));
+    return WithPrefix(absl::StrCat("step ", step, " on shard ", lane->shard,
+                                   " at ", lane->address),
+                      lane_status);
   });
   absl::Time pushed = start;
   for (const auto& lane : lanes_) pushed = std::max(pushed, lane->writes_done);
@@ -449,8 +444,8 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  return WithAddress(
-      status, absl::StrCat("Pull from shard ", shard, " at ", lane.address));
+  return WithPrefix(
+      absl::StrCat("Pull from shard ", shard, " at ", lane.address), status);
 }
 
 absl::Status Client::Pull(const Tensors& weights) {
@@ -497,10 +492,10 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> Client::ShardStatus() {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(options_.probe_timeout));
     Stream& lane = *lanes_[shard * options_.streams_per_shard];
-    return WithAddress(
+    return WithPrefix(
+        absl::StrCat("GetStatus of shard ", shard, " at ", lane.address),
         FromGrpcStatus(
-            lane.stub->GetStatus(&ctx, v1::GetStatusRequest(), &out[shard])),
-        absl::StrCat("GetStatus of shard ", shard, " at ", lane.address));
+            lane.stub->GetStatus(&ctx, v1::GetStatusRequest(), &out[shard])));
   }));
   return out;
 }

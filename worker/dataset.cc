@@ -22,12 +22,6 @@
 namespace shardps::worker {
 namespace {
 
-absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(prefix, ": ", status.message()));
-}
-
 // ---- IDX files --------------------------------------------------------------
 
 constexpr uint32_t kIdxImagesMagic = 0x803;  // uint8 data, 3 dimensions

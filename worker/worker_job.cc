@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "server/coordinator/cluster_view.h"
+#include "server/coordinator/join_job.h"
 
 namespace shardps::worker {
 namespace {
@@ -154,32 +155,29 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
 
 // Joins the job at the coordinator, retrying while it is not up yet (until
 // connect_timeout); the client then heartbeats in the background.
-absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinJob(
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinAsWorker(
     const WorkerJobOptions& o) {
-  coordinator::CoordinatorClientOptions cco;
-  cco.coordinator = o.coordinator;
-  cco.incarnation = o.incarnation;
-  cco.security = o.security;
-  cco.on_retry = [](const absl::Status& reason, absl::Duration wait) {
-    LogInfo("not joined yet (%s); retrying in %s", reason.ToString(),
-            absl::FormatDuration(wait));
-  };
-  SHARDPS_ASSIGN_OR_RETURN(
-      std::unique_ptr<coordinator::CoordinatorClient> client,
-      coordinator::CoordinatorClient::Create(cco));
+  coordinator::JoinOptions join;
+  join.client.coordinator = o.coordinator;
+  join.client.incarnation = o.incarnation;
+  join.client.security = o.security;
+  join.role = v1::ROLE_WORKER;
+  join.address = o.label;
+  join.requested_index = o.rank;
+  join.job_id = o.job_id;
+  join.timeout = o.connect_timeout;
+  join.on_retry = [](const std::string& line) { LogInfo("%s", line); };
   LogInfo("joining job %s at coordinator %s, rank %s", o.job_id, o.coordinator,
           o.rank < 0 ? "any" : absl::StrCat(o.rank));
-  SHARDPS_RETURN_IF_ERROR(client->Join(v1::ROLE_WORKER, o.label, o.rank,
-                                       o.job_id,
-                                       absl::Now() + o.connect_timeout));
-  return client;
+  return coordinator::JoinJob(std::move(join));
 }
 
 // Joins, trains, and tells the coordinator this rank finished (or leaves,
 // after a failure).
 absl::Status RunCoordinated(const WorkerJobOptions& o) {
   SHARDPS_ASSIGN_OR_RETURN(
-      std::unique_ptr<coordinator::CoordinatorClient> coordinator, JoinJob(o));
+      std::unique_ptr<coordinator::CoordinatorClient> coordinator,
+      JoinAsWorker(o));
   Placement placement;
   placement.rank = coordinator->index();
   placement.num_workers = coordinator->view().num_workers();

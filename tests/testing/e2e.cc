@@ -1,14 +1,10 @@
 #include "tests/testing/e2e.h"
 
-#include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "common/checkpoint_steps.h"
 #include "gtest/gtest.h"
 
 namespace shardps::testing {
@@ -54,20 +50,7 @@ std::vector<std::string> ReadLines(const std::string& path) {
 }
 
 int64_t NewestCommitted(const std::string& dir) {
-  namespace fs = std::filesystem;
-  int64_t newest = -1;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string file = e.path().filename().string();
-    absl::string_view name = file;
-    int64_t step = 0;
-    std::error_code missing;
-    if (absl::ConsumePrefix(&name, "step-") && absl::SimpleAtoi(name, &step) &&
-        fs::exists(e.path() / "COMMITTED", missing)) {
-      newest = std::max(newest, step);
-    }
-  }
-  return newest;
+  return NewestCommittedStep(dir).value_or(kNoCommittedStep);
 }
 
 }  // namespace shardps::testing

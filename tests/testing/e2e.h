@@ -33,8 +33,8 @@ std::string ReadFile(const std::string& path);
 // The file's lines, without their newlines (none when it cannot be read).
 std::vector<std::string> ReadLines(const std::string& path);
 
-// The newest step-N directory of checkpoint directory `dir` that holds a
-// COMMITTED marker, or -1 (also when `dir` does not exist).
+// NewestCommittedStep(dir) (common/checkpoint_steps.h), or -1 when none is
+// committed or `dir` cannot be read: for polling loops.
 int64_t NewestCommitted(const std::string& dir);
 
 }  // namespace shardps::testing
