@@ -90,10 +90,12 @@ TEST_F(SnapshotFixture, ResetRequestsAgainTheStepsNotHandedOver) {
   Advance(0, 1);
   Advance(0, 2);  // chunk 0 copied step 2; chunk 1 has not reached it
   {
-    absl::MutexLock lock0(&chunks_[0]->mu);
-    absl::MutexLock lock1(&chunks_[1]->mu);
+    Chunk* first = chunks_[0].get();
+    Chunk* second = chunks_[1].get();
+    absl::MutexLock lock0(&first->mu);
+    absl::MutexLock lock1(&second->mu);
     scheduler_->Reset(1);
-    chunks_[0]->version = 1;
+    first->version = 1;
   }
   // Both pass step 2 again (after the rollback): one hand-over, complete.
   Advance(0, 2);
