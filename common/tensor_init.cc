@@ -2,16 +2,10 @@
 
 #include <cmath>
 
+#include "common/splitmix64.h"
+
 namespace shardps {
 namespace {
-
-// splitmix64: a strong 64-bit mixer, used as a counter-based generator.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in (0, 1): 53 random bits, never exactly 0 (log() below).
 double Uniform01(uint64_t bits) {
@@ -22,7 +16,7 @@ double Uniform01(uint64_t bits) {
 
 void FillInit(const v1::InitSpec& init, uint32_t tensor, int64_t offset,
               float* out, int64_t n) {
-  const uint64_t key = Mix(init.seed() ^ Mix(tensor + 1));
+  const uint64_t key = SplitMix64(init.seed() ^ SplitMix64(tensor + 1));
   const double scale = init.value();
   constexpr double kTwoPi = 6.283185307179586;
   for (int64_t i = 0; i < n; ++i) {
@@ -33,12 +27,12 @@ void FillInit(const v1::InitSpec& init, uint32_t tensor, int64_t offset,
         break;
       case v1::InitSpec::KIND_UNIFORM:
         out[i] = static_cast<float>(
-            scale * (2.0 * Uniform01(Mix(key ^ (2 * counter))) - 1.0));
+            scale * (2.0 * Uniform01(SplitMix64(key ^ (2 * counter))) - 1.0));
         break;
       case v1::InitSpec::KIND_NORMAL: {
         // Box-Muller on two independent streams of the same counter.
-        const double u1 = Uniform01(Mix(key ^ (2 * counter)));
-        const double u2 = Uniform01(Mix(key ^ (2 * counter + 1)));
+        const double u1 = Uniform01(SplitMix64(key ^ (2 * counter)));
+        const double u2 = Uniform01(SplitMix64(key ^ (2 * counter + 1)));
         out[i] = static_cast<float>(scale * std::sqrt(-2.0 * std::log(u1)) *
                                     std::cos(kTwoPi * u2));
         break;

@@ -216,7 +216,9 @@ template <typename Len>
                                        float* __restrict w) {
   for (int64_t i = 0; i < len; ++i) w[i] -= lr * g[i];
 }
-template <typename Len>
+// Heavy-ball momentum, or Nesterov's when kNesterov; a template parameter so
+// that each instance compiles to its own branch-free, vectorised loop.
+template <bool kNesterov, typename Len>
 [[gnu::always_inline]] inline void SgdMomentum(Len len, float lr,
                                                float momentum,
                                                const float* __restrict g,
@@ -225,19 +227,11 @@ template <typename Len>
   for (int64_t i = 0; i < len; ++i) {
     const float b = momentum * buf[i] + g[i];
     buf[i] = b;
-    w[i] -= lr * b;
-  }
-}
-template <typename Len>
-[[gnu::always_inline]] inline void SgdNesterov(Len len, float lr,
-                                               float momentum,
-                                               const float* __restrict g,
-                                               float* __restrict w,
-                                               float* __restrict buf) {
-  for (int64_t i = 0; i < len; ++i) {
-    const float b = momentum * buf[i] + g[i];
-    buf[i] = b;
-    w[i] -= lr * (g[i] + momentum * b);
+    if constexpr (kNesterov) {
+      w[i] -= lr * (g[i] + momentum * b);
+    } else {
+      w[i] -= lr * b;
+    }
   }
 }
 
@@ -331,10 +325,10 @@ template <typename Len>
       Sgd(len, k.lr, g, w);
       break;
     case Rule::kSgdMomentum:
-      SgdMomentum(len, k.lr, k.momentum, g, w, slots[0]);
+      SgdMomentum</*kNesterov=*/false>(len, k.lr, k.momentum, g, w, slots[0]);
       break;
     case Rule::kSgdNesterov:
-      SgdNesterov(len, k.lr, k.momentum, g, w, slots[0]);
+      SgdMomentum</*kNesterov=*/true>(len, k.lr, k.momentum, g, w, slots[0]);
       break;
     case Rule::kAdamW:
       if (k.weight_decay != 0) Scale(len, k.decay, w);

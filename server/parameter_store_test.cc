@@ -299,23 +299,8 @@ namespace {
 // Trains a 2-worker sync store for `steps` steps of deterministic gradients.
 void TrainSync(ParameterStore* store, int64_t from, int64_t to) {
   for (int64_t step = from; step < to; ++step) {
-    auto sink = std::make_shared<CollectingSink>();
-    for (uint32_t rank = 0; rank < 2; ++rank) {
-      std::vector<float> g(40);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * (i + rank + step);
-      for (uint32_t chunk = 0; chunk < 10; ++chunk) {
-        std::string bytes = Bytes(std::vector<float>(
-            g.begin() + chunk * 4, g.begin() + chunk * 4 + 4));
-        StringByteSource payload(bytes);
-        PushArgs args;
-        args.rank = rank;
-        args.step = step;
-        args.chunk_id = chunk;
-        args.payload = &payload;
-        ASSERT_TRUE(store->Push(args, sink).ok());
-      }
-    }
-    ASSERT_EQ(sink->Wait(20).size(), 20u);
+    PushSyncStep(store, step, /*workers=*/2, /*first=*/0, /*last=*/10,
+                 /*chunk_stride=*/4);
   }
 }
 

@@ -84,25 +84,7 @@ std::unique_ptr<ParameterStore> Declared(const StoreOptions& options) {
 // them are applied.
 void PushStep(ParameterStore* store, int64_t step, uint32_t first = 0,
               uint32_t last = kChunks) {
-  auto sink = std::make_shared<CollectingSink>();
-  for (uint32_t rank = 0; rank < kWorkers; ++rank) {
-    for (uint32_t chunk = first; chunk < last; ++chunk) {
-      std::vector<float> g(4);
-      for (size_t i = 0; i < g.size(); ++i) {
-        g[i] = 0.01f * static_cast<float>(i + chunk + rank + step);
-      }
-      const std::string bytes(reinterpret_cast<const char*>(g.data()), 16);
-      StringByteSource payload(bytes);
-      PushArgs args;
-      args.rank = rank;
-      args.step = step;
-      args.chunk_id = chunk;
-      args.payload = &payload;
-      ASSERT_TRUE(store->Push(args, sink).ok());
-    }
-  }
-  ASSERT_EQ(sink->Wait(kWorkers * (last - first)).size(),
-            kWorkers * (last - first));
+  PushSyncStep(store, step, kWorkers, first, last, /*chunk_stride=*/1);
 }
 
 void Train(ParameterStore* store, int64_t from, int64_t to) {

@@ -1,6 +1,7 @@
 // What the ParameterStore's tests share: a ReplySink that keeps every reply
-// and failure (Wait(n) blocks up to 30 s until `n` replies have arrived), and
-// a fixture with a one-tensor SGD model. Test-only.
+// and failure (Wait(n) blocks up to 30 s until `n` replies have arrived), a
+// fixture with a one-tensor SGD model, and a whole sync step of seeded
+// gradients. Test-only.
 #ifndef SHARDPS_SERVER_STORE_TESTING_H_
 #define SHARDPS_SERVER_STORE_TESTING_H_
 
@@ -59,6 +60,33 @@ inline std::vector<float> Floats(const WeightsBuffer& weights) {
 
 inline std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// Pushes step `step` of ranks [0, workers) to chunks [first, last) of four
+// floats each, rank after rank, and waits for every reply. Element j of chunk
+// c from rank r is 0.01 * (j + chunk_stride * c + r + step).
+inline void PushSyncStep(ParameterStore* store, int64_t step, uint32_t workers,
+                         uint32_t first, uint32_t last, uint32_t chunk_stride) {
+  auto sink = std::make_shared<CollectingSink>();
+  for (uint32_t rank = 0; rank < workers; ++rank) {
+    for (uint32_t chunk = first; chunk < last; ++chunk) {
+      std::vector<float> g(4);
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] =
+            0.01f * static_cast<float>(i + chunk_stride * chunk + rank + step);
+      }
+      const std::string bytes = Bytes(g);
+      StringByteSource payload(bytes);
+      PushArgs args;
+      args.rank = rank;
+      args.step = step;
+      args.chunk_id = chunk;
+      args.payload = &payload;
+      ASSERT_TRUE(store->Push(args, sink).ok());
+    }
+  }
+  const size_t replies = size_t{workers} * (last - first);
+  ASSERT_EQ(sink->Wait(replies).size(), replies);
 }
 
 // One tensor "w" of `n` elements initialised to 1.0, SGD with lr = 1 so the

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,32 +17,8 @@
 namespace shardps::worker {
 namespace {
 
-using ::shardps::worker::testing::RandomFloats;
-
-// A model, its parameters and a batch, all seeded.
-struct Problem {
-  ModelSpec spec;
-  std::vector<std::vector<float>> params;
-  std::vector<float> x;
-  std::vector<int32_t> labels;
-
-  std::vector<absl::Span<const float>> param_spans() const {
-    return {params.begin(), params.end()};
-  }
-};
-
-Problem MakeProblem(const std::vector<int64_t>& sizes, int b, uint32_t seed) {
-  Problem p{ModelSpec(sizes), {}, {}, {}};
-  for (const ParamSpec& s : p.spec.Params(seed)) {
-    p.params.push_back(RandomFloats(s.num_elements(), seed++, 0.8f));
-  }
-  p.x = RandomFloats(static_cast<size_t>(b) * sizes.front(), seed++, 1.0f);
-  std::mt19937 rng(seed);
-  for (int i = 0; i < b; ++i) {
-    p.labels.push_back(static_cast<int32_t>(rng() % sizes.back()));
-  }
-  return p;
-}
+using ::shardps::worker::testing::MakeProblem;
+using ::shardps::worker::testing::Problem;
 
 // scale * (sum of the rows' cross-entropy), in double: the independent
 // reference the backend's float gradients are checked against.

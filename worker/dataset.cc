@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/splitmix64.h"
 #include "common/status.h"
 
 namespace shardps::worker {
@@ -539,13 +540,6 @@ absl::StatusOr<Dataset> LoadDatasetSpec(absl::string_view spec, bool train,
 // ---- epochs and slices -----------------------------------------------------
 
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [0, bound), unbiased: draws below 2^64 mod bound are redrawn, so
 // the accepted range holds a whole number of copies of [0, bound).

@@ -9,19 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/splitmix64.h"
 
 namespace shardps::worker {
 namespace {
 
 // Layer widths stay within int range for BLAS, with room to spare.
 constexpr int64_t kMaxLayerSize = int64_t{1} << 24;
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 }  // namespace
 

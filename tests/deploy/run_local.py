@@ -410,16 +410,21 @@ class Checker:
                           else f"{what}: got {got!r}, want {want!r}")
 
 
-def rank0_outputs(members):
-    rank0 = next(m for m in members if m.argv[0] == "shardps-worker"
-                 and df.flag_dict(m.argv).get("rank") == "0")
-    flags = df.flag_dict(rank0.argv)
-    # Flag files (the TLS overlay adds a second) may give them instead.
-    for name, flagfile in df.flags_of(rank0.argv):
+def member_flags(m):
+    """A member's flags, its flag file's included (later ones win): the TLS
+    overlay adds a second flag file."""
+    flags = df.flag_dict(m.argv)
+    for name, flagfile in df.flags_of(m.argv):
         if name == "flagfile":
             with open(flagfile) as f:
                 flags = {**df.flag_dict(df.flagfile_lines(f.read())), **flags}
     return flags
+
+
+def rank0_outputs(members):
+    rank0 = next(m for m in members if m.argv[0] == "shardps-worker"
+                 and df.flag_dict(m.argv).get("rank") == "0")
+    return member_flags(rank0)
 
 
 def check_outputs(c, members):
@@ -467,16 +472,6 @@ def check_metrics(c, members):
                                capture_output=True, text=True, timeout=60)
             c.check(r.returncode == 0,
                     f"{m.name}: promtool check metrics{': ' + r.stdout + r.stderr if r.returncode else ''}")
-
-
-def member_flags(m):
-    """A member's flags, its flag file's included (later ones win)."""
-    flags = df.flag_dict(m.argv)
-    for name, flagfile in df.flags_of(m.argv):
-        if name == "flagfile":
-            with open(flagfile) as f:
-                flags = {**df.flag_dict(df.flagfile_lines(f.read())), **flags}
-    return flags
 
 
 def committed_steps(members):

@@ -27,18 +27,10 @@ constexpr int kWorkers = 2;
 constexpr int kEvery = 20;
 
 std::vector<std::string> WorkerFlags() {
-  return {"--dataset=fashion-mnist",
-          "--model=mlp:784-64-32-10",
-          "--batch_size=64",
-          "--max_steps=200",
-          "--train_limit=12800",
-          "--test_limit=500",
-          "--chunk_kib=16",
-          "--backend=cpu",
-          "--seed=9",
-          "--optimizer=adam",
-          "--lr=0.002",
-          "--fault_step_delay_ms=5"};
+  std::vector<std::string> flags =
+      testing::KillJobTrainingFlags(/*max_steps=*/200);
+  flags.push_back("--fault_step_delay_ms=5");
+  return flags;
 }
 
 // A job of `num_servers` static servers and kWorkers workers as processes

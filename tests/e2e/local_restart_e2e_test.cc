@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -41,22 +42,13 @@ constexpr int kMaxSteps = 200;  // --max_steps
 // A sync job of a few seconds; the step delay keeps it running long enough
 // to be killed between checkpoints.
 std::vector<std::string> JobFlags(const std::string& run_dir) {
-  return {"--servers=2",
-          "--workers=2",
-          "--dataset=fashion-mnist",
-          "--model=mlp:784-64-32-10",
-          "--batch_size=64",
-          absl::StrCat("--max_steps=", kMaxSteps),
-          "--train_limit=12800",
-          "--test_limit=500",
-          "--chunk_kib=16",
-          "--backend=cpu",
-          "--seed=9",
-          "--optimizer=adam",
-          "--lr=0.002",
-          "--worker_extra_args=--fault_step_delay_ms=5",
-          "--timeout_s=300",
-          "--run_dir=" + run_dir};
+  std::vector<std::string> flags = {"--servers=2", "--workers=2"};
+  for (std::string& flag : testing::KillJobTrainingFlags(kMaxSteps)) {
+    flags.push_back(std::move(flag));
+  }
+  flags.insert(flags.end(), {"--worker_extra_args=--fault_step_delay_ms=5",
+                             "--timeout_s=300", "--run_dir=" + run_dir});
+  return flags;
 }
 
 // The time stamp of the first line of the log at `path` that contains

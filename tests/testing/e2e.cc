@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint_steps.h"
 #include "gtest/gtest.h"
 
@@ -51,6 +52,20 @@ std::vector<std::string> ReadLines(const std::string& path) {
 
 int64_t NewestCommitted(const std::string& dir) {
   return NewestCommittedStep(dir).value_or(kNoCommittedStep);
+}
+
+std::vector<std::string> KillJobTrainingFlags(int max_steps) {
+  return {"--dataset=fashion-mnist",
+          "--model=mlp:784-64-32-10",
+          "--batch_size=64",
+          absl::StrCat("--max_steps=", max_steps),
+          "--train_limit=12800",
+          "--test_limit=500",
+          "--chunk_kib=16",
+          "--backend=cpu",
+          "--seed=9",
+          "--optimizer=adam",
+          "--lr=0.002"};
 }
 
 }  // namespace shardps::testing

@@ -1,6 +1,7 @@
 // Small helpers shared by the end-to-end tests: starting daemons and running
 // commands with a test failure instead of a status, waiting for a clean exit,
-// reading files and checkpoint directories. Test-only.
+// reading files and checkpoint directories, and the kill tests' job.
+// Test-only.
 #ifndef SHARDPS_TESTS_TESTING_E2E_H_
 #define SHARDPS_TESTS_TESTING_E2E_H_
 
@@ -36,6 +37,12 @@ std::vector<std::string> ReadLines(const std::string& path);
 // NewestCommittedStep(dir) (common/checkpoint_steps.h), or -1 when none is
 // committed or `dir` cannot be read: for polling loops.
 int64_t NewestCommitted(const std::string& dir);
+
+// The training flags of the seeded sync job that the kill tests interrupt and
+// compare with an uninterrupted run: `max_steps` steps of Adam on 12800
+// Fashion-MNIST images on the CPU backend, in 16 KiB chunks. Every run of
+// them ends with the same model, bit for bit.
+std::vector<std::string> KillJobTrainingFlags(int max_steps);
 
 }  // namespace shardps::testing
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -17,30 +16,13 @@
 namespace shardps::worker {
 namespace {
 
-using ::shardps::worker::testing::RandomFloats;
-
-struct Problem {
-  ModelSpec spec;
-  std::vector<std::vector<float>> params;
-  std::vector<float> x;
-  std::vector<int32_t> labels;
-};
+using ::shardps::worker::testing::MakeProblem;
+using ::shardps::worker::testing::Problem;
+using ::shardps::worker::testing::ProblemScales;
 
 // Parameters at roughly their initial scale, inputs in [0, 1) like pixels.
-Problem MakeProblem(const std::vector<int64_t>& sizes, int b, uint32_t seed) {
-  Problem p{ModelSpec(sizes), {}, {}, {}};
-  for (const ParamSpec& s : p.spec.Params(seed)) {
-    const float scale = s.init == ParamSpec::Init::kNormal ? 2 * s.std : 0.1f;
-    p.params.push_back(RandomFloats(s.num_elements(), seed++, scale));
-  }
-  p.x = RandomFloats(static_cast<size_t>(b) * sizes.front(), seed++, 0.5f);
-  for (float& v : p.x) v += 0.5f;
-  std::mt19937 rng(seed);
-  for (int i = 0; i < b; ++i) {
-    p.labels.push_back(static_cast<int32_t>(rng() % sizes.back()));
-  }
-  return p;
-}
+constexpr ProblemScales kPixels{/*param=*/0.1f, /*by_init=*/true, /*x=*/0.5f,
+                                /*x_center=*/0.5f};
 
 std::vector<absl::Span<const float>> ConstSpans(
     const std::vector<std::vector<float>>& v) {
@@ -111,7 +93,7 @@ TEST(CudaBackendTest, GradientsMatchCpuReference) {
                                          {{6, 5, 4, 3}, 7},
                                          {{50, 300, 20}, 1}}) {
     SCOPED_TRACE(ModelSpec(c.sizes).ToString());
-    const Problem p = MakeProblem(c.sizes, c.b, /*seed=*/17);
+    const Problem p = MakeProblem(c.sizes, c.b, /*seed=*/17, kPixels);
     MAKE_PAIR_OR_SKIP(pair, p, c.b);
     std::vector<std::vector<float>> want, got;
     for (const ParamSpec& s : p.spec.Params(0)) {
@@ -134,7 +116,7 @@ TEST(CudaBackendTest, GradientsMatchCpuReference) {
 
 TEST(CudaBackendTest, TrainingStepMatchesCpuReference) {
   const int b = 128;
-  Problem p = MakeProblem({784, 128, 64, 10}, b, /*seed=*/23);
+  Problem p = MakeProblem({784, 128, 64, 10}, b, /*seed=*/23, kPixels);
   MAKE_PAIR_OR_SKIP(pair, p, b);
   EXPECT_EQ(pair.cuda->name().rfind("cuda:0 (", 0), 0u) << pair.cuda->name();
   // One SGD step from the same weights on each backend, then compare the
@@ -174,7 +156,7 @@ TEST(CudaBackendTest, TrainingStepMatchesCpuReference) {
 }
 
 TEST(CudaBackendTest, EvaluateInChunksMatchesCpuAndReinitWorks) {
-  const Problem p = MakeProblem({20, 16, 5}, 300, /*seed=*/31);
+  const Problem p = MakeProblem({20, 16, 5}, 300, /*seed=*/31, kPixels);
   MAKE_PAIR_OR_SKIP(pair, p, 64);  // 300 rows: five chunks
   absl::StatusOr<EvalResult> want = pair.cpu->Evaluate(p.x, p.labels);
   absl::StatusOr<EvalResult> got = pair.cuda->Evaluate(p.x, p.labels);
@@ -183,7 +165,7 @@ TEST(CudaBackendTest, EvaluateInChunksMatchesCpuAndReinitWorks) {
   EXPECT_NEAR(got->mean_loss, want->mean_loss, 1e-5 * want->mean_loss);
   EXPECT_EQ(got->correct, want->correct);
 
-  const Problem q = MakeProblem({20, 5}, 10, /*seed=*/37);
+  const Problem q = MakeProblem({20, 5}, 10, /*seed=*/37, kPixels);
   SHARDPS_ASSERT_OK(pair.cuda->Init(q.spec, 10));
   SHARDPS_ASSERT_OK(pair.cuda->SetParams(ConstSpans(q.params)));
   SHARDPS_ASSERT_OK(pair.cpu->Init(q.spec, 10));
@@ -196,7 +178,7 @@ TEST(CudaBackendTest, EvaluateInChunksMatchesCpuAndReinitWorks) {
 }
 
 TEST(CudaBackendTest, BadLabelIsInvalidArgument) {
-  const Problem p = MakeProblem({4, 3}, 2, /*seed=*/41);
+  const Problem p = MakeProblem({4, 3}, 2, /*seed=*/41, kPixels);
   MAKE_PAIR_OR_SKIP(pair, p, 2);
   const std::vector<int32_t> bad = {0, 7};
   EXPECT_EQ(pair.cuda->Evaluate(p.x, bad).status().code(),
