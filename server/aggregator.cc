@@ -2,21 +2,21 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/async_aggregator.h"
 #include "server/sync_aggregator.h"
 
 namespace shardps::server {
 
-v1::Consistency ConsistencyOf(Mode mode) {
+std::string ConsistencyName(v1::Consistency mode, int64_t staleness) {
   switch (mode) {
-    case Mode::kSync:
-      return v1::CONSISTENCY_SYNC;
-    case Mode::kAsync:
-      return v1::CONSISTENCY_ASYNC;
-    case Mode::kSsp:
-      return v1::CONSISTENCY_SSP;
+    case v1::CONSISTENCY_ASYNC:
+      return "async";
+    case v1::CONSISTENCY_SSP:
+      return absl::StrCat("ssp:", staleness);
+    default:
+      return "sync";
   }
-  return v1::CONSISTENCY_UNSPECIFIED;
 }
 
 std::unique_ptr<Aggregator> Aggregator::Create(const AggregatorOptions& options,
@@ -24,12 +24,13 @@ std::unique_ptr<Aggregator> Aggregator::Create(const AggregatorOptions& options,
                                                const ChunkUpdater* updater,
                                                const RankTracker* ranks,
                                                ThreadPool* pool) {
-  if (options.mode == Mode::kSync) {
-    return std::make_unique<SyncAggregator>(options, std::move(chunks), updater,
-                                            ranks, pool);
+  if (options.mode == v1::CONSISTENCY_ASYNC ||
+      options.mode == v1::CONSISTENCY_SSP) {
+    return std::make_unique<AsyncAggregator>(options, std::move(chunks),
+                                             updater, ranks);
   }
-  return std::make_unique<AsyncAggregator>(options, std::move(chunks), updater,
-                                           ranks);
+  return std::make_unique<SyncAggregator>(options, std::move(chunks), updater,
+                                          ranks, pool);
 }
 
 }  // namespace shardps::server

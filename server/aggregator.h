@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -20,14 +21,14 @@
 
 namespace shardps::server {
 
+// A shard's consistency is v1::Consistency (DeclareResponse.consistency).
 // sync: a step's update waits for every worker. async: each push is applied
 // on arrival. ssp (stale synchronous parallel): applied on arrival, but the
 // reply to a worker's push of step t waits until every worker has pushed
 // step t - staleness, so no worker runs more than `staleness` steps ahead.
-enum class Mode { kSync, kAsync, kSsp };
-
-// The protocol's name for `mode` (DeclareResponse.consistency).
-v1::Consistency ConsistencyOf(Mode mode);
+// ConsistencyName spells it as --mode does ("sync", "async", "ssp:K"), for
+// logs and GetStatusResponse.mode; UNSPECIFIED counts as sync.
+std::string ConsistencyName(v1::Consistency mode, int64_t staleness);
 
 // One gradient chunk of one worker, as it came off the wire.
 struct PushArgs {
@@ -54,7 +55,7 @@ struct StalledChunk {
 };
 
 struct AggregatorOptions {
-  Mode mode = Mode::kSync;
+  v1::Consistency mode = v1::CONSISTENCY_SYNC;
   int64_t staleness = 0;  // ssp only
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;

@@ -31,7 +31,7 @@ AsyncAggregator::AsyncAggregator(const AggregatorOptions& options,
 
 bool AsyncAggregator::StalenessAllows(const Clocks& clocks,
                                       int64_t step) const {
-  if (options_.mode != Mode::kSsp) return true;
+  if (options_.mode != v1::CONSISTENCY_SSP) return true;
   // A rank's clock is the number of steps it has pushed.
   const std::optional<int64_t> slowest = ranks_->SlowestClock(clocks.last_step);
   return !slowest.has_value() || *slowest + 1 >= step + 1 - options_.staleness;

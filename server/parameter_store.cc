@@ -114,7 +114,7 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
   resp.set_version(std::max<int64_t>(min_version, 0));
   resp.set_max_version(max_version);
   resp.set_next_step(existing->aggregator->NextStep(req.rank()));
-  resp.set_consistency(ConsistencyOf(options_.mode));
+  resp.set_consistency(options_.mode);
   resp.set_staleness(options_.staleness);
   resp.set_rollback_id(rollback_id_.load());
   for (uint32_t r : ranks_.ActiveRanks(resp.version()))
@@ -317,10 +317,7 @@ v1::GetStatusResponse ParameterStore::Report() const {
   resp.set_shard_index(options_.shard_index);
   resp.set_num_shards(options_.num_shards);
   resp.set_num_workers(options_.num_workers);
-  resp.set_mode(options_.mode == Mode::kSync ? "sync"
-                : options_.mode == Mode::kAsync
-                    ? "async"
-                    : absl::StrCat("ssp:", options_.staleness));
+  resp.set_mode(ConsistencyName(options_.mode, options_.staleness));
   resp.set_generation(ranks_.view_generation());
   resp.set_pushes_total(counters_.pushes.load());
   resp.set_updates_total(counters_.updates.load());

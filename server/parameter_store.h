@@ -35,7 +35,7 @@ struct StoreOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   uint32_t num_workers = 1;
-  Mode mode = Mode::kSync;
+  v1::Consistency mode = v1::CONSISTENCY_SYNC;
   int64_t staleness = 0;  // ssp only
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;

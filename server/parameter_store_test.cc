@@ -83,7 +83,7 @@ TEST_F(StoreFixture, DuplicateOfAPendingPushOnlyAddsAWaiter) {
 }
 
 TEST_F(StoreFixture, AsyncAppliesOnArrival) {
-  Make(2, Mode::kAsync);
+  Make(2, v1::CONSISTENCY_ASYNC);
   auto sink = std::make_shared<CollectingSink>();
   SHARDPS_ASSERT_OK(Push(0, 0, {1, 1, 1, 1}, sink));
   EXPECT_EQ(sink->Wait(1)[0].version, 1);
@@ -100,14 +100,15 @@ TEST_F(StoreFixture, SyncWaitsAsyncDoesNotSspBoundsTheGap) {
   constexpr int64_t kSteps = 6;
   struct Case {
     const char* what;
-    Mode mode;
+    v1::Consistency mode;
     int64_t staleness;
     size_t completed;  // of rank 0's steps, while rank 1 is stalled
   };
-  for (const Case& c :
-       {Case{"sync", Mode::kSync, 0, 0}, Case{"async", Mode::kAsync, 0, kSteps},
-        Case{"ssp:0", Mode::kSsp, 0, 0}, Case{"ssp:2", Mode::kSsp, 2, 2},
-        Case{"ssp:4", Mode::kSsp, 4, 4}}) {
+  for (const Case& c : {Case{"sync", v1::CONSISTENCY_SYNC, 0, 0},
+                        Case{"async", v1::CONSISTENCY_ASYNC, 0, kSteps},
+                        Case{"ssp:0", v1::CONSISTENCY_SSP, 0, 0},
+                        Case{"ssp:2", v1::CONSISTENCY_SSP, 2, 2},
+                        Case{"ssp:4", v1::CONSISTENCY_SSP, 4, 4}}) {
     SCOPED_TRACE(c.what);
     Make(2, c.mode, c.staleness);
     auto fast = std::make_shared<CollectingSink>();
@@ -120,7 +121,7 @@ TEST_F(StoreFixture, SyncWaitsAsyncDoesNotSspBoundsTheGap) {
     };
     run_fast();
     EXPECT_EQ(fast->count(), c.completed);
-    if (c.mode != Mode::kSsp) continue;
+    if (c.mode != v1::CONSISTENCY_SSP) continue;
     // The stalled worker catches up one step at a time; each time rank 0
     // gets exactly `staleness` steps ahead of it, never more.
     auto slow = std::make_shared<CollectingSink>();
@@ -243,7 +244,7 @@ TEST(ParameterStoreTest, OwnsExactlyItsPartitionOfTheChunks) {
 TEST(ParameterStoreTest, NextStepIsPerRankInAsyncMode) {
   StoreOptions o;
   o.num_workers = 2;
-  o.mode = Mode::kAsync;
+  o.mode = v1::CONSISTENCY_ASYNC;
   ParameterStore store(o);
   SHARDPS_ASSERT_OK(store.Declare(SgdDeclaration(4, 0, 1, 0)));
   auto sink = std::make_shared<CollectingSink>();

@@ -83,13 +83,13 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
   o.store.num_workers = absl::GetFlag(FLAGS_num_workers).value_or(1);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "sync") {
-    o.store.mode = Mode::kSync;
+    o.store.mode = v1::CONSISTENCY_SYNC;
   } else if (mode == "async") {
-    o.store.mode = Mode::kAsync;
+    o.store.mode = v1::CONSISTENCY_ASYNC;
   } else if (absl::StartsWith(mode, "ssp:") &&
              absl::SimpleAtoi(mode.substr(4), &o.store.staleness) &&
              o.store.staleness >= 0) {
-    o.store.mode = Mode::kSsp;
+    o.store.mode = v1::CONSISTENCY_SSP;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "--mode=", mode, " is not one of: sync, async, ssp:K (K >= 0)"));

@@ -23,7 +23,7 @@ using ::shardps::testing::Samples;
 // A store of one 4-element chunk, SGD, reporting to a fresh registry.
 class ServerMetricsTest : public ::testing::Test {
  protected:
-  void Make(uint32_t workers, Mode mode) {
+  void Make(uint32_t workers, v1::Consistency mode) {
     StoreOptions o;
     o.num_workers = workers;
     o.mode = mode;
@@ -61,7 +61,7 @@ class ServerMetricsTest : public ::testing::Test {
 };
 
 TEST_F(ServerMetricsTest, SyncStepObservesStepAndAggregationOnce) {
-  Make(2, Mode::kSync);
+  Make(2, v1::CONSISTENCY_SYNC);
   SHARDPS_ASSERT_OK(Push(0, 0));
   EXPECT_EQ(SampleOr(Scrape(), "shardps_server_step_seconds_count"), 0);
   SHARDPS_ASSERT_OK(Push(1, 0));
@@ -73,7 +73,7 @@ TEST_F(ServerMetricsTest, SyncStepObservesStepAndAggregationOnce) {
 }
 
 TEST_F(ServerMetricsTest, AsyncPushesObserveHowFarBehindTheyAre) {
-  Make(2, Mode::kAsync);
+  Make(2, v1::CONSISTENCY_ASYNC);
   for (int64_t step = 0; step < 3; ++step) SHARDPS_ASSERT_OK(Push(0, step));
   SHARDPS_ASSERT_OK(Push(1, 0));  // two steps behind rank 0's last push
   ASSERT_EQ(sink_->Wait(4).size(), 4u);

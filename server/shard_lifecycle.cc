@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/security.h"
 #include "common/status.h"
+#include "server/aggregator.h"
 #include "server/checkpoint.h"
 #include "server/coordinator/cluster_view.h"
 #include "server/coordinator/join_job.h"
@@ -27,19 +28,6 @@ constexpr absl::Duration kUnservedShutdownGrace = absl::Seconds(1);
 
 void Emit(const Logger& log, LogLevel level, const std::string& line) {
   if (log) log(level, line);
-}
-
-// --mode as the log shows it.
-std::string ModeName(const StoreOptions& store) {
-  switch (store.mode) {
-    case Mode::kSync:
-      return "sync";
-    case Mode::kAsync:
-      return "async";
-    case Mode::kSsp:
-      return absl::StrCat("ssp:", store.staleness);
-  }
-  return "?";
 }
 
 // Sends the checkpoint writes and stall reports to the log (and to the
@@ -147,7 +135,9 @@ absl::Status RunStatic(ShardLifecycleOptions options) {
        absl::StrFormat("shard %d of %d listening on %s:%d (mode=%s, "
                        "workers=%d)",
                        o.store.shard_index, o.store.num_shards, o.host,
-                       server->port(), ModeName(o.store), o.store.num_workers));
+                       server->port(),
+                       ConsistencyName(o.store.mode, o.store.staleness),
+                       o.store.num_workers));
   Emit(log, LogLevel::kInfo,
        absl::StrCat("security: ", DescribeServerSecurity(o.security)));
   if (options.on_listening) {
@@ -283,12 +273,12 @@ absl::Status CoordinatedShard::Join() {
                      client_.get());
   LogRestore(options_.log, *server_, o.checkpoint_dir);
   Log(LogLevel::kInfo,
-      absl::StrFormat("shard %d of %d listening on %s:%d, advertised as %s "
-                      "(mode=%s, workers=%d); %s",
-                      o.store.shard_index, o.store.num_shards, o.host,
-                      server_->port(), address_, ModeName(o.store),
-                      o.store.num_workers,
-                      coordinator::DescribeView(client_->view())));
+      absl::StrFormat(
+          "shard %d of %d listening on %s:%d, advertised as %s "
+          "(mode=%s, workers=%d); %s",
+          o.store.shard_index, o.store.num_shards, o.host, server_->port(),
+          address_, ConsistencyName(o.store.mode, o.store.staleness),
+          o.store.num_workers, coordinator::DescribeView(client_->view())));
   Log(LogLevel::kInfo,
       absl::StrCat("security: ", DescribeServerSecurity(o.security)));
   return absl::OkStatus();

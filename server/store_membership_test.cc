@@ -150,7 +150,7 @@ TEST_F(StoreFixture,
 }
 
 TEST_F(StoreFixture, SspDoesNotWaitForARankThatLeft) {
-  Make(2, Mode::kSsp, /*staleness=*/1);
+  Make(2, v1::CONSISTENCY_SSP, /*staleness=*/1);
   store_->ApplyView(WorkersView(2, {11, 22}, {true, true}));
   auto sink0 = std::make_shared<CollectingSink>();
   for (int64_t step = 0; step < 3; ++step) {

@@ -109,7 +109,8 @@ inline v1::DeclareRequest SgdDeclaration(int64_t n, uint64_t chunk_bytes,
 
 class StoreFixture : public ::testing::Test {
  protected:
-  void Make(uint32_t workers, Mode mode = Mode::kSync, int64_t staleness = 0) {
+  void Make(uint32_t workers, v1::Consistency mode = v1::CONSISTENCY_SYNC,
+            int64_t staleness = 0) {
     StoreOptions o;
     o.num_workers = workers;
     o.mode = mode;
