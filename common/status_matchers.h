@@ -29,4 +29,16 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
         << ::shardps::testing::ToStatus(shardps_s_);           \
   } while (false)
 
+// `lhs` = the value of the StatusOr `rexpr`, or the test fails (fatally)
+// printing its status.
+#define SHARDPS_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
+  SHARDPS_ASSERT_OK_AND_ASSIGN_IMPL_(            \
+      SHARDPS_MATCHERS_CONCAT_(shardps_statusor_, __LINE__), lhs, rexpr)
+#define SHARDPS_ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, rexpr) \
+  auto statusor = (rexpr);                                       \
+  ASSERT_TRUE(statusor.ok()) << statusor.status();               \
+  lhs = std::move(statusor).value()
+#define SHARDPS_MATCHERS_CONCAT_(a, b) SHARDPS_MATCHERS_CONCAT_IMPL_(a, b)
+#define SHARDPS_MATCHERS_CONCAT_IMPL_(a, b) a##b
+
 #endif  // SHARDPS_COMMON_STATUS_MATCHERS_H_

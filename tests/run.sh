@@ -15,6 +15,21 @@ log() { printf '\n== %s\n' "$*"; }
 
 # --- packages and build ----------------------------------------------------
 sanitize=${SHARDPS_SANITIZE:-}
+# The Python tests' packages (Debian's torch is for /usr/bin/python3).
+test_packages=(python3-pytest python3-torch bible-kjv bible-kjv-text)
+missing=()
+for p in "${test_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -q
+  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
 build_dir=$(deploy/local/build.sh)
 jobs=${SHARDPS_JOBS:-2}
 
@@ -34,6 +49,15 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${SHARDPS_CTEST_ARG
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "NOTE: no GPU on this machine: the GPU tests (ctest -L gpu) were skipped;"
   echo "      run tests/gpu/check.sh on a machine with a GPU."
+fi
+
+# --- Python (the shardps package and its PyTorch layer) --------------------
+# Real daemons and worker processes; not in sanitizer builds (the package
+# is not built there).
+if [ -z "$sanitize" ]; then
+  log "pytest tests/python"
+  SHARDPS_BUILD_DIR="$(cd "$build_dir" && pwd)" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    tests/python ${SHARDPS_PYTEST_ARGS:-}
 fi
 
 # --- deploy/ (Docker, Compose, Kubernetes) ------------------------------------

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -22,6 +24,7 @@
 namespace shardps {
 
 struct Client::Stream {
+  size_t index = 0;  // in lanes_
   uint32_t shard = 0;
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
@@ -40,6 +43,19 @@ struct Client::Stream {
     absl::MutexLock lock(&s->mu);
     --s->slices_in_flight;
   }
+  // The message of one chunk: `header`, then `bytes` of gradient at `data`
+  // (null: none, for no_gradient), referenced rather than copied and
+  // counted until gRPC drops it.
+  grpc::ByteBuffer Message(const v1::PushPullRequest& header, const float* data,
+                           int64_t bytes) {
+    if (data == nullptr) return EncodeWithPayload(header, grpc::Slice());
+    {
+      absl::MutexLock lock(&mu);
+      ++slices_in_flight;
+    }
+    return EncodeWithPayload(
+        header, ReferenceSlice(data, bytes, &Stream::ReleaseSlice, this));
+  }
   // True once gRPC released every gradient slice (false after `timeout`).
   bool AwaitSlicesReleased(absl::Duration timeout) {
     absl::MutexLock lock(&mu);
@@ -48,6 +64,35 @@ struct Client::Stream {
             +[](int64_t* n) { return *n == 0; }, &slices_in_flight),
         timeout);
   }
+
+  // The streaming attempt of the open step (BeginStep to FinishStep). The
+  // writer task writes the chunks in `ready` as PushTensor queues them; the
+  // reader task takes the replies and, at the end, the call's status.
+  grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
+  std::deque<uint32_t> ready ABSL_GUARDED_BY(mu);  // pushed, not yet written
+  int64_t unqueued ABSL_GUARDED_BY(mu) = 0;        // chunks not pushed yet
+  bool stream_open ABSL_GUARDED_BY(mu) = false;    // the writer made the call
+  bool broken ABSL_GUARDED_BY(mu) = false;         // stop writing
+  bool writer_done ABSL_GUARDED_BY(mu) = false;
+  int tasks_running ABSL_GUARDED_BY(mu) = 0;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream;                      // set by the writer before stream_open
+  std::vector<uint32_t> answered;  // by the reader
+  absl::Status status;             // of the attempt, set by the reader
+};
+
+// The step between BeginStep and FinishStep.
+struct Client::OpenStep {
+  int64_t step = 0;
+  bool initial_values = false;
+  bool push_only = false;
+  Tensors weights;                   // empty for push-only
+  ConstTensors gradients;            // by tensor, as pushed
+  std::vector<std::optional<float>> learning_rate;  // by tensor
+  std::vector<bool> pushed;          // by tensor
+  std::vector<bool> no_gradient;     // by tensor
+  int num_pushed = 0;
+  absl::Time start;
 };
 
 namespace {
@@ -55,8 +100,6 @@ namespace {
 // Raw (byte buffer) forms of the data-path methods; see common/wire.h.
 constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
 constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
-// Uploads up to this size are written before reading replies, on one thread.
-constexpr int64_t kInlineUploadBytes = 1 << 20;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -83,7 +126,7 @@ absl::Status RunParallel(size_t n,
 }  // namespace
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {}
-Client::~Client() = default;
+Client::~Client() { AbortStep(); }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.servers.empty()) {
@@ -109,6 +152,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   for (uint32_t shard = 0; shard < o.servers.size(); ++shard) {
     for (int k = 0; k < o.streams_per_shard; ++k) {
       auto lane = std::make_unique<Stream>();
+      lane->index = client->lanes_.size();
       lane->shard = shard;
       lane->address = o.servers[shard];
       lane->channel = MakeChannel(o.servers[shard], o.security,
@@ -117,6 +161,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       client->lanes_.push_back(std::move(lane));
     }
   }
+  client->lane_pool_ =
+      std::make_unique<ThreadPool>(2 * static_cast<int>(client->lanes_.size()));
   return client;
 }
 
@@ -153,6 +199,9 @@ v1::DeclareRequest Client::DeclareRequestFor(size_t shard) const {
 
 absl::Status Client::Declare(const v1::Layout& layout,
                              const v1::OptimizerSpec& optimizer) {
+  if (open_ != nullptr) {
+    return absl::FailedPreconditionError("Declare while a step is open");
+  }
   SHARDPS_RETURN_IF_ERROR(ValidateLayout(layout));
   const uint32_t num_shards = static_cast<uint32_t>(options_.servers.size());
   std::vector<ChunkSpec> chunks = MakeChunks(layout);
@@ -220,6 +269,17 @@ absl::Status Client::Declare(const v1::Layout& layout,
   for (auto& lane : lanes_) {
     std::sort(lane->chunk_ids.begin(), lane->chunk_ids.end());
   }
+  lane_of_.assign(chunks.size(), 0);
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    for (uint32_t id : lanes_[l]->chunk_ids) {
+      lane_of_[id] = static_cast<uint32_t>(l);
+    }
+  }
+  first_chunk_.assign(layout.tensors_size() + 1, 0);
+  for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
+  for (int t = 0; t < layout.tensors_size(); ++t) {
+    first_chunk_[t + 1] += first_chunk_[t];
+  }
   chunks_ = std::move(chunks);
   shard_of_ = std::move(shard_of);
   declared_ = true;
@@ -252,10 +312,45 @@ absl::Status Client::CheckTensors(const ConstTensors& gradients,
   return absl::OkStatus();
 }
 
-absl::Status Client::Attempt(Stream* lane, int64_t step,
-                             const ConstTensors& gradients,
-                             const Tensors* weights,
-                             std::vector<uint32_t>* pending) {
+void Client::FillHeader(uint32_t id, v1::PushPullRequest* header) const {
+  const OpenStep& o = *open_;
+  const uint32_t tensor = chunks_[id].tensor;
+  header->Clear();
+  header->set_rank(options_.rank);
+  header->set_incarnation(options_.incarnation);
+  header->set_rollback_id(rollback_id_);
+  header->set_step(o.step);
+  header->set_chunk_id(id);
+  header->set_encoding(v1::ENCODING_FP32);
+  header->set_push_only(o.push_only);
+  if (o.learning_rate[tensor].has_value()) {
+    header->set_learning_rate(*o.learning_rate[tensor]);
+  }
+  header->set_no_gradient(o.no_gradient[tensor]);
+  header->set_initial_values(o.initial_values);
+}
+
+absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>& pushed) {
+  const uint32_t id = lane->response.chunk_id();
+  if (id >= chunks_.size() || lane_of_[id] != lane->index || !pushed[id]) {
+    return absl::InternalError(absl::StrCat("bad reply: server sent chunk ", id,
+                                            " which was not pushed"));
+  }
+  if (open_->push_only) return absl::OkStatus();
+  const ChunkSpec& c = chunks_[id];
+  const absl::Status s =
+      CheckPayload(EffectiveEncoding(lane->response.encoding()),
+                   lane->payload.size(), c.num_elements);
+  if (!s.ok())
+    return absl::InternalError(absl::StrCat("bad reply: ", s.message()));
+  lane->payload.CopyTo(
+      reinterpret_cast<char*>(open_->weights[c.tensor].data() + c.offset));
+  return absl::OkStatus();
+}
+
+absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
+  std::vector<bool> asked(chunks_.size(), false);
+  for (uint32_t id : *pending) asked[id] = true;
   std::vector<bool> answered(chunks_.size(), false);
   absl::Status reply_error;
   absl::Status status;
@@ -269,69 +364,33 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
         stream(grpc::internal::ClientReaderWriterFactory<
                grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
                                                            method, &ctx));
-    // Payload slices point into the caller's gradients: no copy. For large
-    // uploads the writes run beside the reads so replies flow while later
-    // chunks upload; small ones are written first, saving a thread. (Writes
-    // never wait for reads: the server reads every message as it arrives.)
-    int64_t upload_bytes = 0;
-    for (uint32_t id : *pending) upload_bytes += chunks_[id].bytes();
-    auto write_all = [&] {
-      v1::PushPullRequest header;
-      header.set_rank(options_.rank);
-      header.set_incarnation(options_.incarnation);
-      header.set_rollback_id(rollback_id_);
-      header.set_step(step);
-      header.set_encoding(v1::ENCODING_FP32);
-      header.set_push_only(weights == nullptr);
-      for (uint32_t id : *pending) {
-        const ChunkSpec& c = chunks_[id];
-        header.set_chunk_id(id);
-        {
-          absl::MutexLock lock(&lane->mu);
-          ++lane->slices_in_flight;
-        }
-        grpc::ByteBuffer message = EncodeWithPayload(
-            header, ReferenceSlice(gradients[c.tensor].data() + c.offset,
-                                   c.bytes(), &Stream::ReleaseSlice, lane));
-        if (!stream->Write(message)) return;  // broken: Finish says why
+    // A retry: written first, then the replies read (writes never wait for
+    // reads: the server reads every message as it arrives).
+    v1::PushPullRequest header;
+    bool written = true;
+    for (uint32_t id : *pending) {
+      const ChunkSpec& c = chunks_[id];
+      FillHeader(id, &header);
+      const float* data = open_->no_gradient[c.tensor]
+                              ? nullptr
+                              : open_->gradients[c.tensor].data() + c.offset;
+      if (!stream->Write(lane->Message(header, data, c.bytes()))) {
+        written = false;  // broken: Finish says why
+        break;
       }
-      stream->WritesDone();
-      lane->writes_done = absl::Now();
-    };
-    std::thread writer;
-    if (upload_bytes > kInlineUploadBytes) {
-      writer = std::thread(write_all);
-    } else {
-      write_all();
     }
+    if (written) stream->WritesDone();
+    lane->writes_done = absl::Now();
     grpc::ByteBuffer buffer;
     while (stream->Read(&buffer)) {
       reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
-      const uint32_t id = lane->response.chunk_id();
-      if (reply_error.ok() &&
-          (id >= chunks_.size() ||
-           std::find(pending->begin(), pending->end(), id) == pending->end())) {
-        reply_error = absl::InternalError(
-            absl::StrCat("server sent chunk ", id, " which was not pushed"));
-      }
-      if (reply_error.ok() && weights != nullptr) {
-        const ChunkSpec& c = chunks_[id];
-        reply_error = CheckPayload(EffectiveEncoding(lane->response.encoding()),
-                                   lane->payload.size(), c.num_elements);
-        if (reply_error.ok()) {
-          lane->payload.CopyTo(
-              reinterpret_cast<char*>((*weights)[c.tensor].data() + c.offset));
-        }
-      }
+      if (reply_error.ok()) reply_error = TakeReply(lane, asked);
       if (!reply_error.ok()) {
-        reply_error = absl::InternalError(
-            absl::StrCat("bad reply: ", reply_error.message()));
         ctx.TryCancel();
         break;
       }
-      answered[id] = true;
+      answered[lane->response.chunk_id()] = true;
     }
-    if (writer.joinable()) writer.join();
     status = FromGrpcStatus(stream->Finish());
   }
   // The caller may reuse its gradient buffers once this returns.
@@ -350,33 +409,311 @@ absl::Status Client::Attempt(Stream* lane, int64_t step,
   return status;
 }
 
-absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
-                          const Tensors* weights) {
-  SHARDPS_RETURN_IF_ERROR(CheckTensors(gradients, weights));
-  const absl::Time start = absl::Now();
-  absl::Status status = RunParallel(lanes_.size(), [&](size_t l) {
-    Stream* lane = lanes_[l].get();
-    std::vector<uint32_t> pending = lane->chunk_ids;
-    absl::Duration backoff = options_.initial_backoff;
-    absl::Status lane_status;
-    for (int attempt = 1; !pending.empty(); ++attempt) {
-      lane_status = Attempt(lane, step, gradients, weights, &pending);
-      if (lane_status.ok() || !IsRetryable(lane_status) ||
-          attempt >= options_.max_attempts) {
+void Client::StreamWrites(Stream* lane) {
+  grpc::ClientContext* ctx;
+  {
+    absl::MutexLock lock(&lane->mu);
+    ctx = lane->ctx;
+  }
+  const grpc::internal::RpcMethod method(
+      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+  lane->stream.reset(
+      grpc::internal::ClientReaderWriterFactory<
+          grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
+                                                      method, ctx));
+  {
+    absl::MutexLock lock(&lane->mu);
+    lane->stream_open = true;
+  }
+  v1::PushPullRequest header;
+  bool written = true;
+  while (true) {
+    uint32_t id = 0;
+    {
+      absl::MutexLock lock(&lane->mu);
+      lane->mu.Await(absl::Condition(
+          +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+            return l->broken || !l->ready.empty() || l->unqueued == 0;
+          },
+          lane));
+      if (lane->broken) {
+        written = false;
         break;
       }
-      retries_.fetch_add(1);
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, options_.max_backoff);
+      if (lane->ready.empty()) break;  // every chunk written
+      id = lane->ready.front();
+      lane->ready.pop_front();
     }
-    return WithPrefix(absl::StrCat("step ", step, " on shard ", lane->shard,
-                                   " at ", lane->address),
-                      lane_status);
-  });
-  absl::Time pushed = start;
+    const ChunkSpec& c = chunks_[id];
+    FillHeader(id, &header);
+    const float* data = open_->no_gradient[c.tensor]
+                            ? nullptr
+                            : open_->gradients[c.tensor].data() + c.offset;
+    if (!lane->stream->Write(lane->Message(header, data, c.bytes()))) {
+      written = false;  // broken: the reader's Finish says why
+      break;
+    }
+  }
+  if (written) lane->stream->WritesDone();
+  lane->writes_done = absl::Now();
+  absl::MutexLock lock(&lane->mu);
+  lane->writer_done = true;
+  --lane->tasks_running;
+}
+
+void Client::StreamReads(Stream* lane) {
+  grpc::ClientContext* ctx;
+  {
+    absl::MutexLock lock(&lane->mu);
+    lane->mu.Await(absl::Condition(&lane->stream_open));
+    ctx = lane->ctx;
+  }
+  std::vector<bool> pushed(chunks_.size(), false);
+  for (uint32_t id : lane->chunk_ids) pushed[id] = true;
+  absl::Status reply_error;
+  grpc::ByteBuffer buffer;
+  while (lane->stream->Read(&buffer)) {
+    reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
+    if (reply_error.ok()) reply_error = TakeReply(lane, pushed);
+    if (!reply_error.ok()) {
+      ctx->TryCancel();
+      break;
+    }
+    lane->answered.push_back(lane->response.chunk_id());
+  }
+  {
+    // The call is over (or broken): a writer still waiting for chunks
+    // stops, and Finish waits for it.
+    absl::MutexLock lock(&lane->mu);
+    lane->broken = !lane->writer_done;
+    lane->mu.Await(absl::Condition(&lane->writer_done));
+  }
+  absl::Status status = FromGrpcStatus(lane->stream->Finish());
+  lane->stream.reset();
+  if (!reply_error.ok()) status = reply_error;
+  if (status.ok() && lane->answered.size() != lane->chunk_ids.size()) {
+    status = absl::InternalError(absl::StrCat(
+        "stream ended without replies for ",
+        lane->chunk_ids.size() - lane->answered.size(), " chunks"));
+  }
+  lane->status = status;
+  absl::MutexLock lock(&lane->mu);
+  --lane->tasks_running;
+}
+
+absl::Status Client::Open(int64_t step, const Tensors* weights,
+                          bool initial_values) {
+  if (!declared_) {
+    return absl::FailedPreconditionError("call Declare before any step");
+  }
+  if (open_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", open_->step, " is still open: FinishStep first"));
+  }
+  if (weights != nullptr) {
+    ConstTensors shapes(weights->begin(), weights->end());
+    SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
+  }
+  auto o = std::make_unique<OpenStep>();
+  const size_t n = layout_.tensors_size();
+  o->step = step;
+  o->initial_values = initial_values;
+  o->push_only = weights == nullptr;
+  if (weights != nullptr) o->weights = *weights;
+  o->gradients.resize(n);
+  o->learning_rate.assign(n, std::nullopt);
+  o->pushed.assign(n, false);
+  o->no_gradient.assign(n, false);
+  o->start = absl::Now();
+  open_ = std::move(o);
+  for (auto& lane : lanes_) {
+    lane->answered.clear();
+    lane->status = absl::OkStatus();
+    auto* ctx = new grpc::ClientContext;
+    ctx->set_deadline(Deadline(options_.rpc_timeout));
+    absl::MutexLock lock(&lane->mu);
+    lane->ctx = ctx;
+    lane->ready.clear();
+    lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
+    lane->stream_open = false;
+    lane->broken = false;
+    lane->writer_done = false;
+    lane->tasks_running = lane->chunk_ids.empty() ? 0 : 2;
+  }
+  for (auto& lane : lanes_) {
+    if (lane->chunk_ids.empty()) continue;
+    Stream* l = lane.get();
+    lane_pool_->Schedule([this, l] { StreamWrites(l); });
+    lane_pool_->Schedule([this, l] { StreamReads(l); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::BeginStep(int64_t step, const Tensors& weights) {
+  return Open(step, &weights, false);
+}
+
+absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
+                                  std::optional<float> learning_rate,
+                                  bool no_gradient) {
+  if (open_ == nullptr) {
+    return absl::FailedPreconditionError("no step is open: BeginStep first");
+  }
+  OpenStep& o = *open_;
+  if (tensor < 0 || tensor >= layout_.tensors_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor index ", tensor, " is out of range: the model has ",
+        layout_.tensors_size(), " tensors"));
+  }
+  const v1::TensorSpec& spec = layout_.tensors(tensor);
+  if (o.pushed[tensor]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", spec.name(), " was already pushed at step ", o.step));
+  }
+  const int64_t want = NumElements(spec);
+  if (!no_gradient && static_cast<int64_t>(gradient.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.name(), " has ", want,
+                     " elements; its gradient has ", gradient.size()));
+  }
+  if (learning_rate.has_value() &&
+      !(std::isfinite(*learning_rate) && *learning_rate >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the learning rate of tensor ", spec.name(),
+                     " must be finite and >= 0, got ", *learning_rate));
+  }
+  o.pushed[tensor] = true;
+  o.no_gradient[tensor] = no_gradient;
+  o.gradients[tensor] = gradient;
+  o.learning_rate[tensor] = learning_rate;
+  ++o.num_pushed;
+  for (uint32_t id = first_chunk_[tensor]; id < first_chunk_[tensor + 1];
+       ++id) {
+    Stream* lane = lanes_[lane_of_[id]].get();
+    absl::MutexLock lock(&lane->mu);
+    lane->ready.push_back(id);
+    --lane->unqueued;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushTensor(int tensor, absl::Span<const float> gradient,
+                                std::optional<float> learning_rate) {
+  return PushChunksOf(tensor, gradient, learning_rate, false);
+}
+
+absl::Status Client::PushNoGradient(int tensor,
+                                    std::optional<float> learning_rate) {
+  return PushChunksOf(tensor, {}, learning_rate, true);
+}
+
+int Client::tensors_left() const {
+  return open_ == nullptr ? 0 : layout_.tensors_size() - open_->num_pushed;
+}
+
+void Client::AbortStep() {
+  if (open_ == nullptr) return;
+  for (auto& lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    lane->broken = true;
+    if (lane->ctx != nullptr) lane->ctx->TryCancel();
+  }
+  for (auto& lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    lane->mu.Await(absl::Condition(
+        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+          return l->tasks_running == 0;
+        },
+        lane.get()));
+    delete lane->ctx;
+    lane->ctx = nullptr;
+  }
+  for (auto& lane : lanes_) lane->AwaitSlicesReleased(absl::Seconds(60));
+  open_.reset();
+}
+
+absl::Status Client::FinishStep() {
+  if (open_ == nullptr) {
+    return absl::FailedPreconditionError("no step is open: BeginStep first");
+  }
+  if (open_->num_pushed < layout_.tensors_size()) {
+    std::vector<std::string> missing;
+    for (int t = 0; t < layout_.tensors_size(); ++t) {
+      if (!open_->pushed[t]) missing.push_back(layout_.tensors(t).name());
+    }
+    const int64_t step = open_->step;
+    AbortStep();
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " ended without a push of tensor(s) ",
+                     absl::StrJoin(missing, ", ")));
+  }
+  for (auto& lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    lane->mu.Await(absl::Condition(
+        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+          return l->tasks_running == 0;
+        },
+        lane.get()));
+    delete lane->ctx;
+    lane->ctx = nullptr;
+  }
+  std::vector<size_t> failed;
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    Stream* lane = lanes_[l].get();
+    // The call is over: gRPC drops its slices soon after.
+    if (!lane->AwaitSlicesReleased(absl::Seconds(60))) {
+      lane->status = absl::InternalError(
+          "gRPC still references gradient buffers 60 s after the call ended");
+    }
+    if (!lane->status.ok()) failed.push_back(l);
+  }
+  const int64_t step = open_->step;
+  absl::Status status;
+  if (!failed.empty()) {
+    // Retries run one lane per thread; only after a failure.
+    status = RunParallel(failed.size(), [&](size_t i) {
+      Stream* lane = lanes_[failed[i]].get();
+      absl::Status lane_status = lane->status;
+      std::vector<uint32_t> pending;
+      std::vector<bool> answered(chunks_.size(), false);
+      for (uint32_t id : lane->answered) answered[id] = true;
+      for (uint32_t id : lane->chunk_ids) {
+        if (!answered[id]) pending.push_back(id);
+      }
+      absl::Duration backoff = options_.initial_backoff;
+      for (int attempt = 1; !pending.empty() && IsRetryable(lane_status) &&
+                            attempt < options_.max_attempts;
+           ++attempt) {
+        retries_.fetch_add(1);
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, options_.max_backoff);
+        lane_status = Attempt(lane, &pending);
+      }
+      if (pending.empty()) lane_status = absl::OkStatus();
+      return WithPrefix(absl::StrCat("step ", step, " on shard ", lane->shard,
+                                     " at ", lane->address),
+                        lane_status);
+    });
+  }
+  absl::Time pushed = open_->start;
   for (const auto& lane : lanes_) pushed = std::max(pushed, lane->writes_done);
-  last_push_time_ = pushed - start;
+  last_push_time_ = pushed - open_->start;
+  open_.reset();
   return status;
+}
+
+absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
+                          const Tensors* weights, bool initial_values) {
+  SHARDPS_RETURN_IF_ERROR(CheckTensors(gradients, weights));
+  SHARDPS_RETURN_IF_ERROR(Open(step, weights, initial_values));
+  for (int t = 0; t < layout_.tensors_size(); ++t) {
+    const absl::Status pushed = PushTensor(t, gradients[t]);
+    if (!pushed.ok()) {
+      AbortStep();
+      return pushed;
+    }
+  }
+  return FinishStep();
 }
 
 absl::Status Client::PushPull(int64_t step, const ConstTensors& gradients,
@@ -386,6 +723,11 @@ absl::Status Client::PushPull(int64_t step, const ConstTensors& gradients,
 
 absl::Status Client::Push(int64_t step, const ConstTensors& gradients) {
   return Step(step, gradients, nullptr);
+}
+
+absl::Status Client::Initialize(const ConstTensors& values,
+                                const Tensors& weights) {
+  return Step(0, values, &weights, /*initial_values=*/true);
 }
 
 absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
@@ -454,6 +796,23 @@ absl::Status Client::Pull(const Tensors& weights) {
   return RunParallel(options_.servers.size(), [&](size_t shard) {
     return PullShard(static_cast<uint32_t>(shard), weights);
   });
+}
+
+absl::Status Client::PullWhenReady(const Tensors& weights,
+                                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = options_.initial_backoff;
+  while (true) {
+    absl::Status s = Pull(weights);
+    if (!absl::IsUnavailable(s)) return s;
+    if (absl::Now() + backoff > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the model's weights were not ready within ",
+                       absl::FormatDuration(timeout), ": ", s.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
+  }
 }
 
 absl::Status Client::JoinAt(int64_t step) {

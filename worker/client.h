@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "absl/types/span.h"
 #include "common/chunking.h"
 #include "common/security.h"
+#include "common/thread_pool.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps {
@@ -142,6 +144,53 @@ class Client {
   // Pushes without waiting for weights (acknowledged per chunk); the same
   // codes as PushPull.
   absl::Status Push(int64_t step, const ConstTensors& gradients);
+
+  // A step pushed one tensor at a time, as backward produces the gradients:
+  //   BeginStep(step, &weights);
+  //   PushTensor(t, gradient_t) (or PushNoGradient(t)) once per tensor, in
+  //     any order, each starting that tensor's chunks on their way at once;
+  //   FinishStep() waits for every reply and retries what failed.
+  // PushPull is this with every tensor pushed in layout order. Weights are
+  // written into `weights` as their replies arrive, possibly before the
+  // last PushTensor: a caller that still reads its weights during backward
+  // passes other buffers. Gradient buffers are read until FinishStep
+  // returns. One step at a time; the calls come from one thread at a time.
+  //   FAILED_PRECONDITION: before Declare, or a step is already open.
+  absl::Status BeginStep(int64_t step, const Tensors& weights);
+  //   INVALID_ARGUMENT (nothing sent): a tensor index out of range, one
+  //     pushed twice in the step, a gradient of the wrong size, a learning
+  //     rate that is negative or not finite.
+  //   FAILED_PRECONDITION: no step is open.
+  // `learning_rate` replaces the declared learning rate and schedule for
+  // this tensor's update (PushPullRequest.learning_rate); none keeps them.
+  absl::Status PushTensor(int tensor, absl::Span<const float> gradient,
+                          std::optional<float> learning_rate = std::nullopt);
+  // This rank has no gradient for `tensor` at this step
+  // (PushPullRequest.no_gradient): when no rank has one, the servers skip
+  // the tensor's update. Same errors as PushTensor.
+  absl::Status PushNoGradient(
+      int tensor, std::optional<float> learning_rate = std::nullopt);
+  // Waits for every reply of the open step, retrying UNAVAILABLE and
+  // DEADLINE_EXCEEDED up to max_attempts times, and closes the step (also
+  // on error). FAILED_PRECONDITION naming the tensors not pushed (the
+  // step's streams are cancelled); otherwise the codes of PushPull.
+  absl::Status FinishStep();
+  // Cancels the open step, if any: what was pushed stays pushed (the
+  // servers keep it; pushing the step again is safe).
+  void AbortStep();
+  bool step_open() const { return open_ != nullptr; }
+  // Tensors of the open step not pushed yet (0 when none is open).
+  int tensors_left() const;
+
+  // Sends `values` as the model's initial weights (tensors whose InitSpec is
+  // KIND_PROVIDED: a shard keeps the first values it gets) and writes what
+  // the servers hold into `weights` (then the values, unless another worker
+  // was first). Same codes as PushPull.
+  absl::Status Initialize(const ConstTensors& values, const Tensors& weights);
+  // Pull, but while a chunk still waits for its initial values (UNAVAILABLE
+  // from the shard) asks again until `timeout` has passed; then
+  // DEADLINE_EXCEEDED naming what it waited for.
+  absl::Status PullWhenReady(const Tensors& weights, absl::Duration timeout);
   // Reads the current weights of every chunk, retrying UNAVAILABLE and
   // DEADLINE_EXCEEDED as PushPull does.
   //   INVALID_ARGUMENT: a buffer of the wrong size.
@@ -170,18 +219,32 @@ class Client {
   void set_rollback_id(uint64_t id) { rollback_id_ = id; }
 
  private:
-  struct Stream;  // one (shard, stream) lane and its reusable messages
+  struct Stream;    // one (shard, stream) lane and its reusable messages
+  struct OpenStep;  // the step between BeginStep and FinishStep
   explicit Client(ClientOptions options);
 
   absl::Status CheckTensors(const ConstTensors& gradients,
                             const Tensors* weights) const;
+  // BeginStep for every kind of step (push-only: null weights).
+  absl::Status Open(int64_t step, const Tensors* weights, bool initial_values);
+  absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
+                            std::optional<float> learning_rate,
+                            bool no_gradient);
+  // The whole step at once: every tensor pushed in layout order.
   absl::Status Step(int64_t step, const ConstTensors& gradients,
-                    const Tensors* weights);
+                    const Tensors* weights, bool initial_values = false);
+  // The open step's first attempt on `lane`, pushing chunks as PushTensor
+  // queues them (runs on the lane pool: a writer and a reader task).
+  void StreamWrites(Stream* lane);
+  void StreamReads(Stream* lane);
+  // The request of chunk `id` of the open step (payload not set).
+  void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
+  // Writes a reply's weights into the open step's buffers; InternalError
+  // for a reply to a chunk `lane` did not push.
+  absl::Status TakeReply(Stream* lane, const std::vector<bool>& pushed);
   // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
   // answered.
-  absl::Status Attempt(Stream* lane, int64_t step,
-                       const ConstTensors& gradients, const Tensors* weights,
-                       std::vector<uint32_t>* pending);
+  absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
   // Declare on one shard, retrying while the shard answers UNAVAILABLE
   // (not up yet, or not yet aware of this process) until `deadline`.
@@ -203,6 +266,14 @@ class Client {
   int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};
   absl::Duration last_push_time_;
+  // By chunk id: the lane that carries it. By tensor: its first chunk id
+  // (a tensor's chunks are numbered consecutively).
+  std::vector<uint32_t> lane_of_;
+  std::vector<uint32_t> first_chunk_;
+  std::unique_ptr<OpenStep> open_;
+  // Runs each lane's writer and reader during a step: two threads a lane,
+  // started once.
+  std::unique_ptr<ThreadPool> lane_pool_;
 };
 
 }  // namespace shardps

@@ -44,6 +44,29 @@ RollbackProgress RollbackProgressOf(
   return p;
 }
 
+std::vector<uint32_t> RanksSharingTheBatch(
+    Client* client, const std::function<std::vector<uint32_t>()>& view_ranks,
+    uint32_t num_workers, uint32_t self) {
+  std::vector<uint32_t> ranks;
+  if (view_ranks) {
+    absl::StatusOr<std::vector<v1::DeclareResponse>> shards =
+        client->Redeclare();
+    if (shards.ok() && !shards->empty()) {
+      ranks.assign(shards->front().active_ranks().begin(),
+                   shards->front().active_ranks().end());
+    }
+    if (ranks.empty()) ranks = view_ranks();
+  }
+  if (ranks.empty()) {
+    for (uint32_t r = 0; r < num_workers; ++r) ranks.push_back(r);
+  }
+  // This worker trains whatever its view says (it may lag).
+  if (!std::binary_search(ranks.begin(), ranks.end(), self)) {
+    ranks.insert(std::upper_bound(ranks.begin(), ranks.end(), self), self);
+  }
+  return ranks;
+}
+
 Recovery::Recovery(RecoveryOptions options, Client* client, Tensors weights,
                    int64_t steps_per_epoch, int64_t total_steps,
                    RollbackNews rollback, bool rejoin_when_dropped)

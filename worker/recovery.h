@@ -74,6 +74,15 @@ RollbackProgress RollbackProgressOf(
     const std::vector<v1::DeclareResponse>& shards, uint64_t id, int64_t step,
     bool sync);
 
+// The ranks sharing the global batch now, ascending, `self` included: those
+// the shards wait for at their current step (joins and leaves as the
+// servers applied them; asked with Client::Redeclare), else `view_ranks()`
+// (the coordinator's view; may be empty), else every rank of
+// `num_workers`.
+std::vector<uint32_t> RanksSharingTheBatch(
+    Client* client, const std::function<std::vector<uint32_t>()>& view_ranks,
+    uint32_t num_workers, uint32_t self);
+
 class Recovery {
  public:
   // `client` must outlive this; `weights` are the trainer's buffers that a

@@ -256,27 +256,8 @@ absl::Status Trainer::WriteModel(int64_t step) {
 }
 
 std::vector<uint32_t> Trainer::EpochRanks() const {
-  std::vector<uint32_t> ranks;
-  if (options_.active_ranks) {
-    // The ranks the servers wait for at this step (joins and leaves as the
-    // servers apply them), else those of the coordinator's view.
-    absl::StatusOr<std::vector<v1::DeclareResponse>> shards =
-        client_->Redeclare();
-    if (shards.ok() && !shards->empty()) {
-      ranks.assign(shards->front().active_ranks().begin(),
-                   shards->front().active_ranks().end());
-    }
-    if (ranks.empty()) ranks = options_.active_ranks();
-  }
-  if (ranks.empty()) {
-    for (uint32_t r = 0; r < options_.num_workers; ++r) ranks.push_back(r);
-  }
-  // This worker trains whatever its view says (it may lag).
-  if (!std::binary_search(ranks.begin(), ranks.end(), options_.rank)) {
-    ranks.insert(std::upper_bound(ranks.begin(), ranks.end(), options_.rank),
-                 options_.rank);
-  }
-  return ranks;
+  return RanksSharingTheBatch(client_.get(), options_.active_ranks,
+                              options_.num_workers, options_.rank);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {

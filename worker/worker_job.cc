@@ -153,31 +153,13 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
   return absl::OkStatus();
 }
 
-// Joins the job at the coordinator, retrying while it is not up yet (until
-// connect_timeout); the client then heartbeats in the background.
-absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinAsWorker(
-    const WorkerJobOptions& o) {
-  coordinator::JoinOptions join;
-  join.client.coordinator = o.coordinator;
-  join.client.incarnation = o.incarnation;
-  join.client.security = o.security;
-  join.role = v1::ROLE_WORKER;
-  join.address = o.label;
-  join.requested_index = o.rank;
-  join.job_id = o.job_id;
-  join.timeout = o.connect_timeout;
-  join.on_retry = [](const std::string& line) { LogInfo("%s", line); };
-  LogInfo("joining job %s at coordinator %s, rank %s", o.job_id, o.coordinator,
-          o.rank < 0 ? "any" : absl::StrCat(o.rank));
-  return coordinator::JoinJob(std::move(join));
-}
-
 // Joins, trains, and tells the coordinator this rank finished (or leaves,
 // after a failure).
 absl::Status RunCoordinated(const WorkerJobOptions& o) {
   SHARDPS_ASSIGN_OR_RETURN(
       std::unique_ptr<coordinator::CoordinatorClient> coordinator,
-      JoinAsWorker(o));
+      JoinAsWorker(o.coordinator, o.job_id, o.rank, o.incarnation, o.security,
+                   o.label, o.connect_timeout));
   Placement placement;
   placement.rank = coordinator->index();
   placement.num_workers = coordinator->view().num_workers();
@@ -254,6 +236,25 @@ absl::StatusOr<std::vector<std::string>> WaitForCluster(
   LogInfo("every member joined (%s): training with %d server(s)",
           coordinator::DescribeView(*view), servers.size());
   return servers;
+}
+
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinAsWorker(
+    const std::string& coordinator, const std::string& job_id, int32_t rank,
+    uint64_t incarnation, const SecurityOptions& security,
+    const std::string& label, absl::Duration timeout) {
+  coordinator::JoinOptions join;
+  join.client.coordinator = coordinator;
+  join.client.incarnation = incarnation;
+  join.client.security = security;
+  join.role = v1::ROLE_WORKER;
+  join.address = label;
+  join.requested_index = rank;
+  join.job_id = job_id;
+  join.timeout = timeout;
+  join.on_retry = [](const std::string& line) { LogInfo("%s", line); };
+  LogInfo("joining job %s at coordinator %s, rank %s", job_id, coordinator,
+          rank < 0 ? "any" : absl::StrCat(rank));
+  return coordinator::JoinJob(std::move(join));
 }
 
 uint64_t ProcessIncarnation() {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,15 @@ bool ReadyToJoin(const v1::ClusterView& view);
 absl::StatusOr<std::vector<std::string>> WaitForCluster(
     const coordinator::CoordinatorClient& client, absl::Duration timeout,
     absl::Duration log_every = absl::Seconds(3));
+
+// Joins job `job_id` at `coordinator` (host:port) as a worker asking for
+// `rank` (-1: any free one), retrying and logging while the coordinator is
+// not up yet, until `timeout`; the client then heartbeats in the
+// background. See coordinator::JoinJob for the codes.
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinAsWorker(
+    const std::string& coordinator, const std::string& job_id, int32_t rank,
+    uint64_t incarnation, const SecurityOptions& security,
+    const std::string& label, absl::Duration timeout);
 
 // This process, for the coordinator: its incarnation (the time now: call
 // once, at the start, so that a restarted worker's is larger) and a label

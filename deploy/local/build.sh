@@ -15,6 +15,7 @@ packages=(cmake g++ make pkg-config clang clang-format libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   zlib1g-dev prometheus-cpp-dev dataset-fashion-mnist python3
+  python3-dev python3-numpy pybind11-dev  # the shardps Python package
   prometheus)  # prometheus: promtool, which the metrics tests run
 missing=()
 for p in "${packages[@]}"; do

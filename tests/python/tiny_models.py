@@ -1,0 +1,47 @@
+"""Tiny models and deterministic data for the Python tests: a CNN (two
+conv layers, two linear, and a parameter no step uses) and a LLaMA-style
+GPT (RMSNorm, rotary embeddings, SwiGLU, tied embeddings), small enough
+that 20 steps take a second."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IMAGE = 12
+VOCAB = 32
+CONTEXT = 16
+
+
+class TinyCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3)
+        self.conv2 = nn.Conv2d(4, 8, 3)
+        self.fc1 = nn.Linear(8 * 1 * 1 * 4, 16)
+        self.fc2 = nn.Linear(16, 10)
+        # Never used in forward: no gradient on any rank.
+        self.unused = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)   # 12 -> 10 -> 5
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)   # 5 -> 3 -> 1
+        x = F.relu(self.fc1(x.flatten(1).repeat(1, 4)))
+        return self.fc2(x)
+
+
+def make(kind):
+    if kind == "cnn":
+        return TinyCnn()
+    from gpt import Gpt, GptConfig
+    return Gpt(GptConfig(vocab=VOCAB, context=CONTEXT, dim=32, layers=2,
+                         heads=2, hidden=64))
+
+
+def data(kind, n):
+    g = torch.Generator().manual_seed(99)
+    if kind == "cnn":
+        x = torch.randn(n, 1, IMAGE, IMAGE, generator=g)
+        y = torch.randint(0, 10, (n,), generator=g)
+        return x, y
+    tokens = torch.randint(0, VOCAB, (n, CONTEXT + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -1,0 +1,133 @@
+"""A small shardps.torch training job for the Python tests: a tiny CNN or
+GPT on deterministic synthetic data, run as every worker of a job (or, with
+--plain, as one ordinary torch process that averages the two ranks' half
+batches as the servers do). Writes the final parameters as safetensors.
+
+  python3 torch_job.py --model=cnn --optimizer=sgd --steps=20 --out=w.safetensors
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tiny_models
+
+NUM_SAMPLES = 256
+
+
+def make_optimizer(model, name, lr):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
+                               nesterov=True, weight_decay=1e-4)
+    if name == "adamw":
+        # A GPT recipe's groups: no weight decay on biases and norms.
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        return torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1},
+             {"params": no_decay, "weight_decay": 0.0, "lr": lr * 0.5}],
+            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    raise ValueError(name)
+
+
+def loss_of(model, kind, x, y):
+    out = model(x)
+    if kind == "gpt":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(out, y)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", choices=["cnn", "gpt"], default="cnn")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--warmup", action="store_true",
+                        help="a LambdaLR warmup from lr 0")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--step_delay", type=float, default=0.0)
+    parser.add_argument("--plain", choices=["", "halves", "whole"],
+                        default="",
+                        help="one torch process: average of the two ranks' "
+                        "half-batch gradients, or the whole batch")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(1234)
+    model = tiny_models.make(args.model)
+    x, y = tiny_models.data(args.model, NUM_SAMPLES)
+    inner = make_optimizer(model, args.optimizer, args.lr)
+
+    if args.plain:
+        import shardps
+        sched = (torch.optim.lr_scheduler.LambdaLR(
+            inner, lambda s: min(1.0, s / 4)) if args.warmup else None)
+        spe = NUM_SAMPLES // args.batch
+        for step in range(args.steps):
+            epoch, s = divmod(step, spe)
+            perm = torch.from_numpy(
+                shardps.epoch_permutation(NUM_SAMPLES, 0, epoch + 1))
+            batch = perm[s * args.batch:(s + 1) * args.batch]
+            if args.plain == "whole":
+                inner.zero_grad()
+                loss_of(model, args.model, x[batch], y[batch]).backward()
+            else:
+                grads = []
+                for r in range(2):
+                    b, e = shardps.worker_slice(s * args.batch, args.batch,
+                                                r, 2)
+                    inner.zero_grad()
+                    loss_of(model, args.model, x[perm[b:e]],
+                            y[perm[b:e]]).backward()
+                    grads.append([None if p.grad is None else p.grad.clone()
+                                  for p in model.parameters()])
+                for p, g0, g1 in zip(model.parameters(), *grads):
+                    p.grad = None if g0 is None else (g0 + g1) / 2
+            inner.step()
+            if sched:
+                sched.step()
+        if args.out:
+            from shardps.torch import save
+            save(model, args.out)
+        return
+
+    import shardps.torch as spt
+    ctx = spt.init()
+    opt = spt.DistributedOptimizer(inner,
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=args.accumulate)
+    sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))
+             if args.warmup else None)
+    sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
+    print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}",
+          flush=True)
+    epoch = sampler.start_epoch
+    while ctx.step < args.steps:
+        for indices in sampler.epoch(epoch):
+            opt.zero_grad()
+            for part in indices.chunk(args.accumulate):
+                loss = loss_of(model, args.model, x[part], y[part])
+                (loss * len(part) / len(indices)).backward()
+            opt.step()
+            if sched:
+                sched.last_epoch = ctx.step - 1
+                sched.step()
+            print(f"step {ctx.step} loss {loss.item():.6f}", flush=True)
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            if ctx.step >= args.steps:
+                break
+        epoch += 1
+    if ctx.is_lead and args.out:
+        spt.save(model, args.out)
+    print(f"final: step={ctx.step}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+#include "worker/client.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_matchers.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+
+namespace shardps {
+namespace {
+
+// Two in-process shards of a static job with `num_workers` ranks, and
+// clients (one per rank) of a three-tensor model whose tensors span several
+// chunks, so that every lane of every shard carries some.
+class ClientStepTest : public ::testing::Test {
+ protected:
+  void Start(uint32_t num_workers, v1::InitSpec::Kind init) {
+    for (uint32_t s = 0; s < 2; ++s) {
+      server::ShardServerOptions so;
+      so.store.shard_index = s;
+      so.store.num_shards = 2;
+      so.store.num_workers = num_workers;
+      absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+          server::ShardServer::Start(so);
+      SHARDPS_ASSERT_OK(shard);
+      addresses_.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
+      shards_.push_back(*std::move(shard));
+    }
+    layout_.set_chunk_bytes(64);  // 16 floats a chunk
+    const std::vector<std::pair<std::string, int64_t>> tensors = {
+        {"embed", 70}, {"fc.weight", 33}, {"fc.bias", 5}};
+    for (const auto& [name, size] : tensors) {
+      v1::TensorSpec* t = layout_.add_tensors();
+      t->set_name(name);
+      t->add_shape(size);
+      t->mutable_init()->set_kind(init);
+      t->mutable_init()->set_value(0.25f);
+      t->mutable_init()->set_seed(7);
+      weights_.emplace_back(size, 0.0f);
+      grads_.emplace_back(size, 0.0f);
+      for (int64_t i = 0; i < size; ++i) {
+        grads_.back()[i] = 0.01f * static_cast<float>(i + 1);
+      }
+    }
+    sgd_.set_kind(v1::OptimizerSpec::KIND_SGD);
+    sgd_.set_learning_rate(0.5f);
+    sgd_.set_momentum(0.9f);
+    for (uint32_t r = 0; r < num_workers; ++r) {
+      ClientOptions co;
+      co.servers = addresses_;
+      co.rank = r;
+      co.connect_timeout = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+      SHARDPS_ASSERT_OK(client);
+      SHARDPS_ASSERT_OK((*client)->Declare(layout_, sgd_));
+      clients_.push_back(*std::move(client));
+    }
+  }
+  void TearDown() override {
+    clients_.clear();
+    for (auto& shard : shards_) shard->Shutdown(absl::Seconds(1));
+  }
+  Tensors Weights() {
+    Tensors v;
+    for (auto& w : weights_) v.emplace_back(absl::MakeSpan(w));
+    return v;
+  }
+  ConstTensors Grads() const {
+    ConstTensors v;
+    for (const auto& g : grads_) v.emplace_back(g);
+    return v;
+  }
+
+  std::vector<std::unique_ptr<server::ShardServer>> shards_;
+  std::vector<std::string> addresses_;
+  v1::Layout layout_;
+  v1::OptimizerSpec sgd_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<std::vector<float>> weights_;
+  std::vector<std::vector<float>> grads_;
+};
+
+TEST_F(ClientStepTest, TensorsPushedOneByOneInAnyOrderEqualAWholeStep) {
+  Start(1, v1::InitSpec::KIND_UNIFORM);
+  Client& client = *clients_[0];
+  // Checked against the optimizer by hand: the first step of SGD with
+  // momentum is w -= lr * g.
+  SHARDPS_ASSERT_OK(client.Pull(Weights()));
+  const std::vector<std::vector<float>> initial = weights_;
+  SHARDPS_ASSERT_OK(client.BeginStep(0, Weights()));
+  EXPECT_TRUE(client.step_open());
+  for (int t = 2; t >= 0; --t) {  // last layer first, as backward goes
+    SHARDPS_ASSERT_OK(client.PushTensor(t, grads_[t]));
+  }
+  SHARDPS_ASSERT_OK(client.FinishStep());
+  EXPECT_FALSE(client.step_open());
+  for (size_t t = 0; t < weights_.size(); ++t) {
+    for (size_t i = 0; i < weights_[t].size(); ++i) {
+      ASSERT_EQ(weights_[t][i], initial[t][i] - 0.5f * grads_[t][i])
+          << layout_.tensors(t).name() << "[" << i << "]";
+    }
+  }
+  // The next step as a whole, then the servers agree with what came back.
+  SHARDPS_ASSERT_OK(client.PushPull(1, Grads(), Weights()));
+  std::vector<std::vector<float>> pulled = weights_;
+  for (auto& w : pulled) std::fill(w.begin(), w.end(), -1.0f);
+  Tensors views;
+  for (auto& w : pulled) views.emplace_back(absl::MakeSpan(w));
+  SHARDPS_ASSERT_OK(client.Pull(views));
+  EXPECT_EQ(pulled, weights_);
+}
+
+TEST_F(ClientStepTest, BadPushesAreRefusedAndSendNothing) {
+  Start(1, v1::InitSpec::KIND_ZEROS);
+  Client& client = *clients_[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(client.PushTensor(0, grads_[0])));
+  EXPECT_TRUE(absl::IsFailedPrecondition(client.FinishStep()));
+  SHARDPS_ASSERT_OK(client.BeginStep(0, Weights()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(client.BeginStep(0, Weights())));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(3, grads_[0])));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(-1, grads_[0])));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(0, grads_[1])));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(0, grads_[0], -0.1f)));
+  SHARDPS_ASSERT_OK(client.PushTensor(1, grads_[1]));
+  const absl::Status twice = client.PushTensor(1, grads_[1]);
+  EXPECT_TRUE(absl::IsInvalidArgument(twice));
+  EXPECT_NE(twice.message().find("fc.weight"), std::string::npos) << twice;
+  // Ending the step without the other tensors names them and cancels it.
+  const absl::Status missing = client.FinishStep();
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing)) << missing;
+  EXPECT_NE(missing.message().find("embed, fc.bias"), std::string::npos)
+      << missing;
+  EXPECT_FALSE(client.step_open());
+  // The step can be pushed again, whole: nothing was applied.
+  SHARDPS_ASSERT_OK(client.PushPull(0, Grads(), Weights()));
+  EXPECT_EQ(weights_[0][0], -0.5f * grads_[0][0]);
+}
+
+TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {
+  Start(2, v1::InitSpec::KIND_ZEROS);
+  std::vector<std::vector<float>> other = weights_;
+  Tensors other_views;
+  for (auto& w : other) other_views.emplace_back(absl::MakeSpan(w));
+  SHARDPS_ASSERT_OK(clients_[0]->BeginStep(0, Weights()));
+  SHARDPS_ASSERT_OK(clients_[1]->BeginStep(0, other_views));
+  // Interleaved: rank 1's pushes arrive while rank 0's step is open.
+  const std::vector<float> zeros0(70, 0.0f), zeros1(33, 0.0f), zeros2(5, 0.0f);
+  SHARDPS_ASSERT_OK(clients_[0]->PushTensor(0, grads_[0]));
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(2, zeros2));
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(1, zeros1));
+  SHARDPS_ASSERT_OK(clients_[0]->PushTensor(1, grads_[1]));
+  SHARDPS_ASSERT_OK(clients_[0]->PushTensor(2, grads_[2]));
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(0, zeros0));
+  SHARDPS_ASSERT_OK(clients_[0]->FinishStep());
+  SHARDPS_ASSERT_OK(clients_[1]->FinishStep());
+  EXPECT_EQ(weights_, other);
+  for (size_t t = 0; t < weights_.size(); ++t) {
+    for (size_t i = 0; i < weights_[t].size(); ++i) {
+      ASSERT_EQ(weights_[t][i], -0.5f * (grads_[t][i] / 2.0f));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,0 +1,633 @@
+"""shardps.torch: train a PyTorch model data-parallel through shardps.
+
+Every worker runs the same script on its slice of each global batch; the
+gradients go to the parameter servers during backward, the servers average
+them, run the optimizer and send the new weights back::
+
+    import shardps.torch as spt
+    ctx = spt.init()
+    model = Net()
+    opt = spt.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-4),
+                                   named_parameters=model.named_parameters())
+    sampler = spt.DistributedSampler(len(train_set), batch_size=256, seed=0)
+    for epoch in range(sampler.start_epoch, epochs):
+        for indices in sampler.epoch(epoch):
+            loss = F.cross_entropy(model(x[indices]), y[indices])
+            opt.zero_grad(); loss.backward(); opt.step()
+    if ctx.is_lead:
+        spt.save(model, "model.safetensors")
+
+What runs where:
+  * The optimizer runs on the servers, with the torch optimizer's class and
+    per-group hyper-parameters; its state (momentum, Adam moments) lives and
+    is checkpointed there. Only the learning rate may change during
+    training (an lr_scheduler, or writing param_groups[i]["lr"]): it travels
+    with every step, and every worker of a step must use the same one.
+  * Rank 0's initial weights are the model's; every worker starts from the
+    servers' copy.
+  * A gradient is pushed as soon as backward has accumulated it (reverse
+    layer order), so communication overlaps the rest of backward; step()
+    waits for the replies and copies the new weights into the parameters.
+  * Gradients are used as they are when they are pushed: changing p.grad
+    after backward (clip_grad_norm_) has no effect on the servers' update.
+  * Buffers (BatchNorm statistics) are not synchronised: each worker keeps
+    its own.
+  * Parameters must be float32, contiguous and on the CPU (there is no GPU
+    path in this layer yet: move the model to the CPU).
+"""
+
+import atexit
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+from . import _errors
+from . import _shardps
+
+__all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
+           "save"]
+
+_context = None
+# id(parameter) -> name, for every parameter a DistributedOptimizer trains.
+_claimed = {}
+
+
+class Context:
+    """This process's part in a shardps job (what init() returns).
+
+    Attributes:
+        rank: this worker's rank.
+        num_workers: the job's number of workers.
+        session: the underlying _shardps.Session.
+    """
+
+    def __init__(self, session):
+        self.session = session
+        self.rank = session.rank
+        self.num_workers = session.num_workers
+        self.grad_scale = 1.0  # set by the sampler for uneven slices
+        self._done = False
+
+    @property
+    def is_lead(self):
+        """True on the worker that evaluates and saves: the lowest rank in
+        the job (rank 0 unless it left)."""
+        return self.session.is_lead
+
+    @property
+    def step(self):
+        """The job's step this worker pushes next."""
+        return self.session.step
+
+    def finish(self):
+        """Tells the coordinator this rank completed its training (the job
+        ends when every rank has). Called at exit if the script did not."""
+        if not self._done:
+            self._done = True
+            self.session.finish()
+
+    def leave(self):
+        """Leaves the job: the other workers stop waiting for this one."""
+        if not self._done:
+            self._done = True
+            self.session.leave()
+
+
+def _env(name, default=None):
+    value = os.environ.get(name)
+    return default if value in (None, "") else value
+
+
+def init(coordinator=None, servers=None, rank=None, num_workers=None,
+         job_id=None, connect_timeout_s=None, rpc_timeout_s=None):
+    """Joins the shardps job this process is a worker of.
+
+    Arguments default to the environment that shardps-local, Compose and
+    Kubernetes set: SHARDPS_COORDINATOR (host:port) or SHARDPS_SERVERS
+    (host:port,... for a static job), SHARDPS_RANK (-1 or unset: any free
+    rank with a coordinator, 0 without), SHARDPS_NUM_WORKERS, SHARDPS_JOB_ID,
+    SHARDPS_TLS_CERT, SHARDPS_TLS_KEY, SHARDPS_TLS_CA,
+    SHARDPS_AUTH_TOKEN_FILE, SHARDPS_TLS_SERVER_NAME,
+    SHARDPS_CONNECT_TIMEOUT_S (default 120: how long to wait for the
+    coordinator, the other members and the servers) and
+    SHARDPS_RPC_TIMEOUT_S (default 300: the longest one step may take).
+
+    Returns the Context (also kept for DistributedOptimizer and
+    DistributedSampler). Raises shardps.DeadlineExceeded when the job's
+    members or servers do not come within the timeout, shardps.InvalidArgument
+    for bad settings.
+    """
+    global _context
+    if _context is not None:
+        raise RuntimeError("shardps.torch.init() was already called")
+    coordinator = coordinator if coordinator is not None else _env(
+        "SHARDPS_COORDINATOR", "")
+    if servers is None:
+        servers = [s for s in _env("SHARDPS_SERVERS", "").split(",") if s]
+    if rank is None:
+        rank = int(_env("SHARDPS_RANK", "-1"))
+    if num_workers is None and _env("SHARDPS_NUM_WORKERS") is not None:
+        num_workers = int(_env("SHARDPS_NUM_WORKERS"))
+    if not coordinator and not servers:
+        raise _errors.InvalidArgument(
+            "no job to join: set SHARDPS_COORDINATOR=host:port (or "
+            "SHARDPS_SERVERS=host:port,... for a static job), e.g. by "
+            "running the script under shardps-local --workers=N -- python3 "
+            "train.py")
+    _shardps.init_log("worker", max(rank, 0))
+    session = _shardps.Session(
+        coordinator=coordinator, servers=servers, rank=rank,
+        num_workers=num_workers,
+        job_id=job_id or _env("SHARDPS_JOB_ID", "default"),
+        tls_cert=_env("SHARDPS_TLS_CERT", ""),
+        tls_key=_env("SHARDPS_TLS_KEY", ""),
+        tls_ca=_env("SHARDPS_TLS_CA", ""),
+        auth_token_file=_env("SHARDPS_AUTH_TOKEN_FILE", ""),
+        tls_server_name=_env("SHARDPS_TLS_SERVER_NAME", ""),
+        connect_timeout_s=float(connect_timeout_s or _env(
+            "SHARDPS_CONNECT_TIMEOUT_S", "120")),
+        rpc_timeout_s=float(rpc_timeout_s or _env("SHARDPS_RPC_TIMEOUT_S",
+                                                  "300")))
+    _context = Context(session)
+    _watch_exit(_context)
+    return _context
+
+
+def _watch_exit(ctx):
+    # At exit: finished unless the script died of an exception, in which
+    # case the rank leaves (the others stop waiting for it).
+    failed = []
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        failed.append(kind)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+    def at_exit():
+        try:
+            if failed:
+                ctx.leave()
+            else:
+                ctx.finish()
+        except _errors.Error as e:
+            print(f"shardps: at exit: {e}", file=sys.stderr)
+
+    atexit.register(at_exit)
+
+
+def _context_or(context):
+    if context is not None:
+        return context
+    if _context is None:
+        raise RuntimeError("call shardps.torch.init() first")
+    return _context
+
+
+# --- the optimizer ----------------------------------------------------------
+
+def _require(cls, group_index, group, **wanted):
+    for key, allowed in wanted.items():
+        value = group.get(key, allowed[0])
+        if value not in allowed:
+            raise ValueError(
+                f"{cls.__name__}(param_groups[{group_index}]): {key}={value!r} "
+                f"cannot run on the shardps servers (supported: "
+                f"{', '.join(repr(a) for a in allowed)})")
+
+
+def _server_optimizer(optimizer, group_index, group):
+    """The servers' optimizer settings (a dict for _shardps) of one group."""
+    cls = type(optimizer)
+    common = dict(maximize=(False,), foreach=(None, False),
+                  differentiable=(False,))
+    if cls is torch.optim.SGD:
+        _require(cls, group_index, group, dampening=(0, 0.0), **common)
+        spec = dict(kind="sgd", momentum=group["momentum"],
+                    nesterov=bool(group["nesterov"]),
+                    weight_decay=group["weight_decay"])
+    elif cls in (torch.optim.Adam, torch.optim.AdamW):
+        _require(cls, group_index, group, amsgrad=(False,),
+                 capturable=(False,), fused=(None, False), **common)
+        beta1, beta2 = group["betas"]
+        spec = dict(kind="adam" if cls is torch.optim.Adam else "adamw",
+                    beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"])
+    elif cls is torch.optim.Adagrad:
+        _require(cls, group_index, group, lr_decay=(0, 0.0), **common)
+        spec = dict(kind="adagrad", eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    initial_accumulator=group["initial_accumulator_value"])
+    else:
+        raise ValueError(
+            f"{cls.__name__} cannot run on the shardps servers: use "
+            "torch.optim.SGD, Adam, AdamW or Adagrad")
+    # The learning rate travels with every step; the declared one only
+    # has to be valid.
+    lr = float(group["lr"])
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"param_groups[{group_index}]: lr={lr} must be "
+                         "finite and >= 0")
+    spec["lr"] = lr if lr > 0 else 1.0
+    return spec
+
+
+def _settings(group):
+    """A group's settings that must not change during training."""
+    return {k: v for k, v in group.items() if k not in ("params", "lr",
+                                                        "initial_lr")}
+
+
+def _check_parameter(name, p, shape=None):
+    if p.dtype != torch.float32:
+        raise ValueError(
+            f"parameter {name} is {p.dtype}: shardps trains float32 "
+            "parameters (call model.float())")
+    if p.device.type != "cpu":
+        raise ValueError(
+            f"parameter {name} is on {p.device}: shardps.torch trains CPU "
+            "parameters (no GPU path yet; move the model to the CPU)")
+    if p.is_sparse or not p.is_contiguous():
+        raise ValueError(f"parameter {name} is not a contiguous dense tensor")
+    if p.numel() == 0:
+        raise ValueError(f"parameter {name} has no elements")
+    if shape is not None and tuple(p.shape) != shape:
+        raise ValueError(
+            f"parameter {name} changed shape from {list(shape)} to "
+            f"{list(p.shape)} after the model was declared")
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose update runs on the shardps servers.
+
+    Args:
+        optimizer: the torch optimizer to run: SGD (momentum, Nesterov,
+            weight decay), Adam, AdamW or Adagrad, with any parameter groups.
+            Options the servers cannot run exactly (amsgrad, maximize,
+            dampening, lr_decay, foreach/fused/capturable/differentiable,
+            another optimizer class) raise ValueError naming them.
+        named_parameters: the model's named_parameters(); every parameter
+            of the optimizer must be among them (the names identify the
+            tensors on the servers and in saved models).
+        backward_passes_per_step: backward passes accumulated into .grad
+            before each step() (gradient accumulation); the push happens at
+            the last one.
+        chunk_bytes: the largest piece of a tensor the servers hold as one
+            unit (a multiple of 4, at most 4 MiB).
+        context: the Context (default: the one init() returned).
+
+    Construction declares the model on the servers (rank 0's values are the
+    initial weights) and loads the servers' copy into the parameters. It
+    raises ValueError, before anything is sent, for a parameter that is not
+    float32, not contiguous, not on the CPU, empty, unnamed, or already
+    trained by another DistributedOptimizer.
+
+    The wrapper shares param_groups with `optimizer`, so lr schedulers
+    built on it (or writes to param_groups[i]["lr"]) take effect on the
+    servers at the next step. Changing any other hyper-parameter after
+    construction raises ValueError at the next step.
+    """
+
+    def __init__(self, optimizer, named_parameters=None,
+                 backward_passes_per_step=1, chunk_bytes=256 << 10,
+                 context=None):
+        self._ctx = _context_or(context)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("DistributedOptimizer wraps a torch.optim "
+                            "optimizer")
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        if named_parameters is None:
+            raise ValueError("named_parameters is required: pass "
+                             "model.named_parameters()")
+        names = {}
+        for name, p in named_parameters:
+            if id(p) in names:
+                continue  # shared (tied) parameter: its first name
+            if name in names.values():
+                raise ValueError(f"two parameters are named {name}")
+            names[id(p)] = name
+        self._inner = optimizer
+        self._k = int(backward_passes_per_step)
+        params, group_of, specs = [], [], []
+        for gi, group in enumerate(optimizer.param_groups):
+            specs.append(_server_optimizer(optimizer, gi, group))
+            for p in group["params"]:
+                if id(p) not in names:
+                    raise ValueError(
+                        f"a parameter of param_groups[{gi}] (shape "
+                        f"{list(p.shape)}) is not in named_parameters")
+                name = names[id(p)]
+                if id(p) in _claimed:
+                    raise ValueError(
+                        f"parameter {name} is already trained by another "
+                        "DistributedOptimizer")
+                _check_parameter(name, p)
+                params.append(p)
+                group_of.append(gi)
+        if not params:
+            raise ValueError("the optimizer has no parameters")
+        # Layout order: named_parameters order, the same on every rank.
+        position = {key: n for n, key in enumerate(names)}
+        order = sorted(range(len(params)),
+                       key=lambda i: position[id(params[i])])
+        self._params = [params[i] for i in order]
+        self._group_of = [group_of[i] for i in order]
+        self._names = [names[id(p)] for p in self._params]
+        self._shapes = [tuple(p.shape) for p in self._params]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        # Share the inner optimizer's groups (and so its lr values).
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self._settings = [_settings(g) for g in self.param_groups]
+
+        tensors = [dict(name=n, shape=list(s) or [1], optimizer=specs[g])
+                   for n, s, g in zip(self._names, self._shapes,
+                                      self._group_of)]
+        self._weights = [np.empty(p.numel(), dtype=np.float32)
+                         for p in self._params]
+        initial = []
+        if self._ctx.rank == 0:
+            initial = [p.detach().numpy().reshape(-1) for p in self._params]
+        for p, name in zip(self._params, self._names):
+            _claimed[id(p)] = name
+        session = self._ctx.session
+        session.declare(tensors, specs[0], chunk_bytes, initial,
+                        self._weights)
+        self._load_weights()
+        self._passes = [0] * len(self._params)
+        self._pushed = [False] * len(self._params)
+        self._open = False
+        self._grad_accs = []
+        for i, p in enumerate(self._params):
+            if p.requires_grad:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._hook(i))
+                self._grad_accs.append(acc)
+
+    def add_param_group(self, param_group):
+        raise ValueError("the model is declared on the servers: parameter "
+                         "groups cannot be added to a DistributedOptimizer")
+
+    def __getstate__(self):
+        raise TypeError("a DistributedOptimizer cannot be pickled")
+
+    def __repr__(self):
+        return (f"DistributedOptimizer({type(self._inner).__name__}, "
+                f"{len(self._params)} tensors, rank {self._ctx.rank})")
+
+    def _load_weights(self):
+        with torch.no_grad():
+            for p, w in zip(self._params, self._weights):
+                p.copy_(torch.from_numpy(w).view(p.shape))
+
+    def _hook(self, i):
+        def hook(*unused):
+            self._passes[i] += 1
+            if self._passes[i] > self._k:
+                raise RuntimeError(
+                    f"backward ran {self._passes[i]} times for parameter "
+                    f"{self._names[i]} without step(): "
+                    f"backward_passes_per_step={self._k}")
+            if self._passes[i] == self._k:
+                try:
+                    self._push(i, self._params[i].grad)
+                except BaseException:
+                    self._reset_step()
+                    raise
+        return hook
+
+    def _reset_step(self):
+        # A refused step sends nothing more; the next backward starts over.
+        session = self._ctx.session
+        if session.step_open:
+            session.abort_step()
+        self._passes = [0] * len(self._params)
+        self._pushed = [False] * len(self._params)
+        self._open = False
+
+    def _begin(self):
+        for gi, group in enumerate(self.param_groups):
+            now = _settings(group)
+            if now != self._settings[gi]:
+                changed = sorted(k for k in set(now) | set(self._settings[gi])
+                                 if now.get(k) != self._settings[gi].get(k))
+                raise ValueError(
+                    f"param_groups[{gi}]: {', '.join(changed)} changed after "
+                    "the model was declared: only lr can change during "
+                    "training (it travels with every step)")
+        for name, p, shape in zip(self._names, self._params, self._shapes):
+            _check_parameter(name, p, shape)
+        self._ctx.session.begin_step()
+        self._open = True
+
+    def _push(self, i, grad):
+        if not self._open:
+            self._begin()
+        lr = float(self.param_groups[self._group_of[i]]["lr"])
+        name = self._names[i]
+        if grad is None:
+            array = None
+        else:
+            if grad.is_sparse:
+                raise ValueError(f"parameter {name} has a sparse gradient: "
+                                 "shardps takes dense gradients")
+            if tuple(grad.shape) != self._shapes[i]:
+                raise ValueError(
+                    f"the gradient of {name} has shape {list(grad.shape)}, "
+                    f"the parameter {list(self._shapes[i])}")
+            g = grad.detach()
+            if g.dtype != torch.float32 or g.device.type != "cpu":
+                raise ValueError(f"the gradient of {name} is {g.dtype} on "
+                                 f"{g.device}: want float32 on the CPU")
+            scale = self._ctx.grad_scale
+            if scale != 1.0:
+                g = g * scale
+            array = g.contiguous().numpy().reshape(-1)
+        self._pushed[i] = True
+        self._ctx.session.push(i, array, lr, name)
+
+    def step(self, closure=None):
+        """Waits for the servers' update of this step and writes the new
+        weights into the parameters. Parameters without a gradient
+        (p.grad is None) are skipped by the servers, as torch skips them.
+
+        Returns the closure's loss (if a closure was given).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        done_passes = max(self._passes)
+        if done_passes == 0:
+            raise RuntimeError(
+                "step() without backward(): no gradient was computed since "
+                "the last step (nothing was sent)")
+        if done_passes < self._k:
+            raise RuntimeError(
+                f"step() after {done_passes} of {self._k} backward passes "
+                "(backward_passes_per_step)")
+        try:
+            for i, p in enumerate(self._params):
+                if not self._pushed[i]:
+                    self._push(i, p.grad)
+            self._ctx.session.finish_step()
+        finally:
+            self._reset_step()
+        # The job's weights after the step (or at the step the job went
+        # back to after a rollback: the sampler follows session.step).
+        self._load_weights()
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """As torch.optim.Optimizer.zero_grad (default set_to_none=False, as
+        torch 1.13)."""
+        for p in self._params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
+
+    def state_dict(self):
+        raise NotImplementedError(
+            "the optimizer's state lives on the shardps servers, which "
+            "checkpoint it (shardps-server --checkpoint_dir)")
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError(
+            "the optimizer's state lives on the shardps servers: restore a "
+            "server checkpoint instead")
+
+
+# --- the data order ---------------------------------------------------------
+
+class DistributedSampler:
+    """This rank's part of each global batch, as shardps-worker splits it.
+
+    Each epoch is a seeded permutation of range(num_samples) (the same as
+    shardps-worker's for the same seed); global batch s of the epoch is
+    positions [s*batch_size, (s+1)*batch_size) of it, the last partial
+    batch dropped, and each rank takes a contiguous slice of it. The ranks
+    sharing the batches are asked at every epoch start, so the data is
+    re-sharded when workers leave or join.
+
+    The sampler follows the job's step: `start_epoch` is where the servers
+    are (a restored checkpoint's epoch), epoch(e) starts at the position
+    inside it, and after a rollback it goes back to the step the job went
+    back to. Call opt.step() once for every batch it yields.
+
+    Create it after the DistributedOptimizer (a worker that joins a running
+    job waits here for the next epoch start).
+    """
+
+    def __init__(self, num_samples, batch_size, seed=0, context=None):
+        self._ctx = _context_or(context)
+        if batch_size < 1 or batch_size > num_samples:
+            raise ValueError(f"batch_size={batch_size} must be in [1, "
+                             f"num_samples={num_samples}]")
+        if batch_size < self._ctx.num_workers:
+            raise ValueError(
+                f"batch_size={batch_size} is smaller than the "
+                f"{self._ctx.num_workers} workers: each needs a sample")
+        self.num_samples = int(num_samples)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.steps_per_epoch = self.num_samples // self.batch_size
+        self._started = False
+        self._perm = (None, None)   # (epoch, permutation)
+        self._ranks = (None, None)  # (epoch, ranks)
+
+    def _start(self):
+        if not self._started:
+            try:
+                self._ctx.session.start_epochs(self.steps_per_epoch)
+            except _errors.FailedPrecondition as e:
+                raise RuntimeError(
+                    "create the DistributedOptimizer before the "
+                    f"DistributedSampler ({e.message})") from None
+            self._started = True
+
+    def __len__(self):
+        return self.steps_per_epoch
+
+    @property
+    def start_epoch(self):
+        """The epoch (from 0) the job is in: 0 for a new job, the restored
+        checkpoint's epoch after a restart."""
+        self._start()
+        return self._ctx.session.step // self.steps_per_epoch
+
+    def _permutation(self, epoch):
+        if self._perm[0] != epoch:
+            # shardps-worker numbers its epochs from 1.
+            self._perm = (epoch, _shardps.epoch_permutation(
+                self.num_samples, self.seed, epoch + 1))
+        return self._perm[1]
+
+    def epoch(self, epoch):
+        """Yields this rank's indices (a torch.LongTensor) of each global
+        batch of `epoch` (from 0) that the job has not trained yet."""
+        self._start()
+        session = self._ctx.session
+        spe = self.steps_per_epoch
+        fresh = True
+        while True:
+            step = session.step
+            at = step // spe
+            if at > epoch:
+                return
+            if fresh or self._ranks[0] != at or step % spe == 0:
+                self._ranks = (at, session.active_ranks())
+            fresh = False
+            ranks = self._ranks[1]
+            position = ranks.index(self._ctx.rank)
+            begin, end = _shardps.worker_slice(
+                (step - at * spe) * self.batch_size, self.batch_size,
+                position, len(ranks))
+            self._ctx.grad_scale = (len(ranks) * (end - begin) /
+                                    self.batch_size)
+            perm = self._permutation(at)
+            yield torch.from_numpy(perm[begin:end])
+            if session.step == step:
+                raise RuntimeError(
+                    f"opt.step() was not called for the batch of step {step}: "
+                    "call it once for every batch the sampler yields")
+            if session.step != step + 1:
+                fresh = True  # the job went back (or on): ask the ranks
+            session.set_progress(session.step, session.step // spe + 1)
+
+
+# --- saving -----------------------------------------------------------------
+
+def save(model, path, metadata=None):
+    """Writes the model's parameters as safetensors (the names of
+    named_parameters(), float32), with `metadata` (str -> str) in the
+    header. Optimizer state lives on the servers, checkpointed by them."""
+    names, shapes, arrays = [], [], []
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        t = p.detach()
+        if t.dtype != torch.float32:
+            t = t.float()
+        arrays.append(np.ascontiguousarray(t.cpu().numpy()).reshape(-1))
+        names.append(name)
+        shapes.append(list(p.shape))
+    meta = {"format": "pt"}
+    if _context is not None:
+        meta["step"] = str(_context.step)
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    _shardps.write_safetensors(path, names, shapes, arrays, meta)

@@ -1,0 +1,416 @@
+// _shardps: the Python binding of a worker's Session (worker/session.h) and
+// of the data order shardps-worker uses. It takes float32 buffers (numpy
+// arrays, or anything with the buffer protocol), never torch tensors, so
+// one build serves every torch version. Network waits release the GIL;
+// heartbeats and the cluster watch run on C++ threads. A failed call raises
+// the shardps.Error subclass of its status code (shardps/_errors.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/security.h"
+#include "worker/dataset.h"
+#include "worker/session.h"
+
+namespace py = pybind11;
+
+namespace shardps::python {
+namespace {
+
+// Raises the shardps.Error subclass for `status` (shardps._errors.error_for).
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::object error =
+      py::module_::import("shardps._errors")
+          .attr("error_for")(absl::StatusCodeToString(status.code()),
+                             std::string(status.message()));
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())),
+                  error.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return *std::move(value);
+}
+
+// A C-contiguous float32 view of `buffer`; InvalidArgument naming `what`
+// otherwise. The memory belongs to the buffer's object: the caller keeps it.
+absl::StatusOr<absl::Span<float>> FloatSpan(const py::buffer& buffer,
+                                            bool writable,
+                                            const std::string& what) {
+  py::buffer_info info;
+  try {
+    info = buffer.request(writable);
+  } catch (const py::error_already_set& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a ",
+                                                   writable ? "writable " : "",
+                                                   "buffer (", e.what(), ")"));
+  }
+  if (info.format != py::format_descriptor<float>::format() ||
+      info.itemsize != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " holds values of format '", info.format, "' (",
+                     info.itemsize, " bytes each): shardps takes float32"));
+  }
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is not contiguous: shardps takes C-contiguous buffers"));
+    }
+    expected *= info.shape[d];
+  }
+  return absl::MakeSpan(static_cast<float*>(info.ptr), info.size);
+}
+
+absl::StatusOr<v1::OptimizerSpec> OptimizerFromDict(const py::dict& d,
+                                                    const std::string& what) {
+  static const auto* kinds = new std::map<std::string, v1::OptimizerSpec::Kind>{
+      {"sgd", v1::OptimizerSpec::KIND_SGD},
+      {"adam", v1::OptimizerSpec::KIND_ADAM},
+      {"adamw", v1::OptimizerSpec::KIND_ADAMW},
+      {"adagrad", v1::OptimizerSpec::KIND_ADAGRAD}};
+  v1::OptimizerSpec spec;
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    if (k == "kind") {
+      const std::string name = py::str(value);
+      auto kind = kinds->find(name);
+      if (kind == kinds->end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": optimizer kind '", name,
+                         "' is not one of sgd, adam, adamw, adagrad"));
+      }
+      spec.set_kind(kind->second);
+    } else if (k == "lr") {
+      spec.set_learning_rate(value.cast<float>());
+    } else if (k == "momentum") {
+      spec.set_momentum(value.cast<float>());
+    } else if (k == "nesterov") {
+      spec.set_nesterov(value.cast<bool>());
+    } else if (k == "weight_decay") {
+      spec.set_weight_decay(value.cast<float>());
+    } else if (k == "beta1") {
+      spec.set_beta1(value.cast<float>());
+    } else if (k == "beta2") {
+      spec.set_beta2(value.cast<float>());
+    } else if (k == "eps") {
+      spec.set_epsilon(value.cast<float>());
+    } else if (k == "initial_accumulator") {
+      spec.set_initial_accumulator(value.cast<float>());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown optimizer setting '", k, "'"));
+    }
+  }
+  return spec;
+}
+
+SecurityOptions LoadSecurity(const std::string& cert, const std::string& key,
+                             const std::string& ca,
+                             const std::string& token_file,
+                             const std::string& server_name) {
+  SecurityFiles files;
+  files.tls_cert = cert;
+  files.tls_key = key;
+  files.tls_ca = ca;
+  files.auth_token_file = token_file;
+  files.tls_server_name = server_name;
+  return Check(LoadSecurityOptions(files));
+}
+
+// The Python Session: a worker::Session and the Python objects whose
+// memory it reads and writes (the weight buffers for the session's life, a
+// step's gradients until the step ends).
+class PySession {
+ public:
+  explicit PySession(std::unique_ptr<worker::Session> session)
+      : session_(std::move(session)) {}
+  ~PySession() {
+    py::gil_scoped_release release;
+    session_.reset();
+  }
+
+  worker::Session& s() { return *session_; }
+
+  void Declare(const py::list& tensors, const py::dict& optimizer,
+               int64_t chunk_bytes, const py::list& initial,
+               const py::list& weights) {
+    v1::Layout layout;
+    layout.set_chunk_bytes(chunk_bytes);
+    for (const py::handle& item : tensors) {
+      const py::dict t = item.cast<py::dict>();
+      v1::TensorSpec* spec = layout.add_tensors();
+      spec->set_name(t["name"].cast<std::string>());
+      for (int64_t d : t["shape"].cast<std::vector<int64_t>>()) {
+        spec->add_shape(d);
+      }
+      spec->mutable_init()->set_kind(v1::InitSpec::KIND_PROVIDED);
+      if (t.contains("optimizer")) {
+        *spec->mutable_optimizer() =
+            Check(OptimizerFromDict(t["optimizer"].cast<py::dict>(),
+                                    absl::StrCat("tensor ", spec->name())));
+      }
+    }
+    const v1::OptimizerSpec spec =
+        Check(OptimizerFromDict(optimizer, "the optimizer"));
+    if (static_cast<int>(weights.size()) != layout.tensors_size() ||
+        (!initial.empty() &&
+         static_cast<int>(initial.size()) != layout.tensors_size())) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("the model has ", layout.tensors_size(),
+                       " tensors; got ", weights.size(), " weight buffers and ",
+                       initial.size(), " initial values")));
+    }
+    ConstTensors initial_spans;
+    Tensors weight_spans;
+    for (int i = 0; i < layout.tensors_size(); ++i) {
+      const std::string& name = layout.tensors(i).name();
+      weight_spans.push_back(
+          Check(FloatSpan(weights[i].cast<py::buffer>(), true,
+                          absl::StrCat(name, " (weights)"))));
+      if (!initial.empty()) {
+        initial_spans.push_back(
+            Check(FloatSpan(initial[i].cast<py::buffer>(), false,
+                            absl::StrCat(name, " (initial values)"))));
+      }
+    }
+    weights_ = weights;
+    initial_ = initial;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = session_->Declare(layout, spec, initial_spans, weight_spans);
+    }
+    Check(status);
+  }
+
+  void BeginStep() {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = session_->BeginStep();
+    }
+    Check(status);
+    gradients_ = py::list();
+  }
+
+  void Push(int tensor, const py::object& gradient, float learning_rate,
+            const std::string& name) {
+    absl::Status status;
+    if (gradient.is_none()) {
+      status = session_->PushNoGradient(tensor, learning_rate);
+    } else {
+      const absl::Span<float> span =
+          Check(FloatSpan(gradient.cast<py::buffer>(), false,
+                          absl::StrCat(name, " (gradient)")));
+      gradients_.append(gradient);  // read until the step ends
+      status = session_->PushTensor(tensor, span, learning_rate);
+    }
+    Check(status);
+  }
+
+  bool FinishStep() {
+    absl::StatusOr<bool> done;
+    {
+      py::gil_scoped_release release;
+      done = session_->FinishStep();
+    }
+    gradients_ = py::list();
+    return Check(std::move(done));
+  }
+
+  void AbortStep() {
+    {
+      py::gil_scoped_release release;
+      session_->AbortStep();
+    }
+    gradients_ = py::list();
+  }
+
+ private:
+  std::unique_ptr<worker::Session> session_;
+  py::list weights_;    // written by the session
+  py::list initial_;    // read by Declare only; kept for symmetry
+  py::list gradients_;  // of the open step
+};
+
+template <typename F>
+auto Unlocked(F f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+}  // namespace
+
+void DefineModule(py::module_& m) {
+  m.doc() =
+      "shardps worker binding: a Session joins a job, declares a model and "
+      "pushes steps tensor by tensor (see shardps.torch for the PyTorch "
+      "layer).";
+
+  py::class_<PySession>(m, "Session")
+      .def(
+          py::init(
+              [](const std::string& coordinator,
+                 const std::vector<std::string>& servers, int rank,
+                 std::optional<uint32_t> num_workers, const std::string& job_id,
+                 const std::string& tls_cert, const std::string& tls_key,
+                 const std::string& tls_ca, const std::string& auth_token_file,
+                 const std::string& tls_server_name, double connect_timeout_s,
+                 double rpc_timeout_s, int streams_per_shard) {
+                worker::SessionOptions o;
+                o.coordinator = coordinator;
+                o.servers = servers;
+                o.rank = rank;
+                o.num_workers = num_workers;
+                o.job_id = job_id;
+                o.security = LoadSecurity(tls_cert, tls_key, tls_ca,
+                                          auth_token_file, tls_server_name);
+                o.connect_timeout = absl::Seconds(connect_timeout_s);
+                o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+                o.recovery.rollback_timeout =
+                    std::max(o.recovery.rollback_timeout, o.connect_timeout);
+                o.streams_per_shard = streams_per_shard;
+                absl::StatusOr<std::unique_ptr<worker::Session>> session;
+                {
+                  py::gil_scoped_release release;
+                  session = worker::Session::Start(std::move(o));
+                }
+                return std::make_unique<PySession>(Check(std::move(session)));
+              }),
+          py::arg("coordinator") = "",
+          py::arg("servers") = std::vector<std::string>{}, py::arg("rank") = -1,
+          py::arg("num_workers") = py::none(), py::arg("job_id") = "default",
+          py::arg("tls_cert") = "", py::arg("tls_key") = "",
+          py::arg("tls_ca") = "", py::arg("auth_token_file") = "",
+          py::arg("tls_server_name") = "", py::arg("connect_timeout_s") = 120.0,
+          py::arg("rpc_timeout_s") = 300.0, py::arg("streams_per_shard") = 2,
+          "Joins the job (coordinator) or connects to `servers` (static) and "
+          "waits until the job can take this worker.")
+      .def_property_readonly("rank", [](PySession& p) { return p.s().rank(); })
+      .def_property_readonly("num_workers",
+                             [](PySession& p) { return p.s().num_workers(); })
+      .def_property_readonly("servers",
+                             [](PySession& p) { return p.s().servers(); })
+      .def_property_readonly("coordinated",
+                             [](PySession& p) { return p.s().coordinated(); })
+      .def_property_readonly(
+          "is_lead", [](PySession& p) { return p.s().IsLead(); },
+          "This worker does rank 0's duties: the lowest rank in the job.")
+      .def_property_readonly(
+          "step", [](PySession& p) { return p.s().step(); },
+          "The step pushed next.")
+      .def_property_readonly("step_open",
+                             [](PySession& p) { return p.s().step_open(); })
+      .def("declare", &PySession::Declare, py::arg("tensors"),
+           py::arg("optimizer"), py::arg("chunk_bytes"), py::arg("initial"),
+           py::arg("weights"),
+           "Declares the model: tensors are dicts (name, shape, optimizer); "
+           "rank 0's `initial` float32 buffers are the initial values; "
+           "`weights` (writable float32 buffers) receive the job's weights "
+           "now and after every step.")
+      .def(
+          "start_epochs",
+          [](PySession& p, int64_t steps_per_epoch) {
+            return Check(
+                Unlocked([&] { return p.s().StartEpochs(steps_per_epoch); }));
+          },
+          py::arg("steps_per_epoch"),
+          "Sets the steps of an epoch; a worker new to a running job joins "
+          "at the next epoch start here. Returns the step to go on from.")
+      .def(
+          "active_ranks",
+          [](PySession& p) {
+            return Unlocked([&] { return p.s().ActiveRanks(); });
+          },
+          "The ranks sharing the global batch now, ascending.")
+      .def("begin_step", &PySession::BeginStep)
+      .def("push", &PySession::Push, py::arg("tensor"), py::arg("gradient"),
+           py::arg("learning_rate"), py::arg("name"),
+           "Pushes one tensor's gradient (None: no gradient this step).")
+      .def("finish_step", &PySession::FinishStep,
+           "Waits for the step's replies: True when the step is done, False "
+           "when the job went back (or on) to `step`.")
+      .def("abort_step", &PySession::AbortStep)
+      .def(
+          "set_progress",
+          [](PySession& p, int64_t step, int64_t epoch) {
+            p.s().SetProgress(step, epoch);
+          },
+          py::arg("step"), py::arg("epoch"))
+      .def(
+          "finish",
+          [](PySession& p) { Check(Unlocked([&] { return p.s().Finish(); })); },
+          "Tells the coordinator this rank completed its training.")
+      .def(
+          "leave",
+          [](PySession& p) { Check(Unlocked([&] { return p.s().Leave(); })); },
+          "Leaves the job (the other workers stop waiting for this one).");
+
+  m.def(
+      "epoch_permutation",
+      [](int64_t n, uint64_t seed, int64_t epoch) {
+        std::vector<int64_t> perm = worker::EpochPermutation(n, seed, epoch);
+        py::array_t<int64_t> out(static_cast<py::ssize_t>(perm.size()));
+        std::copy(perm.begin(), perm.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("n"), py::arg("seed"), py::arg("epoch"),
+      "The seeded permutation of range(n) of an epoch (from 1), as "
+      "shardps-worker orders its data.");
+  m.def(
+      "worker_slice",
+      [](int64_t begin, int64_t size, int position, int workers) {
+        const worker::IndexRange r =
+            worker::WorkerSlice(begin, size, position, workers);
+        return std::make_pair(r.begin, r.end);
+      },
+      py::arg("begin"), py::arg("size"), py::arg("position"),
+      py::arg("workers"),
+      "The part [begin, end) of the global batch [begin, begin + size) that "
+      "the worker at `position` of `workers` trains on.");
+  m.def(
+      "write_safetensors",
+      [](const std::string& path, const std::vector<std::string>& names,
+         const std::vector<std::vector<int64_t>>& shapes,
+         const py::list& arrays,
+         const std::map<std::string, std::string>& metadata) {
+        std::vector<SafetensorsTensor> tensors;
+        for (size_t i = 0; i < names.size(); ++i) {
+          const absl::Span<float> span =
+              Check(FloatSpan(arrays[i].cast<py::buffer>(), false, names[i]));
+          tensors.push_back({names[i], shapes[i], span.data()});
+        }
+        Check(WriteSafetensors(path, tensors, metadata));
+      },
+      py::arg("path"), py::arg("names"), py::arg("shapes"), py::arg("arrays"),
+      py::arg("metadata"), "Writes float32 tensors as a safetensors file.");
+  m.def(
+      "init_log",
+      [](const std::string& name, int rank) { InitLog(name, rank, false); },
+      py::arg("name"), py::arg("rank"),
+      "Names this process in shardps's log lines.");
+}
+
+}  // namespace shardps::python
+
+PYBIND11_MODULE(_shardps, m) { shardps::python::DefineModule(m); }

@@ -1,0 +1,238 @@
+#include "worker/session.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "server/coordinator/cluster_view.h"
+#include "worker/worker_job.h"
+
+namespace shardps::worker {
+namespace {
+
+// A loop driven from outside has no planned end: a worker that rejoins
+// goes to the next epoch start whatever it is.
+constexpr int64_t kNoLastStep = std::numeric_limits<int64_t>::max() / 4;
+
+// Leaving is a courtesy (the lease expires anyway); finishing is what ends
+// the job, worth waiting for.
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(3);
+constexpr absl::Duration kFinishTimeout = absl::Seconds(60);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Start(
+    SessionOptions options) {
+  if (options.rank < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " must be -1 (any) or >= 0"));
+  }
+  if (!options.coordinator.empty() && !options.servers.empty()) {
+    return absl::InvalidArgumentError(
+        "give either the servers (a static job) or a coordinator, not both");
+  }
+  if (options.coordinator.empty() && options.servers.empty()) {
+    return absl::InvalidArgumentError(
+        "no coordinator and no servers given: set SHARDPS_COORDINATOR "
+        "(host:port) or SHARDPS_SERVERS (host:port,...)");
+  }
+  if (options.label.empty()) options.label = ProcessLabel();
+  const uint64_t incarnation =
+      options.coordinator.empty() ? 0 : ProcessIncarnation();
+  std::unique_ptr<Session> session(new Session);
+  Session& s = *session;
+  if (options.coordinator.empty()) {
+    s.rank_ = static_cast<uint32_t>(std::max(options.rank, 0));
+    s.num_workers_ = options.num_workers.value_or(1);
+    if (s.rank_ >= s.num_workers_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", s.rank_, " must be below the job's ",
+                       s.num_workers_, " workers"));
+    }
+    s.servers_ = options.servers;
+  } else {
+    SHARDPS_ASSIGN_OR_RETURN(
+        s.coordinator_,
+        JoinAsWorker(options.coordinator, options.job_id, options.rank,
+                     incarnation, options.security, options.label,
+                     options.connect_timeout));
+    s.rank_ = s.coordinator_->index();
+    s.num_workers_ = s.coordinator_->view().num_workers();
+    LogInfo("joined job %s as rank %d of %d (%s)", options.job_id, s.rank_,
+            s.num_workers_, coordinator::DescribeView(s.coordinator_->view()));
+    if (options.num_workers.has_value() &&
+        *options.num_workers != s.num_workers_) {
+      s.Leave().IgnoreError();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this worker expects ", *options.num_workers, " workers but job ",
+          options.job_id, " has ", s.num_workers_));
+    }
+    absl::StatusOr<std::vector<std::string>> servers =
+        WaitForCluster(*s.coordinator_, options.connect_timeout);
+    if (!servers.ok()) {
+      s.Leave().IgnoreError();
+      return servers.status();
+    }
+    s.servers_ = *std::move(servers);
+  }
+  ClientOptions co;
+  co.servers = s.servers_;
+  co.rank = s.rank_;
+  co.incarnation = incarnation;
+  co.security = options.security;
+  co.streams_per_shard = options.streams_per_shard;
+  co.connect_timeout = options.connect_timeout;
+  co.rpc_timeout = options.rpc_timeout;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  if (!client.ok()) {
+    s.Leave().IgnoreError();
+    return client.status();
+  }
+  s.client_ = *std::move(client);
+  s.options_ = std::move(options);
+  return session;
+}
+
+Session::~Session() {
+  if (client_ != nullptr) client_->AbortStep();
+  if (!done_) Leave().IgnoreError();
+}
+
+bool Session::IsLead() const {
+  if (coordinator_ == nullptr) return rank_ == 0;
+  return LeadRank(coordinator_->view(), rank_) == rank_;
+}
+
+absl::Status Session::Declare(const v1::Layout& layout,
+                              const v1::OptimizerSpec& optimizer,
+                              const ConstTensors& initial, Tensors weights) {
+  SHARDPS_RETURN_IF_ERROR(client_->Declare(layout, optimizer));
+  weights_ = std::move(weights);
+  recovery_.reset();
+  bool provided = false;
+  for (const v1::TensorSpec& t : layout.tensors()) {
+    provided = provided || t.init().kind() == v1::InitSpec::KIND_PROVIDED;
+  }
+  step_ = client_->start_step();
+  if (client_->must_join()) return absl::OkStatus();  // StartEpochs joins
+  bool awaiting = false;
+  for (const v1::DeclareResponse& r : client_->declared()) {
+    awaiting = awaiting || r.awaiting_values();
+  }
+  if (provided && awaiting && rank_ == 0) {
+    if (initial.empty()) {
+      return absl::InvalidArgumentError(
+          "rank 0 declares a model with provided initial values but gave "
+          "none");
+    }
+    LogInfo("sending the model's initial values (%d tensors)",
+            layout.tensors_size());
+    return client_->Initialize(initial, weights_);
+  }
+  return client_->PullWhenReady(weights_, options_.connect_timeout);
+}
+
+Recovery& Session::recovery() {
+  if (recovery_ == nullptr) {
+    RollbackNews rollback;
+    if (coordinator_ != nullptr) {
+      coordinator::CoordinatorClient* c = coordinator_.get();
+      rollback = [c] {
+        const v1::ClusterView view = c->view();
+        return std::make_pair(view.rollback_id(), view.rollback_step());
+      };
+    }
+    recovery_ = std::make_unique<Recovery>(
+        options_.recovery, client_.get(), weights_, steps_per_epoch_,
+        kNoLastStep, rollback, /*rejoin_when_dropped=*/coordinator_ != nullptr);
+    recovery_->Start();
+  }
+  return *recovery_;
+}
+
+absl::StatusOr<int64_t> Session::StartEpochs(int64_t steps_per_epoch) {
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an epoch must have at least one step, got ", steps_per_epoch));
+  }
+  if (client_->declared().empty()) {
+    return absl::FailedPreconditionError("StartEpochs before Declare");
+  }
+  if (steps_per_epoch != steps_per_epoch_) recovery_.reset();
+  steps_per_epoch_ = steps_per_epoch;
+  if (client_->must_join()) {
+    SHARDPS_ASSIGN_OR_RETURN(step_, recovery().JoinRunningJob());
+    SHARDPS_RETURN_IF_ERROR(
+        client_->PullWhenReady(weights_, options_.connect_timeout));
+    LogInfo("joined the running job at step %d", step_);
+  }
+  return step_;
+}
+
+std::vector<uint32_t> Session::ActiveRanks() {
+  std::function<std::vector<uint32_t>()> view_ranks;
+  if (coordinator_ != nullptr) {
+    coordinator::CoordinatorClient* c = coordinator_.get();
+    view_ranks = [c] { return AliveRanks(c->view()); };
+  }
+  return RanksSharingTheBatch(client_.get(), view_ranks, num_workers_, rank_);
+}
+
+absl::Status Session::BeginStep() {
+  if (done_) {
+    return absl::FailedPreconditionError(
+        "this worker already finished or left the job");
+  }
+  recovery();  // knows the job's rollback before the first push
+  return client_->BeginStep(step_, weights_);
+}
+
+absl::Status Session::PushTensor(int tensor, absl::Span<const float> gradient,
+                                 float learning_rate) {
+  return client_->PushTensor(tensor, gradient, learning_rate);
+}
+
+absl::Status Session::PushNoGradient(int tensor, float learning_rate) {
+  return client_->PushNoGradient(tensor, learning_rate);
+}
+
+absl::StatusOr<bool> Session::FinishStep() {
+  // A tensor not pushed is the caller's to fix; the job's refusals (a
+  // rollback, a drop) are recovered from.
+  if (client_->tensors_left() > 0) return client_->FinishStep();
+  const absl::Status pushed = client_->FinishStep();
+  if (pushed.ok()) {
+    ++step_;
+    return true;
+  }
+  SHARDPS_ASSIGN_OR_RETURN(step_, recovery().Recover(pushed, step_));
+  LogInfo("step failed (%s): going on from step %d", pushed.message(), step_);
+  return false;
+}
+
+void Session::AbortStep() { client_->AbortStep(); }
+
+void Session::SetProgress(int64_t step, int64_t epoch) {
+  if (coordinator_ != nullptr) coordinator_->SetProgress(step, epoch);
+}
+
+absl::Status Session::Finish() {
+  if (done_) return absl::OkStatus();
+  done_ = true;
+  if (coordinator_ == nullptr) return absl::OkStatus();
+  SHARDPS_RETURN_IF_ERROR(coordinator_->Finish(absl::Now() + kFinishTimeout));
+  LogInfo("told the coordinator that rank %d finished", rank_);
+  return absl::OkStatus();
+}
+
+absl::Status Session::Leave() {
+  if (done_) return absl::OkStatus();
+  done_ = true;
+  if (coordinator_ == nullptr) return absl::OkStatus();
+  return coordinator_->Leave(absl::Now() + kLeaveTimeout);
+}
+
+}  // namespace shardps::worker
