@@ -86,11 +86,11 @@ struct Client::OpenStep {
   int64_t step = 0;
   bool initial_values = false;
   bool push_only = false;
-  Tensors weights;                   // empty for push-only
-  ConstTensors gradients;            // by tensor, as pushed
+  Tensors weights;                                  // empty for push-only
+  ConstTensors gradients;                           // by tensor, as pushed
   std::vector<std::optional<float>> learning_rate;  // by tensor
-  std::vector<bool> pushed;          // by tensor
-  std::vector<bool> no_gradient;     // by tensor
+  std::vector<bool> pushed;                         // by tensor
+  std::vector<bool> no_gradient;                    // by tensor
   int num_pushed = 0;
   absl::Time start;
 };
