@@ -40,6 +40,18 @@ struct PushArgs {
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
   bool push_only = false;
+  // > 0: the learning rate of this update, replacing the declared one and
+  // its schedule; 0: the declared one. Sync: every push of a chunk's step
+  // must carry the same value (the first push's).
+  float learning_rate = 0;
+  // The rank has no gradient for the chunk this step; the payload is empty.
+  // Sync: counts as a zero gradient, and a step where no rank has one skips
+  // the update (ChunkUpdater::Skip). Async and ssp: the rank's clock
+  // advances, nothing is applied.
+  bool no_gradient = false;
+  // The payload is the chunk's initial weights (InitSpec KIND_PROVIDED),
+  // handled by the store, never by an Aggregator; `step` is not checked.
+  bool initial_values = false;
   // The gradient bytes, decoded once into the aggregation buffer when
   // accepted.
   const ByteSource* payload = nullptr;
@@ -83,12 +95,15 @@ class Aggregator {
                                             ThreadPool* pool);
   virtual ~Aggregator() = default;
 
-  // Records one push the caller validated (chunk owned, payload length,
-  // rank, membership). On OK `sink` gets the reply once the update that
-  // includes the push is applied. A push of the step before the chunk's is
-  // a retry: not applied again, answered with the current weights.
-  // OUT_OF_RANGE for a step in the past or the future; INVALID_ARGUMENT for
-  // a non-finite gradient. On error nothing changed.
+  // Records one gradient push the caller validated (chunk owned and not
+  // awaiting its values, payload length or no_gradient with an empty one,
+  // learning rate, rank, membership). On OK `sink` gets the reply once the
+  // update that includes the push is applied. A push of the step before
+  // the chunk's is a retry: not applied again, answered with the current
+  // weights. OUT_OF_RANGE for a step in the past or the future;
+  // INVALID_ARGUMENT for a non-finite gradient, or (sync) a learning rate
+  // other than the one the step's first push carried. On error nothing
+  // changed.
   virtual absl::Status Push(const PushArgs& args, Chunk* chunk,
                             std::shared_ptr<ReplySink> sink) = 0;
 

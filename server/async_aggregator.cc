@@ -69,16 +69,21 @@ absl::Status AsyncAggregator::Push(const PushArgs& args, Chunk* chunk,
           *std::max_element(clocks->last_step.begin(), clocks->last_step.end());
       options_.metrics->Staleness(std::max<int64_t>(0, newest - args.step));
     }
-    if (args.step == last + 1) {
-      // Applied on arrival, on this thread. (A push of `last` is a retry:
-      // already applied, it only gets the current weights.)
+    if (args.step == last + 1 && args.no_gradient) {
+      // Nothing to apply, but the rank's clock moves on as for a push.
+      clocks->last_step[args.rank] = args.step;
+    } else if (args.step == last + 1) {
+      // Applied on arrival, on this thread, with the push's own learning
+      // rate. (A push of `last` is a retry: already applied, it only gets
+      // the current weights.)
       SHARDPS_RETURN_IF_ERROR(
           DecodeGradient(args.encoding, *args.payload,
                          {args.rank, &chunk->spec, chunk->tensor_name},
                          options_.allow_nonfinite, clocks->gradient.data()));
       clocks->last_step[args.rank] = args.step;
       const float* gradient = clocks->gradient.data();
-      updater_->Apply(clocks->chunk, absl::MakeConstSpan(&gradient, 1));
+      updater_->Apply(clocks->chunk, absl::MakeConstSpan(&gradient, 1),
+                      args.learning_rate);
     }
     clocks->held.push_back(
         {args.rank, args.push_only, std::move(sink), args.step});

@@ -1,7 +1,8 @@
-// The async and ssp policies: each push is applied to its chunk on arrival,
-// one rank's step at a time. Async answers at once; ssp (stale synchronous
-// parallel) holds the reply to a push of step t until every rank in the job
-// has pushed step t - staleness. Thread-safe.
+// The async and ssp policies: each push is applied to its chunk on arrival
+// with its own learning rate, one rank's step at a time (a push without a
+// gradient only moves the rank's clock). Async answers at once; ssp (stale
+// synchronous parallel) holds the reply to a push of step t until every rank in
+// the job has pushed step t - staleness. Thread-safe.
 #ifndef SHARDPS_SERVER_ASYNC_AGGREGATOR_H_
 #define SHARDPS_SERVER_ASYNC_AGGREGATOR_H_
 

@@ -87,16 +87,22 @@ std::string TensorName(uint32_t chunk_id, int slot) {
 // What every party derives from a declaration.
 struct ModelPlan {
   std::vector<ChunkSpec> chunks;  // indexed by chunk id
-  int num_slots = 0;
+  // Optimizer slots of each chunk (its tensor's optimizer), by chunk id.
+  std::vector<int> num_slots;
   uint64_t fingerprint = 0;
 };
 
 absl::StatusOr<ModelPlan> PlanModel(const v1::DeclareRequest& declaration) {
   SHARDPS_RETURN_IF_ERROR(ValidateLayout(declaration.layout()));
-  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
-                           Optimizer::Create(declaration.optimizer()));
-  return ModelPlan{MakeChunks(declaration.layout()), optimizer->num_slots(),
-                   Fingerprint(declaration.layout(), declaration.optimizer())};
+  SHARDPS_ASSIGN_OR_RETURN(const TensorOptimizers optimizers,
+                           TensorOptimizers::Create(declaration));
+  ModelPlan plan{MakeChunks(declaration.layout()),
+                 {},
+                 Fingerprint(declaration.layout(), declaration.optimizer())};
+  for (const ChunkSpec& spec : plan.chunks) {
+    plan.num_slots.push_back(optimizers.of(spec.tensor).num_slots());
+  }
+  return plan;
 }
 
 absl::Status CheckShardView(uint32_t shard_index, uint32_t num_shards) {
@@ -122,15 +128,16 @@ absl::StatusOr<std::vector<const ChunkState*>> OrderOwnedChunks(
       return absl::InvalidArgumentError(what + " is given twice");
     }
     const size_t n = static_cast<size_t>(plan.chunks[c.chunk_id].num_elements);
+    const int num_slots = plan.num_slots[c.chunk_id];
     bool sizes_ok = c.weights.size() == n &&
-                    c.slots.size() == static_cast<size_t>(plan.num_slots);
+                    c.slots.size() == static_cast<size_t>(num_slots);
     for (const std::vector<float>& slot : c.slots) {
       sizes_ok = sizes_ok && slot.size() == n;
     }
     if (!sizes_ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " needs ", n, " weights and ", plan.num_slots,
-                       " slots of that length"));
+      return absl::InvalidArgumentError(absl::StrCat(what, " needs ", n,
+                                                     " weights and ", num_slots,
+                                                     " slots of that length"));
     }
     by_id[c.chunk_id] = &c;
   }
@@ -351,7 +358,7 @@ absl::Status ReadChunksFromFile(const CheckpointInfo& ckpt,
     }
     ChunkState state{id, version->second, {}, {}};
     const size_t n = static_cast<size_t>(plan.chunks[id].num_elements);
-    for (int slot = -1; slot < plan.num_slots; ++slot) {
+    for (int slot = -1; slot < plan.num_slots[id]; ++slot) {
       const auto it = by_name.find(TensorName(id, slot));
       if (it == by_name.end() || it->second->size() != n) {
         return absl::DataLossError(absl::StrCat(path, ": chunk ", id, " lacks ",
@@ -439,7 +446,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
   uint64_t data_bytes = 0;
   for (const ChunkState* c : ordered) {
     versions.push_back(absl::StrCat(c->chunk_id, ":", c->version));
-    for (int slot = -1; slot < plan.num_slots; ++slot) {
+    for (int slot = -1; slot < plan.num_slots[c->chunk_id]; ++slot) {
       const std::vector<float>& v = slot < 0 ? c->weights : c->slots[slot];
       tensors.push_back({TensorName(c->chunk_id, slot),
                          {static_cast<int64_t>(v.size())},

@@ -176,6 +176,39 @@ TEST(CheckpointTest, RestoresOntoADifferentNumberOfShards) {
   }
 }
 
+// A tensor with its own optimizer saves that optimizer's slots.
+TEST(CheckpointTest, SavesEachTensorsOwnSlots) {
+  TempDir tmp;
+  v1::DeclareRequest d = Declaration();
+  v1::OptimizerSpec* sgd =
+      d.mutable_layout()->mutable_tensors(1)->mutable_optimizer();
+  sgd->set_kind(v1::OptimizerSpec::KIND_SGD);  // fc1.bias: no slots
+  sgd->set_learning_rate(0.1f);
+  std::vector<ChunkState> states = ShardStates(d, 0, 1, 5);
+  const std::vector<ChunkSpec> chunks = MakeChunks(d.layout());
+  // Adam's two slots do not fit fc1.bias.
+  EXPECT_EQ(
+      WriteShardCheckpoint(tmp.path(), 5, 0, 1, d, states).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  for (ChunkState& s : states) {
+    if (chunks[s.chunk_id].tensor == 1) s.slots.clear();
+  }
+  absl::StatusOr<ShardFile> f =
+      WriteShardCheckpoint(tmp.path(), 5, 0, 1, d, states);
+  SHARDPS_ASSERT_OK(f);
+  SHARDPS_ASSERT_OK(CommitCheckpoint(tmp.path(), 5, 1, {*f}));
+  absl::StatusOr<CheckpointInfo> info = LatestCommitted(tmp.path());
+  SHARDPS_ASSERT_OK(info);
+  for (const uint32_t n : {1u, 2u}) {
+    for (uint32_t shard = 0; shard < n; ++shard) {
+      absl::StatusOr<std::vector<ChunkState>> got =
+          LoadChunksForShard(*info, shard, n, d);
+      SHARDPS_ASSERT_OK(got);
+      for (const ChunkState& c : *got) ExpectEqualStates(c, states[c.chunk_id]);
+    }
+  }
+}
+
 TEST(CheckpointTest, ChoosesTheNewestCommittedStep) {
   TempDir tmp;
   for (const int64_t step : {5, 15, 10}) {

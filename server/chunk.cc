@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/server_metrics.h"
 #include "server/snapshot_scheduler.h"
@@ -16,8 +17,17 @@ ChunkReply CurrentReply(const Chunk& chunk, bool push_only) {
   return reply;
 }
 
+absl::Status CheckNotAwaiting(const Chunk& chunk) {
+  if (!chunk.awaiting_values) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("chunk ", chunk.spec.id, " (", chunk.tensor_name,
+                   ") waits for its initial values: the declaring worker "
+                   "sends them"));
+}
+
 void ChunkUpdater::Apply(Chunk* chunk,
-                         absl::Span<const float* const> contributions) const {
+                         absl::Span<const float* const> contributions,
+                         float learning_rate) const {
   // At most two slots (Adam): no allocation on the update path.
   float* slot_ptrs[2] = {};
   for (size_t i = 0; i < chunk->slots.size(); ++i) {
@@ -36,9 +46,18 @@ void ChunkUpdater::Apply(Chunk* chunk,
     counters_->weight_copies.fetch_add(1, std::memory_order_relaxed);
   }
   const absl::Time start = absl::Now();
-  optimizer_->Apply(chunk->version, contributions, chunk->weights->data(),
-                    slots, chunk->spec.num_elements);
+  chunk->optimizer->Apply(chunk->version, contributions, chunk->weights->data(),
+                          slots, chunk->spec.num_elements, learning_rate);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
+  Advance(chunk);
+}
+
+void ChunkUpdater::Skip(Chunk* chunk) const {
+  // The weights stay as they are, so replies still holding them are fine.
+  Advance(chunk);
+}
+
+void ChunkUpdater::Advance(Chunk* chunk) const {
   ++chunk->version;
   counters_->updates.fetch_add(1, std::memory_order_relaxed);
   if (snapshots_ != nullptr) snapshots_->AfterUpdate(*chunk);

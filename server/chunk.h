@@ -1,7 +1,8 @@
 // A Chunk is one chunk a shard owns: its weights, optimizer slots and version,
-// behind the chunk's own mutex. ChunkUpdater applies one optimizer update to a
-// chunk (copy on write, metrics, checkpoint copies) and hands replies to the
-// pushers' ReplySinks. Both are shared by every consistency policy.
+// behind the chunk's own mutex, and its tensor's optimizer. ChunkUpdater
+// applies one optimizer update to a chunk (copy on write, metrics,
+// checkpoint copies), or skips one, and hands replies to the pushers'
+// ReplySinks. Both are shared by every consistency policy.
 #ifndef SHARDPS_SERVER_CHUNK_H_
 #define SHARDPS_SERVER_CHUNK_H_
 
@@ -49,13 +50,25 @@ class ReplySink {
 struct Chunk {
   ChunkSpec spec;
   std::string tensor_name;  // for messages
+  // The tensor's optimizer (TensorOptimizers::of): constant after the model
+  // is built, read without the lock; owned by the ShardModel.
+  const Optimizer* optimizer = nullptr;
   mutable absl::Mutex mu;
   // Written in place when no reply holds it, else replaced by a copy.
   std::shared_ptr<std::vector<float>> weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   // Updates applied: the step the chunk is at.
   int64_t version ABSL_GUARDED_BY(mu) = 0;
+  // The tensor's InitSpec is KIND_PROVIDED and no worker has sent the
+  // values yet: the weights are zeros that nobody may read or update. Only
+  // ever goes from true to false.
+  bool awaiting_values ABSL_GUARDED_BY(mu) = false;
 };
+
+// UNAVAILABLE naming the chunk and its tensor when `chunk` awaits its
+// initial values, else OK.
+absl::Status CheckNotAwaiting(const Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
 // The reply to a push of `chunk` at its current version.
 ChunkReply CurrentReply(const Chunk& chunk, bool push_only)
@@ -72,32 +85,38 @@ struct ShardCounters {
   std::atomic<uint64_t> weight_copies{0};
 };
 
-// Applies optimizer updates to chunks. Thread-safe (the chunk's mutex
-// serialises updates of one chunk); everything it points to must outlive it.
+// Applies optimizer updates to chunks, each with its chunk's optimizer.
+// Thread-safe (the chunk's mutex serialises updates of one chunk);
+// everything it points to must outlive it.
 class ChunkUpdater {
  public:
   // `metrics` and `snapshots` may be null (none kept, no checkpoints).
-  ChunkUpdater(const Optimizer* optimizer, ShardCounters* counters,
-               ServerMetrics* metrics, SnapshotScheduler* snapshots)
-      : optimizer_(optimizer),
-        counters_(counters),
-        metrics_(metrics),
-        snapshots_(snapshots) {}
+  ChunkUpdater(ShardCounters* counters, ServerMetrics* metrics,
+               SnapshotScheduler* snapshots)
+      : counters_(counters), metrics_(metrics), snapshots_(snapshots) {}
 
-  const Optimizer& optimizer() const { return *optimizer_; }
-
-  // Applies update number chunk->version with `contributions` (gradients
-  // in rank order, see Optimizer::Apply), bumps the version and copies the
-  // chunk for a checkpoint when one is due at the new version.
-  void Apply(Chunk* chunk, absl::Span<const float* const> contributions) const
+  // Applies update number chunk->version with chunk->optimizer and
+  // `contributions` (gradients in rank order, see Optimizer::Apply; a
+  // `learning_rate` > 0 replaces the scheduled one), bumps the version and
+  // copies the chunk for a checkpoint when one is due at the new version.
+  // REQUIRES: learning_rate finite and >= 0.
+  void Apply(Chunk* chunk, absl::Span<const float* const> contributions,
+             float learning_rate = 0) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
+  // A step in which no worker had a gradient for the chunk: bumps the
+  // version (counted as an update, with the checkpoint copy Apply would
+  // make) and leaves the weights and optimizer slots as they are.
+  void Skip(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.
   void Deliver(ReplySink* sink, ChunkReply reply) const;
 
  private:
-  const Optimizer* const optimizer_;
+  // The version bump, counters and checkpoint copy after an update.
+  void Advance(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
   ShardCounters* const counters_;
   ServerMetrics* const metrics_;
   SnapshotScheduler* const snapshots_;

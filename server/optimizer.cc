@@ -8,6 +8,7 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -116,9 +117,12 @@ double ScheduledLr(const Spec& spec, int64_t update) {
 }
 
 // Scalars are combined in double and rounded once, as PyTorch does with its
-// Python-float hyperparameters.
-Coefficients CoefficientsAt(const Spec& spec, int64_t update) {
-  const double lr = ScheduledLr(spec, update);
+// Python-float hyperparameters. A `learning_rate` > 0 is the workers' own
+// (their schedule's value this step) and replaces the scheduled one.
+Coefficients CoefficientsAt(const Spec& spec, int64_t update,
+                            float learning_rate) {
+  const double lr = learning_rate > 0 ? static_cast<double>(learning_rate)
+                                      : ScheduledLr(spec, update);
   const double beta1 = spec.beta1();
   const double beta2 = spec.beta2();
   const double t = static_cast<double>(update + 1);
@@ -422,11 +426,41 @@ float Optimizer::LearningRate(int64_t update) const {
 
 void Optimizer::Apply(int64_t update,
                       absl::Span<const float* const> contributions,
-                      float* weights, absl::Span<float* const> slots,
-                      int64_t n) const {
+                      float* weights, absl::Span<float* const> slots, int64_t n,
+                      float learning_rate) const {
   assert(!contributions.empty());
   assert(static_cast<int>(slots.size()) == num_slots());
-  ApplyBlocks(CoefficientsAt(spec_, update), contributions, weights, slots, n);
+  assert(std::isfinite(learning_rate) && learning_rate >= 0);
+  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate), contributions,
+              weights, slots, n);
+}
+
+absl::StatusOr<TensorOptimizers> TensorOptimizers::Create(
+    const v1::DeclareRequest& declaration) {
+  TensorOptimizers out;
+  const Optimizer* shared = nullptr;  // the declaration's, once needed
+  const auto& tensors = declaration.layout().tensors();
+  for (int i = 0; i < tensors.size(); ++i) {
+    const v1::TensorSpec& tensor = tensors[i];
+    const bool own = tensor.optimizer().kind() != Spec::KIND_UNSPECIFIED;
+    if (!own && shared != nullptr) {
+      out.by_tensor_.push_back(shared);
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<Optimizer>> created =
+        Optimizer::Create(own ? tensor.optimizer() : declaration.optimizer());
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          own ? absl::StrCat("tensor ", i, " (", tensor.name(), ") optimizer")
+              : absl::StrCat("DeclareRequest.optimizer (for tensor ", i, " (",
+                             tensor.name(), "), which has none of its own)"),
+          ": ", created.status().message()));
+    }
+    out.by_tensor_.push_back(created->get());
+    if (!own) shared = created->get();
+    out.owned_.push_back(*std::move(created));
+  }
+  return out;
 }
 
 }  // namespace shardps::server

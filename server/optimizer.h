@@ -1,13 +1,15 @@
 // An Optimizer turns the gradients that N workers pushed for a chunk into an
 // update of the chunk's weights and optimizer slots, following PyTorch's SGD,
-// Adam, AdamW and Adagrad. Immutable after Create: Apply may run concurrently
-// on disjoint arrays.
+// Adam, AdamW and Adagrad; TensorOptimizers gives each tensor of a
+// declaration its own. Immutable after Create: Apply may run concurrently on
+// disjoint arrays.
 #ifndef SHARDPS_SERVER_OPTIMIZER_H_
 #define SHARDPS_SERVER_OPTIMIZER_H_
 
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -55,12 +57,15 @@ class Optimizer {
 
   // Applies update number `update` (0-based; it selects the learning rate
   // and Adam's bias correction t = update + 1) to `weights` and `slots`.
+  // A `learning_rate` > 0 replaces LearningRate(update) (a schedule the
+  // workers run; bias correction still uses update + 1); 0 keeps it.
   // `contributions` are the gradients of N >= 1 workers in rank order. The
   // gradient used is their mean, computed per element exactly as
   //   float s = c[0][i]; for r in 1..N-1: s += c[r][i];
   //   g = s / static_cast<float>(N);
   // so that callers can reproduce it bitwise. Then, in float32 (PyTorch's
-  // formulas; wd = weight_decay, lr = LearningRate(update)):
+  // formulas; wd = weight_decay, lr = LearningRate(update) or the given
+  // learning_rate, rounded to float from double either way):
   //   SGD      g += wd*w; with momentum: buf = momentum*buf + g, then
   //            g = g + momentum*buf (nesterov) or g = buf; w -= lr*g.
   //   Adam     g += wd*w; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
@@ -71,14 +76,39 @@ class Optimizer {
   // Allocation-free. Reads the contributions, writes only weights[0, n) and
   // slots[k][0, n).
   // REQUIRES: contributions.size() >= 1, slots.size() == num_slots(), every
-  // array has n elements, and no array overlaps another.
+  // array has n elements, no array overlaps another, and learning_rate is
+  // finite and >= 0.
   void Apply(int64_t update, absl::Span<const float* const> contributions,
-             float* weights, absl::Span<float* const> slots, int64_t n) const;
+             float* weights, absl::Span<float* const> slots, int64_t n,
+             float learning_rate = 0) const;
 
  private:
   explicit Optimizer(v1::OptimizerSpec spec) : spec_(std::move(spec)) {}
 
   const v1::OptimizerSpec spec_;
+};
+
+// The optimizer of every tensor of a declaration: a tensor whose
+// TensorSpec.optimizer has a kind (not KIND_UNSPECIFIED) gets its own, the
+// others share the declaration's. Immutable after Create; movable (the
+// Optimizers stay where they are).
+class TensorOptimizers {
+ public:
+  // InvalidArgument naming the tensor ("tensor 1 (fc1.bias) optimizer:
+  // OptimizerSpec...") for a tensor's spec that Optimizer::Create refuses,
+  // or naming DeclareRequest.optimizer when a tensor without its own needs
+  // the declaration's and Create refuses that. (A declaration whose every
+  // tensor has its own optimizer needs none of its own.)
+  static absl::StatusOr<TensorOptimizers> Create(
+      const v1::DeclareRequest& declaration);
+
+  // The optimizer of tensor `tensor` (an index into Layout.tensors).
+  // REQUIRES: tensor < the layout's number of tensors.
+  const Optimizer& of(uint32_t tensor) const { return *by_tensor_[tensor]; }
+
+ private:
+  std::vector<std::unique_ptr<Optimizer>> owned_;
+  std::vector<const Optimizer*> by_tensor_;
 };
 
 }  // namespace shardps::server

@@ -398,5 +398,80 @@ TEST(OptimizerTest, RejectsInvalidSpecs) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A given learning rate replaces the scheduled one and nothing else: the
+// result equals that of an optimizer declared with that rate and no
+// schedule, at the same update (Adam's bias correction included).
+TEST(OptimizerTest, GivenLearningRateReplacesTheScheduleOnly) {
+  for (const char* kind : {"KIND_SGD momentum: 0.9", "KIND_ADAM",
+                           "KIND_ADAMW weight_decay: 0.1", "KIND_ADAGRAD"}) {
+    SCOPED_TRACE(kind);
+    absl::StatusOr<std::unique_ptr<Optimizer>> scheduled =
+        Optimizer::Create(ParseSpec(absl::StrCat(
+            "kind: ", kind,
+            " learning_rate: 0.5 schedule { kind: KIND_STEP step_size: 1 "
+            "gamma: 0.5 }")));
+    absl::StatusOr<std::unique_ptr<Optimizer>> plain = Optimizer::Create(
+        ParseSpec(absl::StrCat("kind: ", kind, " learning_rate: 0.03")));
+    SHARDPS_ASSERT_OK(scheduled);
+    SHARDPS_ASSERT_OK(plain);
+    Chunk given(**scheduled, {1.0f, -2.0f, 0.5f});
+    Chunk want(**plain, {1.0f, -2.0f, 0.5f});
+    for (int64_t u = 0; u < 4; ++u) {
+      const Contributions c = {{0.1f * u, -0.3f, 2.0f},
+                               {0.7f, 0.2f * u, -1.0f}};
+      std::vector<const float*> ranks = {c[0].data(), c[1].data()};
+      (*scheduled)
+          ->Apply(u, ranks, given.w.data(), given.SlotPointers(), given.n,
+                  /*learning_rate=*/0.03f);
+      want.Apply(**plain, u, c);
+      EXPECT_EQ(given.w, want.w) << "update " << u;
+      EXPECT_EQ(given.slots, want.slots) << "update " << u;
+    }
+  }
+}
+
+TEST(TensorOptimizersTest, TensorsWithoutTheirOwnShareTheDeclarations) {
+  v1::DeclareRequest req;
+  for (const char* name : {"a", "b", "c"}) {
+    req.mutable_layout()->add_tensors()->set_name(name);
+  }
+  *req.mutable_optimizer() = ParseSpec("kind: KIND_SGD learning_rate: 0.1");
+  *req.mutable_layout()->mutable_tensors(1)->mutable_optimizer() =
+      ParseSpec("kind: KIND_ADAM learning_rate: 0.001");
+  absl::StatusOr<TensorOptimizers> opts = TensorOptimizers::Create(req);
+  SHARDPS_ASSERT_OK(opts);
+  EXPECT_EQ(&opts->of(0), &opts->of(2));
+  EXPECT_EQ(opts->of(0).spec().kind(), v1::OptimizerSpec::KIND_SGD);
+  EXPECT_EQ(opts->of(1).spec().kind(), v1::OptimizerSpec::KIND_ADAM);
+  EXPECT_EQ(opts->of(1).spec().beta1(), 0.9f);  // defaults filled
+  // Moving keeps the optimizers where they are.
+  const Optimizer* adam = &opts->of(1);
+  TensorOptimizers moved = *std::move(opts);
+  EXPECT_EQ(&moved.of(1), adam);
+
+  v1::DeclareRequest bad_tensor = req;
+  bad_tensor.mutable_layout()
+      ->mutable_tensors(2)
+      ->mutable_optimizer()
+      ->set_kind(v1::OptimizerSpec::KIND_ADAGRAD);  // learning_rate 0
+  absl::Status s = TensorOptimizers::Create(bad_tensor).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "tensor 2 (c) optimizer")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "learning_rate")) << s;
+
+  // The declaration's is needed only by tensors without their own.
+  v1::DeclareRequest no_declared = req;
+  no_declared.clear_optimizer();
+  s = TensorOptimizers::Create(no_declared).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "DeclareRequest.optimizer")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "tensor 0 (a)")) << s;
+  for (int t : {0, 2}) {
+    *no_declared.mutable_layout()->mutable_tensors(t)->mutable_optimizer() =
+        req.optimizer();
+  }
+  SHARDPS_EXPECT_OK(TensorOptimizers::Create(no_declared));
+}
+
 }  // namespace
 }  // namespace shardps::server

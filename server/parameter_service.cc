@@ -123,6 +123,9 @@ void PushPullReactor::OnReadDone(bool ok) {
     args.chunk_id = request_.chunk_id();
     args.encoding = request_.encoding();
     args.push_only = request_.push_only();
+    args.learning_rate = request_.learning_rate();
+    args.no_gradient = request_.no_gradient();
+    args.initial_values = request_.initial_values();
     args.payload = &payload_;
     status = store_->Push(args, shared_from_this());
     if (status.ok() && service_->metrics() != nullptr) {
@@ -352,10 +355,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
           metrics());
     }
   }
-  // Reject unknown chunks before streaming anything.
+  // Reject unknown chunks, and chunks still awaiting their initial values,
+  // before streaming anything.
   for (uint32_t id : ids) {
-    absl::Status owned = store->CheckOwned(id);
-    if (!owned.ok()) return new FailedPull(owned, metrics());
+    absl::Status readable = store->CheckReadable(id);
+    if (!readable.ok()) return new FailedPull(readable, metrics());
   }
   return new PullReactor(store, std::move(ids), metrics());
 }

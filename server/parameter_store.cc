@@ -1,9 +1,11 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/encoding.h"
 #include "common/status.h"
 #include "server/gradient_decode.h"
 
@@ -41,9 +43,8 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) {
   SHARDPS_ASSIGN_OR_RETURN(
       state->model,
       BuildShardModel(req, options_.shard_index, options_.num_shards));
-  state->updater =
-      std::make_unique<ChunkUpdater>(state->model->optimizer.get(), &counters_,
-                                     options_.metrics, snapshots_.get());
+  state->updater = std::make_unique<ChunkUpdater>(&counters_, options_.metrics,
+                                                  snapshots_.get());
   AggregatorOptions ao;
   ao.mode = options_.mode;
   ao.staleness = options_.staleness;
@@ -117,6 +118,7 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
   resp.set_consistency(options_.mode);
   resp.set_staleness(options_.staleness);
   resp.set_rollback_id(rollback_id_.load());
+  resp.set_awaiting_values(model.num_awaiting.load() > 0);
   for (uint32_t r : ranks_.ActiveRanks(resp.version()))
     resp.add_active_ranks(r);
   const RankTracker::Standing standing = ranks_.standing(req.rank());
@@ -158,6 +160,8 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    // The checkpoint holds the values a worker provided.
+    built->model->StopAwaiting(chunk);
     // Async and ssp clocks restart from the checkpoint's step.
     built->aggregator->Reset(chunk, &none);
   }
@@ -193,6 +197,7 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
         std::make_shared<std::vector<float>>(std::move(saved.weights));
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    st->model->StopAwaiting(chunk);
     st->aggregator->Reset(chunk, &failed);
   }
   rollback_id_.store(rollback_id);
@@ -208,9 +213,34 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
         absl::StrCat("rank ", args.rank, " is out of range: the job has ",
                      options_.num_workers, " workers"));
   }
+  // Built only for a refusal: this runs for every push.
+  const auto what = [&] {
+    return absl::StrCat("rank ", args.rank, "'s push of chunk ", chunk.spec.id,
+                        " (", chunk.tensor_name, ")");
+  };
+  if (args.initial_values) {
+    if (args.no_gradient) {
+      return absl::InvalidArgumentError(
+          what() + " sets both initial_values and no_gradient");
+    }
+    // Any step: the values do not belong to one.
+    return CheckGradientPayload(args.encoding, args.payload->size(),
+                                chunk.spec.num_elements);
+  }
   if (args.step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", args.step, " is negative"));
+  }
+  if (!std::isfinite(args.learning_rate) || args.learning_rate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " has learning rate ", args.learning_rate,
+                     ": it must be finite and >= 0 (0: the declared one)"));
+  }
+  if (args.no_gradient) {
+    if (args.payload->size() == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " has no_gradient but a payload of ",
+                     args.payload->size(), " bytes (it must be empty)"));
   }
   return CheckGradientPayload(args.encoding, args.payload->size(),
                               chunk.spec.num_elements);
@@ -218,35 +248,83 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
 
 absl::Status ParameterStore::Push(const PushArgs& args,
                                   std::shared_ptr<ReplySink> sink) {
-  const State* st = state();
-  absl::Status status;
-  if (st == nullptr) {
-    status = absl::FailedPreconditionError(
-        "no model is declared on this shard yet: call Declare first");
+  const uint64_t bytes = args.payload->size();
+  const absl::Status status = Route(args, std::move(sink));
+  if (status.ok()) {
+    counters_.pushes.fetch_add(1, std::memory_order_relaxed);
+    counters_.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
   } else {
-    absl::StatusOr<Chunk*> chunk = st->model->Find(args.chunk_id);
-    status = chunk.status();
-    if (status.ok()) status = CheckPush(args, **chunk);
-    if (status.ok() && args.rollback_id < rollback_id_.load()) {
-      status = absl::AbortedError(absl::StrCat(
-          "push of step ", args.step, " from rank ", args.rank,
-          " predates rollback ", rollback_id_.load(),
-          " (the job went back to a checkpoint): redo the steps from there"));
-    }
-    if (status.ok()) {
-      status = ranks_.CheckPush(args.rank, args.incarnation, args.step);
-    }
-    if (status.ok()) {
-      const uint64_t bytes = args.payload->size();
-      status = st->aggregator->Push(args, *chunk, std::move(sink));
-      if (status.ok()) {
-        counters_.pushes.fetch_add(1, std::memory_order_relaxed);
-        counters_.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
-      }
-    }
+    counters_.rejected.fetch_add(1, std::memory_order_relaxed);
   }
-  if (!status.ok()) counters_.rejected.fetch_add(1, std::memory_order_relaxed);
   return status;
+}
+
+absl::Status ParameterStore::Route(const PushArgs& args,
+                                   std::shared_ptr<ReplySink> sink) {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(args.chunk_id));
+  SHARDPS_RETURN_IF_ERROR(CheckPush(args, *chunk));
+  if (args.initial_values) {
+    // No rollback or step check: the values are the same whenever they
+    // come, and only the first ones count.
+    SHARDPS_RETURN_IF_ERROR(
+        ranks_.CheckIncarnation(args.rank, args.incarnation));
+    return SetInitialValues(*st, args, chunk, std::move(sink));
+  }
+  if (args.rollback_id < rollback_id_.load()) {
+    return absl::AbortedError(absl::StrCat(
+        "push of step ", args.step, " from rank ", args.rank,
+        " predates rollback ", rollback_id_.load(),
+        " (the job went back to a checkpoint): redo the steps from there"));
+  }
+  SHARDPS_RETURN_IF_ERROR(
+      ranks_.CheckPush(args.rank, args.incarnation, args.step));
+  // A chunk stops awaiting but never starts again, so a chunk seen ready
+  // here stays ready; with none awaiting, no lock is taken.
+  if (st->model->num_awaiting.load(std::memory_order_acquire) > 0) {
+    absl::MutexLock lock(&chunk->mu);
+    SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
+  }
+  return st->aggregator->Push(args, chunk, std::move(sink));
+}
+
+absl::Status ParameterStore::SetInitialValues(const State& state,
+                                              const PushArgs& args,
+                                              Chunk* chunk,
+                                              std::shared_ptr<ReplySink> sink) {
+  // Decoded and checked outside the chunk's lock, into a buffer of its own:
+  // on success it becomes the chunk's weights as it is.
+  auto values = std::make_shared<std::vector<float>>(chunk->spec.num_elements);
+  SHARDPS_RETURN_IF_ERROR(
+      DecodeGradient(args.encoding, *args.payload,
+                     {args.rank, &chunk->spec, chunk->tensor_name},
+                     /*allow_nonfinite=*/true, values->data()));
+  // Non-finite weights are refused even with --allow_nonfinite, which is
+  // about gradients.
+  const int64_t bad = FirstNonFinite(values->data(), chunk->spec.num_elements);
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial values of chunk ", chunk->spec.id, " (", chunk->tensor_name,
+        ") from rank ", args.rank, " have a non-finite value at element ",
+        chunk->spec.offset + bad));
+  }
+  ChunkReply reply;
+  {
+    absl::MutexLock lock(&chunk->mu);
+    if (chunk->awaiting_values) {
+      chunk->weights = std::move(values);
+      state.model->StopAwaiting(chunk);
+    }
+    // Set now or before (then these values are ignored): either way the
+    // pusher gets the weights every worker starts from.
+    reply = CurrentReply(*chunk, args.push_only);
+  }
+  state.updater->Deliver(sink.get(), std::move(reply));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
@@ -257,16 +335,19 @@ absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
   }
   SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(chunk_id));
   absl::MutexLock lock(&chunk->mu);
+  SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
   return CurrentReply(*chunk, /*push_only=*/false);
 }
 
-absl::Status ParameterStore::CheckOwned(uint32_t chunk_id) const {
+absl::Status ParameterStore::CheckReadable(uint32_t chunk_id) const {
   const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
   }
-  return st->model->Find(chunk_id).status();
+  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, st->model->Find(chunk_id));
+  absl::MutexLock lock(&chunk->mu);
+  return CheckNotAwaiting(*chunk);
 }
 
 absl::StatusOr<v1::DeclareRequest> ParameterStore::declaration() const {

@@ -61,8 +61,10 @@ class ParameterStore {
   const StoreOptions& options() const { return options_; }
 
   // Creates the chunks this shard owns, with their initial values and
-  // optimizer slots. Idempotent: an identical declaration returns the
-  // existing state (created = false). InvalidArgument for a bad layout or
+  // optimizer slots (each tensor's optimizer: TensorOptimizers); the chunks
+  // of KIND_PROVIDED tensors await their values (awaiting_values in the
+  // response while any does). Idempotent: an identical declaration returns
+  // the existing state (created = false). InvalidArgument for a bad layout or
   // optimizer, FailedPrecondition for a view of the cluster that differs from
   // this shard's or a declaration that differs from the existing one; with
   // `join`, OutOfRange for a join step the shard has passed.
@@ -73,24 +75,30 @@ class ParameterStore {
   // chunk's updated weights once the update that includes it is applied (sync:
   // when every worker has pushed; async: at once). A push of the step before
   // the chunk's current version is a retry: it is not applied again and gets
-  // the current weights. On error nothing changed; the codes are those of the
-  // ParameterServer service (see the proto).
+  // the current weights. PushArgs says what learning_rate and no_gradient
+  // do; a gradient push to a chunk awaiting its initial values is
+  // UNAVAILABLE. A push with initial_values (fp32 of the chunk's length, all
+  // finite; any step) sets the weights of a chunk that awaits them and is
+  // ignored otherwise; either way `sink` gets the chunk's weights at once.
+  // On error nothing changed; the codes are those of the ParameterServer
+  // service (see the proto).
   absl::Status Push(const PushArgs& args, std::shared_ptr<ReplySink> sink)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Creates the shard's state from a checkpoint instead of initial values:
-  // `chunks` must hold exactly the chunks this shard owns under
-  // `declaration`. FailedPrecondition if the shard is already declared or
-  // the chunks do not match; InvalidArgument for a bad declaration.
+  // Creates the shard's state from a checkpoint instead of initial values
+  // (no chunk awaits its values): `chunks` must hold exactly the chunks this
+  // shard owns under `declaration`. FailedPrecondition if the shard is already
+  // declared or the chunks do not match; InvalidArgument for a bad declaration.
   absl::Status Restore(const v1::DeclareRequest& declaration,
                        std::vector<ChunkState> chunks) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A job-wide rollback: resets every owned chunk (weights, optimizer
-  // slots, version) to `chunks`, the checkpoint this shard's chunks were
-  // saved in, drops the contributions of the step in flight and fails every
-  // push waiting for a reply with `why`. `rollback_id` is reported by
-  // Report() and DeclareResponse. FailedPrecondition before Declare or for
-  // chunks that do not match the declaration (nothing changed then).
+  // slots, version; none awaits its values after) to `chunks`, the checkpoint
+  // this shard's chunks were saved in, drops the contributions of the step in
+  // flight and fails every push waiting for a reply with `why`. `rollback_id`
+  // is reported by Report() and DeclareResponse. FailedPrecondition before
+  // Declare or for chunks that do not match the declaration (nothing changed
+  // then).
   absl::Status ResetTo(std::vector<ChunkState> chunks, const absl::Status& why,
                        uint64_t rollback_id) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -98,12 +106,13 @@ class ParameterStore {
   void NoteRollback(uint64_t rollback_id) { rollback_id_.store(rollback_id); }
 
   // Copies out the weights of `chunk_id` with their version. NotFound if the
-  // chunk is not declared on this shard; FailedPrecondition before Declare.
+  // chunk is not declared on this shard; FailedPrecondition before Declare;
+  // Unavailable while the chunk awaits its initial values.
   absl::StatusOr<ChunkReply> Read(uint32_t chunk_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // OK when this shard owns `chunk_id`; else NotFound or FailedPrecondition.
-  absl::Status CheckOwned(uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // OK when Read(chunk_id) would succeed now; else its status.
+  absl::Status CheckReadable(uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The declaration this shard holds; FailedPrecondition before Declare.
   absl::StatusOr<v1::DeclareRequest> declaration() const
@@ -148,8 +157,15 @@ class ParameterStore {
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes `built` unless a state exists; true when it did.
   bool Publish(std::unique_ptr<State> built) ABSL_LOCKS_EXCLUDED(mu_);
-  // Rank, step and payload length of a push to `chunk`.
+  // Rank, step, learning rate and payload length of a push to `chunk`.
   absl::Status CheckPush(const PushArgs& args, const Chunk& chunk) const;
+  // Push without the counters.
+  absl::Status Route(const PushArgs& args, std::shared_ptr<ReplySink> sink)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A push with initial_values, checked by CheckPush and the rank tracker.
+  absl::Status SetInitialValues(const State& state, const PushArgs& args,
+                                Chunk* chunk, std::shared_ptr<ReplySink> sink)
+      ABSL_LOCKS_EXCLUDED(chunk->mu);
   // Declare with `join`: makes `rank` waited for from `join_step`.
   absl::Status Join(const State& state, const v1::DeclareRequest& req);
 

@@ -26,6 +26,12 @@ absl::StatusOr<Chunk*> ShardModel::Find(uint32_t chunk_id) const {
   return chunk;
 }
 
+void ShardModel::StopAwaiting(Chunk* chunk) {
+  if (!chunk->awaiting_values) return;
+  chunk->awaiting_values = false;
+  num_awaiting.fetch_sub(1, std::memory_order_release);
+}
+
 std::vector<Chunk*> ShardModel::ChunksById() const {
   std::vector<Chunk*> by_id(chunks.size(), nullptr);
   for (Chunk* chunk : owned) by_id[chunk->spec.id] = chunk;
@@ -36,8 +42,7 @@ absl::StatusOr<std::unique_ptr<ShardModel>> BuildShardModel(
     const v1::DeclareRequest& req, uint32_t shard_index, uint32_t num_shards) {
   SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
   auto model = std::make_unique<ShardModel>();
-  SHARDPS_ASSIGN_OR_RETURN(model->optimizer,
-                           Optimizer::Create(req.optimizer()));
+  SHARDPS_ASSIGN_OR_RETURN(model->optimizers, TensorOptimizers::Create(req));
   model->shard_index = shard_index;
   model->declaration = req;
   model->fingerprint = Fingerprint(req.layout(), req.optimizer());
@@ -51,15 +56,22 @@ absl::StatusOr<std::unique_ptr<ShardModel>> BuildShardModel(
     auto chunk = std::make_unique<Chunk>();
     chunk->spec = spec;
     chunk->tensor_name = tensor.name();
+    chunk->optimizer = &model->optimizers.of(spec.tensor);
     absl::MutexLock lock(&chunk->mu);
     chunk->weights = std::make_shared<std::vector<float>>(spec.num_elements);
-    FillInit(tensor.init(), spec.tensor, spec.offset, chunk->weights->data(),
-             spec.num_elements);
-    chunk->slots.assign(model->optimizer->num_slots(),
+    if (tensor.init().kind() == v1::InitSpec::KIND_PROVIDED) {
+      // Zeros until a worker sends the values (PushArgs::initial_values).
+      chunk->awaiting_values = true;
+      model->num_awaiting.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      FillInit(tensor.init(), spec.tensor, spec.offset, chunk->weights->data(),
+               spec.num_elements);
+    }
+    chunk->slots.assign(chunk->optimizer->num_slots(),
                         std::vector<float>(spec.num_elements));
     std::vector<float*> slot_ptrs;
     for (auto& s : chunk->slots) slot_ptrs.push_back(s.data());
-    model->optimizer->InitSlots(slot_ptrs, spec.num_elements);
+    chunk->optimizer->InitSlots(slot_ptrs, spec.num_elements);
     model->owned_bytes += spec.bytes();
     model->owned.push_back(chunk.get());
     model->chunks[i] = std::move(chunk);
@@ -93,15 +105,16 @@ absl::Status CheckSavedChunks(const ShardModel& model,
     }
     bool sizes_ok =
         saved.weights.size() == static_cast<size_t>(chunk->spec.num_elements) &&
-        saved.slots.size() == static_cast<size_t>(model.optimizer->num_slots());
+        saved.slots.size() ==
+            static_cast<size_t>(chunk->optimizer->num_slots());
     for (const std::vector<float>& slot : saved.slots) {
       sizes_ok = sizes_ok && slot.size() == saved.weights.size();
     }
     if (!sizes_ok) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint chunk ", saved.chunk_id,
-                       " has another size or "
-                       "optimizer state than the declaration"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint chunk ", saved.chunk_id, " (", chunk->tensor_name,
+          ") has another size or optimizer state than the "
+          "declaration"));
     }
   }
   return absl::OkStatus();

@@ -1,8 +1,11 @@
 #include "server/sync_aggregator.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "server/gradient_decode.h"
@@ -42,6 +45,31 @@ bool SyncAggregator::Complete(const Step& step) const {
          ranks_->Complete(step.contributed, step.chunk->version);
 }
 
+absl::Status SyncAggregator::CheckLearningRate(const Step& step,
+                                               const PushArgs& args) const {
+  // Bitwise: two workers computing "the same" rate differently must be told.
+  if (step.num_contributed == 0 ||
+      std::memcmp(&step.learning_rate, &args.learning_rate, sizeof(float)) ==
+          0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", args.rank, " pushes chunk ", step.chunk->spec.id, " (",
+      step.chunk->tensor_name, ") of step ", args.step, " with learning rate ",
+      absl::StrFormat("%.9g", args.learning_rate),
+      ", but the step's first push used ",
+      absl::StrFormat("%.9g", step.learning_rate),
+      ": every worker of a step must use the same learning rate"));
+}
+
+void SyncAggregator::Clear(Step* step) {
+  step->contributed.assign(step->contributed.size(), false);
+  step->num_contributed = 0;
+  step->num_with_gradient = 0;
+  step->learning_rate = 0;
+  step->apply_scheduled = false;
+}
+
 absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                                   std::shared_ptr<ReplySink> sink) {
   Step* step = steps_[chunk->spec.id].get();
@@ -62,15 +90,26 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
           args.step < step->chunk->version ? "past" : "future",
           ": the chunk is at step ", step->chunk->version));
     }
+    SHARDPS_RETURN_IF_ERROR(CheckLearningRate(*step, args));
     if (!step->contributed[args.rank]) {
       // The buffer is scratch until the rank is marked as contributed, so a
       // rejected push leaves no trace.
-      SHARDPS_RETURN_IF_ERROR(DecodeGradient(
-          args.encoding, *args.payload,
-          {args.rank, &chunk->spec, chunk->tensor_name},
-          options_.allow_nonfinite, step->contributions[args.rank].data()));
+      std::vector<float>& buffer = step->contributions[args.rank];
+      if (args.no_gradient) {
+        // A zero gradient: the mean still divides by every contributor.
+        std::fill(buffer.begin(), buffer.end(), 0.0f);
+      } else {
+        SHARDPS_RETURN_IF_ERROR(
+            DecodeGradient(args.encoding, *args.payload,
+                           {args.rank, &chunk->spec, chunk->tensor_name},
+                           options_.allow_nonfinite, buffer.data()));
+        ++step->num_with_gradient;
+      }
       step->contributed[args.rank] = true;
-      if (step->num_contributed == 0) step->first_contribution = absl::Now();
+      if (step->num_contributed == 0) {
+        step->first_contribution = absl::Now();
+        step->learning_rate = args.learning_rate;
+      }
       ++step->num_contributed;
       ready = !step->apply_scheduled && Complete(*step);
       if (ready) step->apply_scheduled = true;
@@ -102,17 +141,25 @@ void SyncAggregator::Apply(Step* step) {
       step->apply_scheduled = false;
       return;
     }
-    // Rank order makes the sum, and so the weights, bitwise deterministic.
-    // The mean is over the contributions that arrived: a rank that left the
-    // job mid-step is not waited for.
-    std::vector<const float*> contributions;
-    contributions.reserve(step->num_contributed);
-    for (size_t r = 0; r < step->contributed.size(); ++r) {
-      if (step->contributed[r]) {
-        contributions.push_back(step->contributions[r].data());
+    if (step->num_with_gradient == 0) {
+      // No rank had a gradient: leave weights and optimizer state alone,
+      // as torch skips a parameter whose grad is None, but still advance
+      // the version so the step completes for everyone.
+      updater_->Skip(step->chunk);
+    } else {
+      // Rank order makes the sum, and so the weights, bitwise
+      // deterministic. The mean is over the contributions that arrived
+      // (zeros for no_gradient pushes): a rank that left the job mid-step
+      // is not waited for.
+      std::vector<const float*> contributions;
+      contributions.reserve(step->num_contributed);
+      for (size_t r = 0; r < step->contributed.size(); ++r) {
+        if (step->contributed[r]) {
+          contributions.push_back(step->contributions[r].data());
+        }
       }
+      updater_->Apply(step->chunk, contributions, step->learning_rate);
     }
-    updater_->Apply(step->chunk, contributions);
     replies.reserve(step->waiters.size());
     for (Waiter& w : step->waiters) {
       replies.emplace_back(std::move(w.sink),
@@ -122,9 +169,7 @@ void SyncAggregator::Apply(Step* step) {
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(absl::Now() - step->first_contribution);
     }
-    step->contributed.assign(step->contributed.size(), false);
-    step->num_contributed = 0;
-    step->apply_scheduled = false;
+    Clear(step);
   }
   // Delivered outside the lock: sinks start gRPC writes.
   for (auto& [sink, reply] : replies) {
@@ -173,9 +218,7 @@ void SyncAggregator::Reset(Chunk* chunk,
                            std::vector<std::shared_ptr<ReplySink>>* failed) {
   Step* step = steps_[chunk->spec.id].get();
   step->chunk->mu.AssertHeld();
-  step->contributed.assign(step->contributed.size(), false);
-  step->num_contributed = 0;
-  step->apply_scheduled = false;
+  Clear(step);
   for (Waiter& w : step->waiters) failed->push_back(std::move(w.sink));
   step->waiters.clear();
 }

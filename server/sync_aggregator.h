@@ -1,7 +1,8 @@
 // The sync policy: a chunk's step completes when every rank the step waits
 // for has pushed; the contributions are reduced in rank order (so the result
-// is bitwise independent of arrival order), the optimizer runs once and every
-// pusher gets the new weights. Thread-safe.
+// is bitwise independent of arrival order), the optimizer runs once (or is
+// skipped when no rank had a gradient) and every pusher gets the new
+// weights. Thread-safe.
 #ifndef SHARDPS_SERVER_SYNC_AGGREGATOR_H_
 #define SHARDPS_SERVER_SYNC_AGGREGATOR_H_
 
@@ -37,14 +38,27 @@ class SyncAggregator final : public Aggregator {
     Chunk* const chunk;
     // Per-rank gradients, kept until every rank the step waits for pushed.
     std::vector<std::vector<float>> contributions ABSL_GUARDED_BY(chunk->mu);
+    // Ranks that pushed this step, with a gradient or without (no_gradient:
+    // their buffer holds zeros).
     std::vector<bool> contributed ABSL_GUARDED_BY(chunk->mu);
     uint32_t num_contributed ABSL_GUARDED_BY(chunk->mu) = 0;
+    // Of those, the ones with a gradient; 0 at Apply: the update is skipped.
+    uint32_t num_with_gradient ABSL_GUARDED_BY(chunk->mu) = 0;
+    // PushArgs::learning_rate of the step's first push; every later push
+    // of the step must carry the same (bitwise).
+    float learning_rate ABSL_GUARDED_BY(chunk->mu) = 0;
     absl::Time first_contribution ABSL_GUARDED_BY(chunk->mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(chunk->mu);
     // The complete step's update is queued (Apply will run).
     bool apply_scheduled ABSL_GUARDED_BY(chunk->mu) = false;
   };
 
+  // INVALID_ARGUMENT unless `args` carries the learning rate of the step's
+  // first push (any, when it is the first).
+  absl::Status CheckLearningRate(const Step& step, const PushArgs& args) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // Clears the step's contributions (after Apply or a reset).
+  static void Clear(Step* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // The step has every contribution it waits for.
   bool Complete(const Step& step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);

@@ -1,0 +1,135 @@
+// The ParameterServer service over gRPC, in-process: the PushPullRequest
+// fields a worker-side optimizer sets (initial_values, learning_rate,
+// no_gradient) reach the store, and DeclareResponse.awaiting_values and Pull
+// report chunks that wait for their values.
+#include "server/parameter_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_matchers.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "server/store_testing.h"
+#include "shardps/v1/parameter_server.grpc.pb.h"
+
+namespace shardps::server {
+namespace {
+
+std::vector<float> Values(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+// One PushPull call of one request; the reply, or the call's status.
+grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
+                          const v1::PushPullRequest& req,
+                          v1::PushPullResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->PushPull(&ctx);
+  stream->Write(req);
+  stream->WritesDone();
+  const bool got = stream->Read(resp);
+  grpc::Status status = stream->Finish();
+  if (status.ok() && !got) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "no reply");
+  }
+  return status;
+}
+
+grpc::Status PullAll(v1::ParameterServer::Stub* stub,
+                     std::vector<v1::PushPullResponse>* out) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto reader = stub->Pull(&ctx, v1::PullRequest());
+  v1::PushPullResponse r;
+  while (reader->Read(&r)) out->push_back(r);
+  return reader->Finish();
+}
+
+TEST(ParameterServiceTest, WorkerProvidedValuesAndRatesOverTheWire) {
+  ShardServerOptions o;
+  o.store.num_workers = 1;
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(o);
+  SHARDPS_ASSERT_OK(server);
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                          grpc::InsecureChannelCredentials()));
+
+  // One tensor "w" of 4 floats, SGD with lr 1, values from the worker.
+  v1::DeclareRequest declare = SgdDeclaration(4, 0, 1, 0);
+  declare.mutable_layout()->mutable_tensors(0)->mutable_init()->set_kind(
+      v1::InitSpec::KIND_PROVIDED);
+  v1::DeclareResponse declared;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Declare(&ctx, declare, &declared).ok());
+  }
+  EXPECT_TRUE(declared.awaiting_values());
+  std::vector<v1::PushPullResponse> pulled;
+  grpc::Status pull = PullAll(stub.get(), &pulled);
+  EXPECT_EQ(pull.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(pull.error_message(),
+            "chunk 0 (w) waits for its initial values: the declaring worker "
+            "sends them");
+  EXPECT_TRUE(pulled.empty());
+
+  v1::PushPullRequest values;
+  values.set_chunk_id(0);
+  values.set_encoding(v1::ENCODING_FP32);
+  values.set_initial_values(true);
+  values.set_payload(Bytes({1, 2, 3, 4}));
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(PushPullOnce(stub.get(), values, &reply).ok());
+  EXPECT_EQ(Values(reply.payload()), std::vector<float>({1, 2, 3, 4}));
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Declare(&ctx, declare, &declared).ok());
+  }
+  EXPECT_FALSE(declared.awaiting_values());
+
+  // Step 0 at lr 0.5 (not the declared 1): w = (1, 2, 3, 4) - 0.5 * 2.
+  v1::PushPullRequest grad;
+  grad.set_chunk_id(0);
+  grad.set_encoding(v1::ENCODING_FP32);
+  grad.set_step(0);
+  grad.set_learning_rate(0.5f);
+  grad.set_payload(Bytes({2, 2, 2, 2}));
+  ASSERT_TRUE(PushPullOnce(stub.get(), grad, &reply).ok());
+  EXPECT_EQ(reply.version(), 1);
+  EXPECT_EQ(Values(reply.payload()), std::vector<float>({0, 1, 2, 3}));
+
+  // Step 1 without a gradient: skipped, the version still moves on.
+  v1::PushPullRequest none;
+  none.set_chunk_id(0);
+  none.set_step(1);
+  none.set_no_gradient(true);
+  ASSERT_TRUE(PushPullOnce(stub.get(), none, &reply).ok());
+  EXPECT_EQ(reply.version(), 2);
+  EXPECT_EQ(Values(reply.payload()), std::vector<float>({0, 1, 2, 3}));
+
+  // A bad learning rate ends the stream with INVALID_ARGUMENT.
+  grad.set_step(2);
+  grad.set_learning_rate(-1);
+  const grpc::Status refused = PushPullOnce(stub.get(), grad, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << refused.error_message();
+
+  pulled.clear();
+  ASSERT_TRUE(PullAll(stub.get(), &pulled).ok());
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(pulled[0].version(), 2);
+  EXPECT_EQ(Values(pulled[0].payload()), std::vector<float>({0, 1, 2, 3}));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace shardps::server
