@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,10 @@ struct PushArgs {
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
   bool push_only = false;
-  // > 0: the learning rate of this update, replacing the declared one and
-  // its schedule; 0: the declared one. Sync: every push of a chunk's step
-  // must carry the same value (the first push's).
-  float learning_rate = 0;
+  // Set: the learning rate of this update, replacing the declared one and
+  // its schedule; unset: the declared one. Sync: every push of a chunk's
+  // step must carry the same (the first push's).
+  std::optional<float> learning_rate;
   // The rank has no gradient for the chunk this step; the payload is empty.
   // Sync: counts as a zero gradient, and a step where no rank has one skips
   // the update (ChunkUpdater::Skip). Async and ssp: the rank's clock

@@ -27,7 +27,7 @@ absl::Status CheckNotAwaiting(const Chunk& chunk) {
 
 void ChunkUpdater::Apply(Chunk* chunk,
                          absl::Span<const float* const> contributions,
-                         float learning_rate) const {
+                         std::optional<float> learning_rate) const {
   // At most two slots (Adam): no allocation on the update path.
   float* slot_ptrs[2] = {};
   for (size_t i = 0; i < chunk->slots.size(); ++i) {

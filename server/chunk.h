@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,11 +98,11 @@ class ChunkUpdater {
 
   // Applies update number chunk->version with chunk->optimizer and
   // `contributions` (gradients in rank order, see Optimizer::Apply; a
-  // `learning_rate` > 0 replaces the scheduled one), bumps the version and
+  // `learning_rate` replaces the scheduled one), bumps the version and
   // copies the chunk for a checkpoint when one is due at the new version.
-  // REQUIRES: learning_rate finite and >= 0.
+  // REQUIRES: learning_rate unset, or finite and >= 0.
   void Apply(Chunk* chunk, absl::Span<const float* const> contributions,
-             float learning_rate = 0) const
+             std::optional<float> learning_rate = std::nullopt) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // A step in which no worker had a gradient for the chunk: bumps the

@@ -117,12 +117,13 @@ double ScheduledLr(const Spec& spec, int64_t update) {
 }
 
 // Scalars are combined in double and rounded once, as PyTorch does with its
-// Python-float hyperparameters. A `learning_rate` > 0 is the workers' own
+// Python-float hyperparameters. A `learning_rate` is the workers' own
 // (their schedule's value this step) and replaces the scheduled one.
 Coefficients CoefficientsAt(const Spec& spec, int64_t update,
-                            float learning_rate) {
-  const double lr = learning_rate > 0 ? static_cast<double>(learning_rate)
-                                      : ScheduledLr(spec, update);
+                            std::optional<float> learning_rate) {
+  const double lr = learning_rate.has_value()
+                        ? static_cast<double>(*learning_rate)
+                        : ScheduledLr(spec, update);
   const double beta1 = spec.beta1();
   const double beta2 = spec.beta2();
   const double t = static_cast<double>(update + 1);
@@ -427,10 +428,11 @@ float Optimizer::LearningRate(int64_t update) const {
 void Optimizer::Apply(int64_t update,
                       absl::Span<const float* const> contributions,
                       float* weights, absl::Span<float* const> slots, int64_t n,
-                      float learning_rate) const {
+                      std::optional<float> learning_rate) const {
   assert(!contributions.empty());
   assert(static_cast<int>(slots.size()) == num_slots());
-  assert(std::isfinite(learning_rate) && learning_rate >= 0);
+  assert(!learning_rate.has_value() ||
+         (std::isfinite(*learning_rate) && *learning_rate >= 0));
   ApplyBlocks(CoefficientsAt(spec_, update, learning_rate), contributions,
               weights, slots, n);
 }

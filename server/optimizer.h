@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -57,8 +58,8 @@ class Optimizer {
 
   // Applies update number `update` (0-based; it selects the learning rate
   // and Adam's bias correction t = update + 1) to `weights` and `slots`.
-  // A `learning_rate` > 0 replaces LearningRate(update) (a schedule the
-  // workers run; bias correction still uses update + 1); 0 keeps it.
+  // A `learning_rate` replaces LearningRate(update) (a schedule the
+  // workers run; bias correction still uses update + 1); unset keeps it.
   // `contributions` are the gradients of N >= 1 workers in rank order. The
   // gradient used is their mean, computed per element exactly as
   //   float s = c[0][i]; for r in 1..N-1: s += c[r][i];
@@ -77,10 +78,10 @@ class Optimizer {
   // slots[k][0, n).
   // REQUIRES: contributions.size() >= 1, slots.size() == num_slots(), every
   // array has n elements, no array overlaps another, and learning_rate is
-  // finite and >= 0.
+  // unset or finite and >= 0.
   void Apply(int64_t update, absl::Span<const float* const> contributions,
              float* weights, absl::Span<float* const> slots, int64_t n,
-             float learning_rate = 0) const;
+             std::optional<float> learning_rate = std::nullopt) const;
 
  private:
   explicit Optimizer(v1::OptimizerSpec spec) : spec_(std::move(spec)) {}

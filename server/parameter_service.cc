@@ -123,7 +123,9 @@ void PushPullReactor::OnReadDone(bool ok) {
     args.chunk_id = request_.chunk_id();
     args.encoding = request_.encoding();
     args.push_only = request_.push_only();
-    args.learning_rate = request_.learning_rate();
+    if (request_.has_learning_rate()) {
+      args.learning_rate = request_.learning_rate();
+    }
     args.no_gradient = request_.no_gradient();
     args.initial_values = request_.initial_values();
     args.payload = &payload_;

@@ -231,10 +231,11 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
     return absl::InvalidArgumentError(
         absl::StrCat("step ", args.step, " is negative"));
   }
-  if (!std::isfinite(args.learning_rate) || args.learning_rate < 0) {
+  if (args.learning_rate.has_value() &&
+      (!std::isfinite(*args.learning_rate) || *args.learning_rate < 0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what(), " has learning rate ", args.learning_rate,
-                     ": it must be finite and >= 0 (0: the declared one)"));
+        absl::StrCat(what(), " has learning rate ", *args.learning_rate,
+                     ": it must be finite and >= 0"));
   }
   if (args.no_gradient) {
     if (args.payload->size() == 0) return absl::OkStatus();

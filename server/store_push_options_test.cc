@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,7 @@ namespace shardps::server {
 namespace {
 
 struct PushFlags {
-  float learning_rate = 0;
+  std::optional<float> learning_rate;
   bool no_gradient = false;
   bool initial_values = false;
   bool push_only = false;
@@ -95,7 +96,8 @@ struct HandChunk {
     return p;
   }
   void Apply(const Optimizer& opt, int64_t update,
-             const std::vector<std::vector<float>>& ranks, float lr = 0) {
+             const std::vector<std::vector<float>>& ranks,
+             std::optional<float> lr = std::nullopt) {
     std::vector<const float*> c;
     for (const std::vector<float>& g : ranks) c.push_back(g.data());
     opt.Apply(update, c, w.data(), SlotPointers(), w.size(), lr);
@@ -233,7 +235,9 @@ TEST(StorePushOptionsTest, PushedLearningRateReplacesTheSchedule) {
     SHARDPS_ASSERT_OK(PushTo(store.get(), 0, 1, 0, g, sink));
     SHARDPS_ASSERT_OK(
         PushTo(store.get(), 0, 2, 0, g, sink, LearningRate(0.0625f)));
-    ASSERT_EQ(sink->Wait(3).size(), 3u);
+    // A learning rate of 0 is a rate (a warmup's first step), not "unset".
+    SHARDPS_ASSERT_OK(PushTo(store.get(), 0, 3, 0, g, sink, LearningRate(0)));
+    ASSERT_EQ(sink->Wait(4).size(), 4u);
     std::vector<float> want(4, 1.0f);
     for (const float lr : {0.125f, 0.5f, 0.0625f}) {
       for (size_t i = 0; i < want.size(); ++i) want[i] -= lr * g[i];

@@ -48,17 +48,21 @@ bool SyncAggregator::Complete(const Step& step) const {
 absl::Status SyncAggregator::CheckLearningRate(const Step& step,
                                                const PushArgs& args) const {
   // Bitwise: two workers computing "the same" rate differently must be told.
-  if (step.num_contributed == 0 ||
-      std::memcmp(&step.learning_rate, &args.learning_rate, sizeof(float)) ==
-          0) {
+  const std::optional<float>& a = step.learning_rate;
+  const std::optional<float>& b = args.learning_rate;
+  if (step.num_contributed == 0 || (!a.has_value() && !b.has_value()) ||
+      (a.has_value() && b.has_value() &&
+       std::memcmp(&*a, &*b, sizeof(float)) == 0)) {
     return absl::OkStatus();
   }
+  auto name = [](const std::optional<float>& lr) {
+    return lr.has_value() ? absl::StrFormat("%.9g", *lr)
+                          : std::string("the declared one");
+  };
   return absl::InvalidArgumentError(absl::StrCat(
       "rank ", args.rank, " pushes chunk ", step.chunk->spec.id, " (",
       step.chunk->tensor_name, ") of step ", args.step, " with learning rate ",
-      absl::StrFormat("%.9g", args.learning_rate),
-      ", but the step's first push used ",
-      absl::StrFormat("%.9g", step.learning_rate),
+      name(b), ", but the step's first push used ", name(a),
       ": every worker of a step must use the same learning rate"));
 }
 
@@ -66,7 +70,7 @@ void SyncAggregator::Clear(Step* step) {
   step->contributed.assign(step->contributed.size(), false);
   step->num_contributed = 0;
   step->num_with_gradient = 0;
-  step->learning_rate = 0;
+  step->learning_rate.reset();
   step->apply_scheduled = false;
 }
 

@@ -7,6 +7,7 @@
 #define SHARDPS_SERVER_SYNC_AGGREGATOR_H_
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -46,7 +47,7 @@ class SyncAggregator final : public Aggregator {
     uint32_t num_with_gradient ABSL_GUARDED_BY(chunk->mu) = 0;
     // PushArgs::learning_rate of the step's first push; every later push
     // of the step must carry the same (bitwise).
-    float learning_rate ABSL_GUARDED_BY(chunk->mu) = 0;
+    std::optional<float> learning_rate ABSL_GUARDED_BY(chunk->mu);
     absl::Time first_contribution ABSL_GUARDED_BY(chunk->mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(chunk->mu);
     // The complete step's update is queued (Apply will run).

@@ -14,7 +14,7 @@ import cluster
 
 def shard_table(c):
     out = subprocess.run(
-        [cluster.binary("shardps-ctl"), "status",
+        [cluster.binary("shardps-ctl"), "shards",
          "--servers=" + ",".join(s.address for s in c.servers)],
         capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -86,6 +86,7 @@ def test_misuse_after_declaring_is_refused(ctx):
     net = Net()
     opt = spt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
                                    named_parameters=net.named_parameters())
+    (declared,) = shard_table(c)  # the initial values are its only pushes
     with pytest.raises(RuntimeError, match=r"step\(\) without backward"):
         opt.step()
     with pytest.raises(ValueError, match=r"fc\.weight is already trained"):
@@ -105,7 +106,8 @@ def test_misuse_after_declaring_is_refused(ctx):
     opt.param_groups[0]["momentum"] = 0
     net.zero_grad(set_to_none=True)
     (row,) = shard_table(c)
-    assert row["DECLARED"] == "yes" and row["PUSHES"] == "0", row
+    assert row["DECLARED"] == "yes", row
+    assert row["PUSHES"] == declared["PUSHES"] and row["UPDATES"] == "0", row
     # A good step goes through.
     net.fc(torch.ones(2, 4)).sum().backward()
     opt.step()
