@@ -19,7 +19,7 @@ namespace {
 
 // Runs in the child between fork and exec: only async-signal-safe calls.
 [[noreturn]] void ExecChild(pid_t parent, int log_fd, char* const* argv,
-                            const std::string& exec_error) {
+                            char* const* envp, const std::string& exec_error) {
   // If the launcher is SIGKILLed, its daemons must not outlive it.
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
@@ -33,7 +33,7 @@ namespace {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  execv(argv[0], argv);
+  execve(argv[0], argv, envp);
   WriteAll(STDERR_FILENO, exec_error);
   const char* reason = strerror(errno);
   WriteAll(STDERR_FILENO, absl::string_view(reason, strlen(reason)));
@@ -54,7 +54,8 @@ void WriteAll(int fd, absl::string_view text) {
 
 absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
                                    const std::vector<std::string>& args,
-                                   const std::string& log_path, bool append) {
+                                   const std::string& log_path, bool append,
+                                   const std::vector<std::string>* env) {
   // Built before fork: the child only execs.
   std::vector<std::string> owned;
   owned.reserve(args.size() + 1);
@@ -63,6 +64,13 @@ absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
   std::vector<char*> argv;
   for (std::string& a : owned) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> owned_env;
+  std::vector<char*> envp;
+  if (env != nullptr) {
+    owned_env = *env;
+    for (std::string& e : owned_env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+  }
   const std::string exec_error = absl::StrCat("cannot execute ", binary, ": ");
 
   // The parent creates the log, so it exists once this returns and can be
@@ -76,7 +84,10 @@ absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
   }
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid == 0) ExecChild(parent, log_fd, argv.data(), exec_error);
+  if (pid == 0) {
+    ExecChild(parent, log_fd, argv.data(),
+              env != nullptr ? envp.data() : environ, exec_error);
+  }
   const int fork_errno = errno;
   close(log_fd);
   if (pid < 0) {

@@ -21,10 +21,12 @@ namespace shardps::local {
 // unblocked and at default disposition, and SIGTERM delivered to it should
 // this process die first. Returns the child's pid; FailedPrecondition if the
 // log cannot be created. A binary that cannot be executed exits 127 with the
-// reason in the log.
-absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
-                                   const std::vector<std::string>& args,
-                                   const std::string& log_path, bool append);
+// reason in the log. `env` ("NAME=value" strings): the child's whole
+// environment; null: this process's.
+absl::StatusOr<pid_t> SpawnWithLog(
+    const std::string& binary, const std::vector<std::string>& args,
+    const std::string& log_path, bool append,
+    const std::vector<std::string>* env = nullptr);
 
 // Writes all of `text` to `fd` unbuffered, so that it keeps its place among
 // relayed log lines; gives up silently on an error such as a closed terminal.

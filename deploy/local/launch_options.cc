@@ -1,5 +1,7 @@
 #include "deploy/local/launch_options.h"
 
+#include <stdlib.h>
+
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -9,6 +11,7 @@
 #include "common/status.h"
 #include "deploy/local/binaries.h"
 #include "deploy/local/run_dir.h"
+#include "deploy/local/worker_command.h"
 
 namespace shardps::local {
 namespace {
@@ -66,6 +69,22 @@ absl::Status CheckNumbers(const LaunchOptions& o) {
   return absl::OkStatus();
 }
 
+// The options that configure shardps-worker have nothing to act on when a
+// command runs as the workers.
+absl::Status CheckWorkerCommand(const LaunchOptions& o) {
+  if (!o.training_args.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training flags (", o.training_args.front(),
+        ") are shardps-worker's; a command after -- trains by itself"));
+  }
+  if (!o.worker_extra_args.empty() || !o.worker_binary.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker_binary and --worker_extra_args mean nothing with a command "
+        "after --");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ResolveLaunchOptions(LaunchOptions* o) {
@@ -82,9 +101,20 @@ absl::Status ResolveLaunchOptions(LaunchOptions* o) {
   SHARDPS_ASSIGN_OR_RETURN(
       o->server_binary, FindBinary(o->server_binary, "shardps-server", "server",
                                    "server_binary"));
-  SHARDPS_ASSIGN_OR_RETURN(
-      o->worker_binary, FindBinary(o->worker_binary, "shardps-worker", "worker",
-                                   "worker_binary"));
+  if (o->worker_command.empty()) {
+    SHARDPS_ASSIGN_OR_RETURN(o->worker_binary,
+                             FindBinary(o->worker_binary, "shardps-worker",
+                                        "worker", "worker_binary"));
+  } else {
+    SHARDPS_RETURN_IF_ERROR(CheckWorkerCommand(*o));
+    const char* path = getenv("PATH");
+    // With no PATH a shell searches its default one.
+    SHARDPS_ASSIGN_OR_RETURN(
+        o->worker_command[0],
+        FindCommand(o->worker_command[0],
+                    path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin"));
+    if (o->python_dir.empty()) o->python_dir = BuildTreePythonDir();
+  }
   // Absolute, so that the paths handed to the daemons and printed in
   // messages do not depend on anyone's working directory.
   SHARDPS_RETURN_IF_ERROR(MakeAbsolute("run_dir", &o->run_dir));

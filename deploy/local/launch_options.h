@@ -32,6 +32,14 @@ struct LaunchOptions {
   std::string coordinator_binary;
   std::string server_binary;
   std::string worker_binary;
+  // Non-empty: run this command (argv, argv[0] a path or a name on PATH) as
+  // each worker instead of worker_binary, with the environment of
+  // WorkerCommandEnv (deploy/local/worker_command.h); training_args and
+  // worker_extra_args must then be empty.
+  std::vector<std::string> worker_command;
+  // With worker_command: put in front of the command's PYTHONPATH. Empty:
+  // the build tree's shardps package (BuildTreePythonDir), if any.
+  std::string python_dir;
   // "--name=value" TLS and token flags (absolute paths) passed to every
   // daemon, so the whole job runs with the same security.
   std::vector<std::string> security_args;
@@ -55,9 +63,10 @@ struct LaunchOptions {
 
 // Checks `options` and completes them: run_dir and checkpoint_dir made
 // absolute (the paths are handed to other processes), the default
-// checkpoint_dir filled in, each binary found (see FindBinary).
-// InvalidArgument for a bad option, NotFound for a binary that is missing
-// or not executable.
+// checkpoint_dir filled in, each binary found (see FindBinary), a
+// worker_command's program found on PATH and python_dir filled in.
+// InvalidArgument for a bad option, NotFound for a binary or program that
+// is missing or not executable.
 absl::Status ResolveLaunchOptions(LaunchOptions* options);
 
 // Where servers started now resume: "the checkpoint of step N in DIR" (the

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "deploy/local/binaries.h"
 #include "deploy/local/daemon_args.h"
+#include "deploy/local/worker_command.h"
 
 namespace shardps::local {
 namespace {
@@ -55,7 +56,8 @@ Launcher::~Launcher() {
 
 absl::Status Launcher::Start(const std::string& name, Role role,
                              const std::string& binary,
-                             const std::vector<std::string>& args) {
+                             const std::vector<std::string>& args,
+                             const std::vector<std::string>* env) {
   auto it = std::find_if(children_.begin(), children_.end(),
                          [&name](const Child& c) { return c.name == name; });
   const bool again = it != children_.end();
@@ -69,8 +71,8 @@ absl::Status Launcher::Start(const std::string& name, Role role,
         << " again ----\n";
   }
   run_dir_.RemovePort(name);
-  SHARDPS_ASSIGN_OR_RETURN(child.pid,
-                           SpawnWithLog(binary, args, log, /*append=*/again));
+  SHARDPS_ASSIGN_OR_RETURN(
+      child.pid, SpawnWithLog(binary, args, log, /*append=*/again, env));
   child.running = true;
   child.wait_status = 0;
   if (role == Role::kWorker) ++workers_running_;
@@ -127,11 +129,22 @@ absl::StatusOr<std::vector<int>> Launcher::WaitForPorts(size_t first,
 }
 
 absl::Status Launcher::StartWorkers(const std::vector<std::string>& servers) {
+  const std::vector<std::string>& command = options_.worker_command;
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) inherited.emplace_back(*e);
   for (int rank = 0; rank < options_.num_workers; ++rank) {
     const std::string name = absl::StrCat("worker-", rank);
-    SHARDPS_RETURN_IF_ERROR(Start(
-        name, Role::kWorker, options_.worker_binary,
-        WorkerArgs(options_, run_dir_, rank, coordinator_address_, servers)));
+    if (command.empty()) {
+      SHARDPS_RETURN_IF_ERROR(Start(
+          name, Role::kWorker, options_.worker_binary,
+          WorkerArgs(options_, run_dir_, rank, coordinator_address_, servers)));
+    } else {
+      const std::vector<std::string> env = WorkerCommandEnv(
+          options_, run_dir_, rank, coordinator_address_, servers, inherited);
+      SHARDPS_RETURN_IF_ERROR(Start(
+          name, Role::kWorker, command[0],
+          std::vector<std::string>(command.begin() + 1, command.end()), &env));
+    }
     // A restarted worker 0 appends to the log already followed.
     if (rank == 0 && !worker0_log_.is_open()) {
       SHARDPS_RETURN_IF_ERROR(
@@ -333,10 +346,16 @@ absl::Status Launcher::AwaitSelfExit() {
   while (AnyDaemonRunning() && absl::Now() < deadline) {
     SHARDPS_RETURN_IF_ERROR(Poll(kRelayInterval));
   }
+  // They learn the end from the workers' finish calls, which a command
+  // that never joined the job does not make.
+  const char* hint = options_.worker_command.empty()
+                         ? ""
+                         : " (did every command join the job and finish?)";
   for (const Child& child : children_) {
     if (!child.running) continue;
-    LogWarning("%s (pid %d) still running %s after the workers finished",
-               child.name, child.pid, absl::FormatDuration(kSelfExitTimeout));
+    LogWarning("%s (pid %d) still running %s after the workers finished%s",
+               child.name, child.pid, absl::FormatDuration(kSelfExitTimeout),
+               hint);
   }
   return absl::OkStatus();
 }
@@ -431,6 +450,13 @@ absl::Status Launcher::Run() {
           options_.run_dir,
           options_.use_coordinator ? "a coordinator, " : "static lists, ",
           options_.num_servers, options_.num_workers, options_.mode);
+  if (!options_.worker_command.empty()) {
+    LogInfo("workers run: %s%s", absl::StrJoin(options_.worker_command, " "),
+            options_.python_dir.empty()
+                ? " (no shardps package in this build tree)"
+                : absl::StrCat(" (PYTHONPATH starts with ", options_.python_dir,
+                               ")"));
+  }
   if (!options_.checkpoint_dir.empty()) {
     LogInfo("checkpoints every %d steps in %s, keeping %d; starting from %s",
             options_.checkpoint_every_steps, options_.checkpoint_dir,
@@ -460,7 +486,10 @@ absl::Status Launcher::Run() {
   }
   worker0_log_.Finish();
   PrintPeakRss();
-  if (status.ok()) status = PrintFinalMetrics();
+  // Prepare() removed any older metrics.csv: one there now is this run's.
+  const bool want_metrics = options_.worker_command.empty() ||
+                            access(run_dir_.MetricsPath().c_str(), F_OK) == 0;
+  if (status.ok() && want_metrics) status = PrintFinalMetrics();
   return status;
 }
 

@@ -38,7 +38,8 @@ class Launcher {
   // Runs the job, once: prints worker 0's log lines to stdout as they appear,
   // then every process's peak RSS and a final metrics line. OK when every
   // process exited 0 (servers and the coordinator after the workers) and
-  // worker 0 wrote metrics; otherwise the status names the process that
+  // worker 0 wrote metrics (a worker_command need not write any: then the
+  // line is left out); otherwise the status names the process that
   // failed (Aborted), the timeout (DeadlineExceeded), the
   // signal that stopped the launcher (Cancelled) or the missing metrics
   // (NotFound). Every child has exited when it returns.
@@ -52,7 +53,8 @@ class Launcher {
   //    (SIGTERM, SIGKILL 5 s later), the coordinator too (a fresh one holds
   //    no stale members), and everything starts again with the same flags.
   //    Servers restore the newest committed checkpoint, workers resume at
-  //    its step; without one the job starts over from step 0.
+  //    its step; without one the job starts over from step 0. A
+  //    worker_command starts again as every rank, each with its rank.
   // Restarted processes append to their logs (after a line saying so) and
   // rewrite their pid files; the launcher leaves metrics.csv alone, so a
   // resumed epoch may have two rows (worker 0 starts the file over when it
@@ -81,16 +83,19 @@ class Launcher {
 
   // Starts the child `name`: a new one, or again (appending to its log) the
   // one of that name that exited.
+  // `env`: the child's environment; null: this process's.
   absl::Status Start(const std::string& name, Role role,
                      const std::string& binary,
-                     const std::vector<std::string>& args);
+                     const std::vector<std::string>& args,
+                     const std::vector<std::string>* env = nullptr);
   // On `port` (0: any), and waits for it to serve.
   absl::Status StartCoordinator(int port);
   absl::Status StartServers();
   // Waits for the port files of `children_[first, first + count)`.
   absl::StatusOr<std::vector<int>> WaitForPorts(size_t first, size_t count);
   // Static mode: `servers` are the shards' addresses; else the workers ask
-  // the coordinator.
+  // the coordinator. Runs options_.worker_command when set, without waiting
+  // for anything: the command joins the job itself.
   absl::Status StartWorkers(const std::vector<std::string>& servers);
   absl::Status StartJob();
   // Starts the job and waits until every worker has exited, restarting

@@ -12,6 +12,7 @@
 #include "common/security_flags.h"
 #include "common/status.h"
 #include "deploy/local/launcher.h"
+#include "deploy/local/worker_command.h"
 #include "worker/training_flags.h"
 
 ABSL_FLAG(int32_t, servers, 2, "Number of server shards to start.");
@@ -65,16 +66,37 @@ ABSL_FLAG(std::string, worker_extra_args, "",
 namespace shardps::local {
 namespace {
 
+// The flags that configure shardps-worker: the training flags, which
+// TrainingFlagArgs lists as --name=value, and the launcher's own.
+std::vector<std::string> WorkerFlagNames() {
+  std::vector<std::string> names = {"worker_binary", "worker_extra_args"};
+  for (const std::string& arg : worker::TrainingFlagArgs()) {
+    names.push_back(arg.substr(2, arg.find('=') - 2));
+  }
+  return names;
+}
+
 absl::StatusOr<LaunchOptions> OptionsFromFlags(
-    const std::vector<char*>& positional) {
+    const std::vector<char*>& positional, const CommandLine& line) {
   // --host, --port and --port_file mean nothing here; --log_format is
   // checked with them and passed on to every daemon.
   SHARDPS_RETURN_IF_ERROR(CheckDaemonFlags());
   if (positional.size() > 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument: ", positional[1]));
+        absl::StrCat("unexpected argument: ", positional[1],
+                     " (a command to run as the workers follows --)"));
   }
   LaunchOptions o;
+  if (line.has_command) {
+    if (line.command.empty()) {
+      return absl::InvalidArgumentError(
+          "no command after --: shardps-local [flags] -- CMD ARGS...");
+    }
+    SHARDPS_RETURN_IF_ERROR(CheckNoWorkerFlags(
+        std::vector<std::string>(line.flags.begin() + 1, line.flags.end()),
+        WorkerFlagNames()));
+    o.worker_command = line.command;
+  }
   o.num_servers = absl::GetFlag(FLAGS_servers);
   o.num_workers = absl::GetFlag(FLAGS_workers);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -94,9 +116,11 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   // bad flag fails before any process starts.
   SHARDPS_RETURN_IF_ERROR(ServerSecurityOptionsFromFlags().status());
   o.security_args = SecurityFlagArgs();
-  o.training_args = worker::TrainingFlagArgs();
-  o.worker_extra_args = absl::StrSplit(absl::GetFlag(FLAGS_worker_extra_args),
-                                       ' ', absl::SkipWhitespace());
+  if (o.worker_command.empty()) {
+    o.training_args = worker::TrainingFlagArgs();
+    o.worker_extra_args = absl::StrSplit(absl::GetFlag(FLAGS_worker_extra_args),
+                                         ' ', absl::SkipWhitespace());
+  }
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -105,9 +129,9 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   return o;
 }
 
-int Main(const std::vector<char*>& positional) {
+int Main(const std::vector<char*>& positional, const CommandLine& line) {
   InitLog("local", -1, absl::GetFlag(FLAGS_log_format) == "json");
-  absl::StatusOr<LaunchOptions> options = OptionsFromFlags(positional);
+  absl::StatusOr<LaunchOptions> options = OptionsFromFlags(positional, line);
   if (!options.ok()) return ExitCode(options.status());
   absl::StatusOr<std::unique_ptr<Launcher>> launcher =
       Launcher::Create(*std::move(options));
@@ -123,12 +147,28 @@ int Main(const std::vector<char*>& positional) {
 
 int main(int argc, char** argv) {
   shardps::BlockTerminationSignals();
+  // What follows "--" is the workers' command, never flags.
+  const shardps::local::CommandLine line =
+      shardps::local::SplitAtCommand(argc, argv);
+  std::vector<char*> flags = line.flags;
+  const int flag_count = static_cast<int>(flags.size());
+  flags.push_back(nullptr);  // argv[argc], as main's
   std::vector<char*> positional = shardps::ParseDaemonFlags(
-      argc, argv,
+      flag_count, flags.data(),
       "runs a shardps job on this machine: a coordinator, --servers shards "
       "and --workers workers training with the flags below, each logging to "
       "<run_dir>/logs/; the job ends when every worker has finished.\n"
       "  shardps-local --servers=2 --workers=2 --epochs=1 --run_dir=run\n"
-      "  shardps-local --checkpoint_every_steps=100 --restart_on_crash");
-  return shardps::local::Main(positional);
+      "  shardps-local --checkpoint_every_steps=100 --restart_on_crash\n"
+      "With a command after --, that command runs as each worker instead of "
+      "shardps-worker (the training flags are then refused), in the "
+      "environment SHARDPS_COORDINATOR=127.0.0.1:PORT (static mode: "
+      "SHARDPS_SERVERS=a,b,...), SHARDPS_JOB_ID, SHARDPS_RANK, "
+      "SHARDPS_NUM_WORKERS, SHARDPS_RUN_DIR, SHARDPS_TLS_CERT, "
+      "SHARDPS_TLS_KEY, SHARDPS_TLS_CA, SHARDPS_AUTH_TOKEN_FILE (as the "
+      "--tls_* flags say), SHARDPS_CHECKPOINT_DIR (with checkpoints) and "
+      "PYTHONPATH starting with this build tree's worker/python:\n"
+      "  shardps-local --servers=2 --workers=2 -- /usr/bin/python3 "
+      "worker/python/examples/cnn_fashion_mnist.py");
+  return shardps::local::Main(positional, line);
 }

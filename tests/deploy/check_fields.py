@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Checks the fields of deploy/ that schemas cannot: ranks and shard
-indices, probes, ports, volumes, images, flags, security settings, and that
-the Compose file, its overrides, the kustomize base, its GPU overlay and the
-Dockerfiles agree with each other.
+indices, probes, ports, volumes, images, flags, security settings, the
+torch workers' environment, and that the Compose file, its overrides, the
+kustomize base, its GPU and torch overlays and the Dockerfiles agree with
+each other.
 
-  tests/deploy/check_fields.py [--bin_dir=BUILD] [--base=R.yaml --gpu=R.yaml]
+  tests/deploy/check_fields.py [--bin_dir=BUILD]
+      [--base=R.yaml --gpu=R.yaml --torch=R.yaml]
 
---base/--gpu: manifests rendered by `kubectl kustomize` (rendered here when
+--base/--gpu/--torch: manifests rendered by `kubectl kustomize` (rendered here when
 kubectl exists, else the k8s checks are skipped with a message). --bin_dir:
 a build tree (or folder) holding the daemons; every flag the files use must
 be in the `--helpfull` of the binary it is given to.
@@ -22,6 +24,11 @@ import deploy_files as df
 
 IMAGE = "shardps:latest"
 GPU_IMAGE = "shardps:cuda"
+TORCH_IMAGE = "shardps:torch"
+# The torch workers' command: the example in the image (Dockerfile.torch
+# copies worker/python/examples to /opt/shardps/examples).
+TORCH_EXAMPLE = "cnn_fashion_mnist.py"
+TORCH_COMMAND = ["python3", f"/opt/shardps/examples/{TORCH_EXAMPLE}"]
 UID = 10001
 STATE_DIR = "/var/lib/shardps"
 JOB_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -199,11 +206,50 @@ def check_compose(c):
         c.check(any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])
                     and d.get("count") == 1 for d in devices),
                 f"compose gpu override {name}: reserves 1 nvidia GPU")
+    check_compose_torch(c, base, coord_addr, job_id, num_workers)
     return {"job_id": job_id, "num_servers": num_servers,
             "num_workers": num_workers,
             "server_settings": shared[0] if shared else [],
             "worker_settings": [a for a in workers[0][1:]
                                 if df.split_flag(a)[0] not in PER_MEMBER_FLAGS]}
+
+
+def check_torch_env(c, where, env, coordinator, job_id, rank, num_workers):
+    """The variables shardps.torch.init() reads, as shardps-local sets them."""
+    c.equal(env.get("SHARDPS_COORDINATOR"), coordinator,
+            f"{where}: SHARDPS_COORDINATOR is the coordinator's address")
+    c.equal(env.get("SHARDPS_JOB_ID"), job_id,
+            f"{where}: SHARDPS_JOB_ID is the coordinator's --job_id")
+    c.equal(env.get("SHARDPS_RANK"), rank, f"{where}: SHARDPS_RANK")
+    c.equal(env.get("SHARDPS_NUM_WORKERS"), str(num_workers),
+            f"{where}: SHARDPS_NUM_WORKERS is the coordinator's --num_workers")
+    c.check(str(env.get("SHARDPS_RUN_DIR", "")).startswith(STATE_DIR),
+            f"{where}: SHARDPS_RUN_DIR in the volume")
+    c.check("SHARDPS_SERVERS" not in env,
+            f"{where}: no SHARDPS_SERVERS (the coordinator tells the servers)")
+
+
+def check_compose_torch(c, base, coord_addr, job_id, num_workers):
+    """Torch override: workers only; the example with the job's variables."""
+    torch = df.compose_file("docker-compose.torch.yml")
+    workers = {n for n in base["services"] if n.startswith("worker-")}
+    c.equal(set(torch["services"]), workers, "compose torch override: services")
+    merged = df.merge_compose(base, torch)
+    for name in sorted(workers):
+        svc = merged["services"][name]
+        where = f"compose torch override {name}"
+        c.equal(svc.get("image"), TORCH_IMAGE, f"{where}: image")
+        c.equal(svc.get("build", {}).get("dockerfile"),
+                "deploy/docker/Dockerfile.torch", f"{where}: built from")
+        c.equal(svc.get("command"), TORCH_COMMAND, f"{where}: command")
+        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        check_torch_env(c, where, env, coord_addr, job_id,
+                        name.split("-")[1], num_workers)
+        # What the base gives every worker still holds.
+        c.check(f"checkpoints:{STATE_DIR}" in svc.get("volumes", []) and
+                svc.get("read_only") is True and
+                svc.get("user") == f"{UID}:{UID}",
+                f"{where}: base volume, read-only root and user kept")
 
 
 # --- Kubernetes ------------------------------------------------------------
@@ -453,9 +499,67 @@ def check_k8s(c, objs, gpu_objs, compose):
                     f"k8s gpu: Job {job} unchanged")
 
 
+def check_k8s_torch(c, objs, torch_objs):
+    """Torch overlay: only the worker changes, to the example with the job's
+    variables, and it no longer claims a /metrics port."""
+    cm = df.find(objs, "ConfigMap", "shardps-job")["data"]
+    cflags = df.flag_dict(df.flagfile_lines(cm.get("coordinator.flags", "")))
+    csvc = df.find(objs, "Service", "coordinator")
+    coord_addr = f"coordinator:{csvc['spec']['ports'][0]['port']}"
+    tw = df.find(torch_objs, "Job", "worker")
+    ctr = container(tw)
+    c.equal(ctr.get("image"), TORCH_IMAGE, "k8s torch: worker image")
+    c.equal(ctr.get("command"), TORCH_COMMAND, "k8s torch: worker command")
+    c.check(not ctr.get("args"), "k8s torch: no shardps-worker args")
+    env_list = ctr.get("env", [])
+    env = {e["name"]: e.get("value") for e in env_list}
+    names = [e["name"] for e in env_list]
+    c.check("JOB_COMPLETION_INDEX" in names and "SHARDPS_RANK" in names and
+            names.index("JOB_COMPLETION_INDEX") < names.index("SHARDPS_RANK"),
+            "k8s torch: JOB_COMPLETION_INDEX defined before SHARDPS_RANK "
+            "names it")
+    num_workers = int(cflags.get("num_workers", 0))
+    check_torch_env(c, "k8s torch worker", env, coord_addr,
+                    cflags.get("job_id"), "$(JOB_COMPLETION_INDEX)",
+                    num_workers)
+    c.equal(tw["spec"].get("completions"), num_workers,
+            "k8s torch: completions are SHARDPS_NUM_WORKERS")
+    ann = tw["spec"]["template"]["metadata"].get("annotations") or {}
+    c.check(ann.get("prometheus.io/scrape") != "true" and
+            not any(p.get("name") == "metrics" for p in ctr.get("ports", [])),
+            "k8s torch: no /metrics port claimed (the script serves none)")
+    mounts = {m["mountPath"] for m in ctr.get("volumeMounts", [])}
+    c.check(STATE_DIR in mounts and "/tmp" in mounts,
+            f"k8s torch: {STATE_DIR} and /tmp mounted as in the base")
+    for job in ("coordinator", "server"):
+        c.check(df.find(torch_objs, "Job", job) == df.find(objs, "Job", job),
+                f"k8s torch: Job {job} unchanged")
+
+
 # --- Dockerfiles -------------------------------------------------------------
+def check_torch_dockerfile(c):
+    with open(os.path.join(df.DOCKER_DIR, "Dockerfile.torch")) as f:
+        text = f.read()
+    for pkg in ("python3-torch", "python3-numpy", "pybind11-dev"):
+        c.check(re.search(rf"\b{pkg}\b", text) is not None,
+                f"Dockerfile.torch: installs {pkg}")
+    c.check(re.search(r"PYTHONPATH=/opt/shardps/python\b", text) is not None,
+            "Dockerfile.torch: PYTHONPATH names the package")
+    c.check(re.search(r"cp -r worker/python/examples /out/examples", text)
+            is not None and "/opt/shardps/examples/" in text,
+            "Dockerfile.torch: examples at /opt/shardps/examples")
+    c.check("import numpy, torch, shardps.torch" in text,
+            "Dockerfile.torch: the build imports the package with torch")
+    examples = os.path.join(df.ROOT, "worker", "python", "examples")
+    if not os.path.isdir(examples):
+        print(f"SKIP the torch workers' script: no {examples} in this tree")
+        return
+    c.check(os.path.isfile(os.path.join(examples, TORCH_EXAMPLE)),
+            f"the torch workers' script worker/python/examples/{TORCH_EXAMPLE}")
+
+
 def check_dockerfiles(c, compose):
-    for name in ("Dockerfile", "Dockerfile.cuda"):
+    for name in ("Dockerfile", "Dockerfile.cuda", "Dockerfile.torch"):
         with open(os.path.join(df.DOCKER_DIR, name)) as f:
             text = f.read()
         users = re.findall(r"^USER\s+(\S+)", text, re.M)
@@ -468,6 +572,7 @@ def check_dockerfiles(c, compose):
         c.check(re.search(rf"install -d -o {UID} -g {UID} .*{STATE_DIR}", text)
                 is not None, f"{name}: {STATE_DIR} owned by {UID}")
         c.check("dataset-fashion-mnist" in text, f"{name}: data set in the image")
+    check_torch_dockerfile(c)
     with open(os.path.join(df.ROOT, ".dockerignore")) as f:
         ignore = f.read()
     c.check("tests/deploy/" in ignore and "!deploy/docker/" in ignore,
@@ -494,21 +599,28 @@ def main():
     ap.add_argument("--bin_dir")
     ap.add_argument("--base", help="rendered deploy/k8s/base")
     ap.add_argument("--gpu", help="rendered deploy/k8s/overlays/gpu")
+    ap.add_argument("--torch", help="rendered deploy/k8s/overlays/torch")
     a = ap.parse_args()
     c = Checker()
     compose = check_compose(c)
-    base_text = gpu_text = None
+    base_text = gpu_text = torch_text = None
     if a.base:
         base_text = open(a.base).read()
         gpu_text = open(a.gpu).read() if a.gpu else None
+        torch_text = open(a.torch).read() if a.torch else None
     else:
         base_text = df.render_kustomize(os.path.join(df.K8S_DIR, "base"))
         gpu_text = df.render_kustomize(os.path.join(df.K8S_DIR, "overlays", "gpu"))
+        torch_text = df.render_kustomize(
+            os.path.join(df.K8S_DIR, "overlays", "torch"))
     if base_text is None:
         print("SKIP k8s checks: kubectl is not installed (tests/deploy/setup.sh)")
     else:
-        check_k8s(c, df.k8s_objects(base_text),
+        base_objs = df.k8s_objects(base_text)
+        check_k8s(c, base_objs,
                   df.k8s_objects(gpu_text) if gpu_text else None, compose)
+        if torch_text:
+            check_k8s_torch(c, base_objs, df.k8s_objects(torch_text))
     check_dockerfiles(c, compose)
     if a.bin_dir:
         check_binaries(c, a.bin_dir)

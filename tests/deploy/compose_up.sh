@@ -8,6 +8,10 @@
 # Then it restores: `down` (keeping the checkpoints volume) and `up` again;
 # the servers must load the newest committed checkpoint and the workers
 # resume at its step and train to the end.
+# With SHARDPS_DEPLOY_TORCH=1 it then builds deploy/docker/Dockerfile.torch
+# and runs the job again with docker-compose.torch.yml (the workers run the
+# PyTorch CNN example): every container must exit 0 (off by default: the
+# image pulls in Debian's torch, about 1 GB, and the job takes minutes).
 #   tests/deploy/compose_up.sh
 # Needs root (it starts its own Docker engine, tests/deploy/docker_engine.sh,
 # and stops it again when it started it) and the ports 7000, 5000 and 5001
@@ -194,4 +198,40 @@ t_restore=$((SECONDS - t3))
 
 "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1
 echo "times: engine+base image ${t_engine}s, build ${t_build}s, job ${t_run}s, restored job ${t_restore}s, total $((SECONDS - t0))s"
+
+if [ "${SHARDPS_DEPLOY_TORCH:-0}" = 1 ]; then
+  log "docker build -f deploy/docker/Dockerfile.torch -t shardps:torch ."
+  t4=$SECONDS
+  if DOCKER_BUILDKIT=0 "$DOCKER" build --network=host \
+      -f deploy/docker/Dockerfile.torch -t shardps:torch . \
+      >"$engine_dir/build-torch.log" 2>&1; then
+    check "image shardps:torch built ($(( SECONDS - t4 ))s)" true
+  else
+    tail -n 40 "$engine_dir/build-torch.log"
+    check "image shardps:torch built (log: $engine_dir/build-torch.log)" false
+    finish
+  fi
+  log "compose up with docker-compose.torch.yml (host network)"
+  compose+=(-f deploy/compose/docker-compose.torch.yml)
+  t5=$SECONDS
+  "${compose[@]}" up -d --no-build 2>&1 | grep -v '^$'
+  ids=$("${compose[@]}" ps -q)
+  # shellcheck disable=SC2086
+  while [ -n "$ids" ] &&
+      [ "$("$DOCKER" inspect -f '{{.State.Running}}' $ids | grep -c true)" != 0 ]; do
+    if [ $((SECONDS - t5)) -ge "$deadline_s" ]; then
+      check "the torch job ended within ${deadline_s}s" false
+      break
+    fi
+    sleep 2
+  done
+  "${compose[@]}" logs --no-color > "$engine_dir/compose-torch.log" 2>&1
+  grep '^worker-0' "$engine_dir/compose-torch.log" | tail -n 15
+  check "torch containers created" [ -n "$ids" ]
+  for id in $ids; do
+    read -r name code < <("$DOCKER" inspect -f '{{.Name}} {{.State.ExitCode}}' "$id")
+    check "$name exited 0 in the torch job ($((SECONDS - t5))s)" [ "$code" = 0 ]
+  done
+  "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1
+fi
 finish

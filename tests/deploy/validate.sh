@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, then runs the real daemons with its flags:
 #   1. docker-compose config -q: the Compose file alone and with each override
-#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu and overlays/tls render
+#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu, overlays/tls and
+#      overlays/torch render
 #   3. the rendered manifests against the Kubernetes schemas of the npm
 #      package kubernetes-models (validate_k8s.mjs)
-#   4. npx dockerfile-utils lint: both Dockerfiles
+#   4. npx dockerfile-utils lint: every Dockerfile
 #   5. check_fields.py: ranks, probes, ports, volumes, images, flags (every
-#      flag against the binaries' --helpfull when a build is given)
+#      flag against the binaries' --helpfull when a build is given), and the
+#      torch workers' environment (docker-compose.torch.yml, overlays/torch)
 #   6. run_local.py: the daemons started with the flags of the Compose file
 #      and of the ConfigMap train the main job to the end (build needed);
 #      then with overlays/tls: mutual TLS, the token and exec probes
@@ -48,7 +50,9 @@ compose_config() {
   for extra in "" "$c/docker-compose.host.yml" "$c/docker-compose.gpu.yml" \
       "$c/docker-compose.host.yml $c/docker-compose.gpu.yml" \
       "$c/docker-compose.tls.yml" \
-      "$c/docker-compose.host.yml $c/docker-compose.tls.yml"; do
+      "$c/docker-compose.host.yml $c/docker-compose.tls.yml" \
+      "$c/docker-compose.torch.yml" \
+      "$c/docker-compose.host.yml $c/docker-compose.torch.yml"; do
     local args=(-f "$c/docker-compose.yml")
     for f in $extra; do args+=(-f "$f"); done
     echo "docker-compose ${args[*]} config -q"
@@ -68,7 +72,8 @@ render() {
   kubectl kustomize deploy/k8s/base > "$tmp/base.yaml" &&
     kubectl kustomize deploy/k8s/overlays/gpu > "$tmp/gpu.yaml" &&
     kubectl kustomize deploy/k8s/overlays/tls > "$tmp/tls.yaml" &&
-    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects"
+    kubectl kustomize deploy/k8s/overlays/torch > "$tmp/torch.yaml" &&
+    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects, torch $(grep -c '^kind:' "$tmp/torch.yaml") objects"
 }
 if command -v kubectl >/dev/null 2>&1; then
   kver=$(kubectl version --client 2>/dev/null | tr '\n' ' ')
@@ -83,13 +88,14 @@ have_npm=0
 [ -f "$here/node_modules/.package-lock.json" ] && command -v node >/dev/null 2>&1 &&
   have_npm=1
 if [ $have_npm = 1 ] && [ $have_k8s = 1 ]; then
-  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml"
+  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml" "$tmp/torch.yaml"
 else
   skip "kubernetes-models schemas" "needs kubectl and tests/deploy/node_modules (setup.sh)"
 fi
 lint() {
   local rc=0
-  for f in deploy/docker/Dockerfile deploy/docker/Dockerfile.cuda; do
+  for f in deploy/docker/Dockerfile deploy/docker/Dockerfile.cuda \
+      deploy/docker/Dockerfile.torch; do
     echo "dockerfile-utils lint $f"
     (cd "$here" && npx --no-install dockerfile-utils lint "$root/$f") || rc=1
   done
@@ -104,7 +110,7 @@ fi
 # 5, 6. Our own checks.
 if python3 -c 'import yaml' 2>/dev/null; then
   fields_args=()
-  [ $have_k8s = 1 ] && fields_args+=(--base="$tmp/base.yaml" --gpu="$tmp/gpu.yaml")
+  [ $have_k8s = 1 ] && fields_args+=(--base="$tmp/base.yaml" --gpu="$tmp/gpu.yaml" --torch="$tmp/torch.yaml")
   [ -n "$build_dir" ] && fields_args+=(--bin_dir="$build_dir")
   step "check_fields.py" python3 "$here/check_fields.py" "${fields_args[@]}"
   if [ -z "$build_dir" ]; then
