@@ -100,7 +100,7 @@ class Block(torch.nn.Module):
                    for z in (q, k, v))
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        att = (att + mask).softmax(-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
@@ -118,8 +118,8 @@ class GPT(torch.nn.Module):
         cos, sin = rotary_tables(seq_len, dim // heads)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.register_buffer(
-            "mask", torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1),
+        self.register_buffer(  # additive: -inf above the diagonal
+            "mask", torch.full((seq_len, seq_len), float("-inf")).triu(1),
             persistent=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:  # GPT-2's init; residual outputs scaled down
