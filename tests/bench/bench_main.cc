@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "tests/bench/aggregate_bench.h"
 #include "tests/bench/gpu_bench.h"
+#include "tests/bench/torch_bench.h"
 #include "tests/bench/train_bench.h"
 #include "tests/bench/transport_bench.h"
 
@@ -22,6 +23,8 @@ ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
 ABSL_FLAG(int32_t, epochs, 10, "Epochs (train).");
 ABSL_FLAG(int32_t, steps, 10, "Measured steps per configuration.");
+ABSL_FLAG(int32_t, cnn_steps, 100, "Measured steps of the CNN (torch).");
+ABSL_FLAG(int32_t, gpt_steps, 30, "Measured steps of the GPT (torch).");
 ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
 ABSL_FLAG(int64_t, chunk_mib, 4, "Chunk size in MiB (transport).");
@@ -92,9 +95,17 @@ absl::Status Run(const std::string& command) {
     o.epochs = absl::GetFlag(FLAGS_epochs);
     return RunTrainBench(o);
   }
+  if (command == "torch") {
+    TorchOptions o;
+    o.local_binary = SiblingBinary("deploy/local/shardps-local");
+    o.source_dir = SHARDPS_SOURCE_DIR;
+    o.cnn_steps = absl::GetFlag(FLAGS_cnn_steps);
+    o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);
+    return RunTorchBench(o);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown benchmark \"", command,
-                   "\"; one of: transport, aggregate, train, gpu"));
+                   "\"; one of: transport, aggregate, train, gpu, torch"));
 }
 
 }  // namespace
@@ -104,9 +115,10 @@ int main(int argc, char** argv) {
   std::vector<char*> args = shardps::ParseDaemonFlags(
       argc, argv,
       "runs a benchmark against a baseline measured in the same run.\n"
-      "  shardps-bench transport | aggregate | train | gpu [flags]");
+      "  shardps-bench transport | aggregate | train | gpu | torch [flags]");
   if (args.size() != 2) {
-    shardps::LogError("give one benchmark: transport, aggregate, train or gpu");
+    shardps::LogError(
+        "give one benchmark: transport, aggregate, train, gpu or torch");
     return 1;
   }
   return shardps::ExitCode(shardps::bench::Run(args[1]));

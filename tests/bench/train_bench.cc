@@ -4,7 +4,6 @@
 // batch and threads when Debian's python3-torch is installed.
 #include "tests/bench/train_bench.h"
 
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "tests/bench/run_command.h"
 #include "tests/testing/daemon.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
@@ -27,42 +27,6 @@ namespace shardps::bench {
 namespace {
 
 constexpr char kModel[] = "mlp:784-512-256-10";
-
-// Runs `command` through the shell; returns its stdout, or an error with
-// the exit code.
-absl::StatusOr<std::string> RunCommand(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("popen failed");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  const int status = pclose(pipe);
-  if (status != 0) {
-    return absl::InternalError(
-        absl::StrCat("`", command, "` exited with ", status, ":\n", out));
-  }
-  return out;
-}
-
-// The number after "key": in a one-line JSON object (first match).
-double JsonNumber(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return -1;
-  double v = -1;
-  const size_t begin = at + key.size() + 4;
-  const size_t end = json.find_first_of(",}", begin);
-  return absl::SimpleAtod(json.substr(begin, end - begin), &v) ? v : -1;
-}
-
-std::string JsonField(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return "?";
-  const size_t begin = at + key.size() + 4;
-  const size_t end = json[begin] == '[' ? json.find(']', begin) + 1
-                                        : json.find_first_of(",}", begin);
-  return json.substr(begin, end - begin);
-}
 
 // Gradients of 128-sample slices (the main job's per-worker batch) on the
 // CPU backend, one thread: the compute a worker does each step.

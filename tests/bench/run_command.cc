@@ -1,0 +1,43 @@
+#include "tests/bench/run_command.h"
+
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardps::bench {
+
+absl::StatusOr<std::string> RunCommand(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    return absl::InternalError(
+        absl::StrCat("`", command, "` exited with ", status, ":\n", out));
+  }
+  return out;
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  double v = -1;
+  const size_t begin = at + key.size() + 4;
+  const size_t end = json.find_first_of(",}", begin);
+  return absl::SimpleAtod(json.substr(begin, end - begin), &v) ? v : -1;
+}
+
+std::string JsonField(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return "?";
+  const size_t begin = at + key.size() + 4;
+  const size_t end = json[begin] == '[' ? json.find(']', begin) + 1
+                                        : json.find_first_of(",}", begin);
+  return json.substr(begin, end - begin);
+}
+
+}  // namespace shardps::bench

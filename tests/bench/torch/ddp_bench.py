@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""The PyTorch DDP peer of the shardps torch examples: the model, data, global
+batch, optimizer and schedule of worker/python/examples/{cnn_fashion_mnist,
+gpt_kjv}.py (their build() recipes) trained with DistributedDataParallel over
+gloo, one thread per process, for a fixed number of steps. Each rank takes its
+contiguous slice of every global batch of the examples' sampler order.
+
+Prints a progress line, then one JSON line with the timings.
+
+Usage: ddp_bench.py --model=cnn|gpt --steps=N [--processes=2] [-- EXAMPLE ARGS]
+"""
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"  # before torch loads: one thread per process
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import queue as queue_module  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "..", "..", "..", "worker", "python", "examples")
+sys.path.insert(0, os.path.abspath(EXAMPLES))
+import common  # noqa: E402
+import cnn_fashion_mnist  # noqa: E402
+import gpt_kjv  # noqa: E402
+
+
+def blas_library():
+    """The BLAS shared objects this process loaded."""
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "blas" in line.lower()}
+    return sorted(os.path.realpath(lib) for lib in libs if lib.startswith("/"))
+
+
+def recipe(model: str, example_args):
+    if model == "cnn":
+        args = cnn_fashion_mnist.arg_parser().parse_args(example_args)
+        return args, cnn_fashion_mnist.build(
+            args, common.fashion_mnist(args.data))
+    args = gpt_kjv.arg_parser().parse_args(example_args)
+    train, _ = gpt_kjv.windows(gpt_kjv.kjv_text(), args.seq_len)
+    return args, gpt_kjv.build(args, train)
+
+
+def run(rank, bench, port, queue):
+    torch.set_num_threads(bench.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=bench.processes)
+    args, r = recipe(bench.model, bench.example_args)
+    ddp = torch.nn.parallel.DistributedDataParallel(r.model)
+    sampler = common.PlainSampler(r.num_samples, args.batch_size, args.seed)
+    local = args.batch_size // bench.processes
+    items_per_step = args.batch_size * r.items_per_sample
+    dist.barrier()
+    start, step, epoch, losses = time.time(), 0, 0, []
+    while step < bench.steps:
+        for batch in sampler.epoch(epoch):
+            indices = batch[rank * local:(rank + 1) * local]
+            loss = r.loss(ddp, indices, epoch)
+            r.optimizer.zero_grad()
+            loss.backward()
+            r.optimizer.step()
+            r.scheduler.step()
+            losses.append(loss.item())
+            step += 1
+            if step >= bench.steps:
+                break
+        epoch += 1
+    wall = time.time() - start
+    if rank == 0:
+        queue.put({"model": bench.model, "processes": bench.processes,
+                   "threads": bench.threads, "steps": step,
+                   "global_batch": args.batch_size, "wall_s": wall,
+                   "step_s": wall / step, "items_per_s": step * items_per_step / wall,
+                   "items": "samples" if bench.model == "cnn" else "tokens",
+                   "train_loss_last": losses[-1],
+                   "parameters": sum(p.numel() for p in r.model.parameters()),
+                   "torch": torch.__version__, "blas": blas_library()})
+    dist.destroy_process_group()
+
+
+def main():
+    argv = sys.argv[1:]
+    example_args = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, example_args = argv[:at], argv[at + 1:]
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("cnn", "gpt"), required=True)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    bench = p.parse_args(argv)
+    # The examples' schedules count --max_steps; keep them the same here.
+    bench.example_args = [f"--max_steps={bench.steps}"] + example_args
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, bench, port, queue))
+             for r in range(bench.processes)]
+    for proc in procs:
+        proc.start()
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=1)
+        except queue_module.Empty:
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                for proc in procs:
+                    proc.kill()
+                print(f"ddp_bench: a process failed: exit codes "
+                      f"{[proc.exitcode for proc in procs]}", file=sys.stderr)
+                return 1
+    for proc in procs:
+        proc.join()
+    print(f"ddp {result['model']}: {result['processes']} processes x "
+          f"{result['threads']} thread(s), {result['steps']} steps of global "
+          f"batch {result['global_batch']}: {result['wall_s']:.2f} s, "
+          f"{result['step_s']:.3f} s/step, {result['items_per_s']:.0f} "
+          f"{result['items']}/s", flush=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

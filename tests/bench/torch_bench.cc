@@ -1,0 +1,144 @@
+// shardps-bench torch: each example trains --steps global steps twice in the
+// same run, through shardps-local (2 servers, 2 workers) and through
+// tests/bench/torch/ddp_bench.py; the figure is the ratio of the time of
+// those steps, shardps / DDP, as each side's rank 0 measures it.
+#include "tests/bench/torch_bench.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/bench/run_command.h"
+#include "tests/testing/daemon.h"
+
+namespace shardps::bench {
+namespace {
+
+struct Workload {
+  const char* name;    // ddp_bench.py --model
+  const char* script;  // under worker/python/examples
+  const char* items;   // what the examples count per second
+  int steps;
+};
+
+struct Timing {
+  double seconds = 0;  // of the measured steps
+  double items_per_s = 0;
+};
+
+// The last `n` lines of `text`, to show why a command failed.
+std::string Tail(absl::string_view text, size_t n) {
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
+  if (lines.size() > n) lines.erase(lines.begin(), lines.end() - n);
+  return absl::StrCat("    ", absl::StrJoin(lines, "\n    "));
+}
+
+// The value after `key ` in a progress line ("... epoch_s 12.34 ...").
+bool ProgressField(absl::string_view line, absl::string_view key, double* v) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+  for (size_t i = 0; i + 1 < f.size(); ++i) {
+    if (f[i] == key) return absl::SimpleAtod(f[i + 1], v);
+  }
+  return false;
+}
+
+absl::StatusOr<Timing> RunDdp(const TorchOptions& o, const Workload& w) {
+  absl::StatusOr<std::string> out = RunCommand(absl::StrCat(
+      o.python, " ", o.source_dir, "/tests/bench/torch/ddp_bench.py --model=",
+      w.name, " --steps=", w.steps, " 2>&1"));
+  if (!out.ok()) return out.status();
+  const size_t at = out->rfind("\n{");
+  const std::string json = out->substr(at == std::string::npos ? 0 : at + 1);
+  Timing t{JsonNumber(json, "wall_s"), JsonNumber(json, "items_per_s")};
+  if (t.seconds <= 0) {
+    return absl::InternalError(
+        absl::StrCat("no timings from ddp_bench.py:\n", Tail(*out, 20)));
+  }
+  absl::PrintF("  DDP (torch %s, BLAS %s): %.2f s, %.0f %s/s\n",
+               JsonField(json, "torch"), JsonField(json, "blas"), t.seconds,
+               t.items_per_s, w.items);
+  return t;
+}
+
+// The example under shardps-local; sums epoch_s and the items of the progress
+// lines rank 0 prints (evaluation is outside epoch_s on both sides).
+absl::StatusOr<Timing> RunShardps(const TorchOptions& o, const Workload& w) {
+  const std::string dir = testing::MakeTempDir("shardps-bench-torch");
+  absl::StatusOr<std::string> out = RunCommand(absl::StrCat(
+      o.local_binary, " --run_dir=", dir, " --servers=2 --workers=2 -- ",
+      o.python, " ", o.source_dir, "/worker/python/examples/", w.script,
+      " --max_steps=", w.steps, " 2>&1"));
+  if (!out.ok()) return out.status();
+  Timing t;
+  double items = 0;
+  for (absl::string_view line : absl::StrSplit(*out, '\n')) {
+    double epoch_s = 0, rate = 0;
+    if (!absl::StartsWith(line, "epoch ") ||
+        !ProgressField(line, "epoch_s", &epoch_s) ||
+        !ProgressField(line, absl::StrCat(w.items, "/s"), &rate)) {
+      continue;
+    }
+    t.seconds += epoch_s;
+    items += rate * epoch_s;
+  }
+  if (t.seconds <= 0) {
+    return absl::InternalError(
+        absl::StrCat("no progress lines from shardps-local (run dir ", dir,
+                     "):\n", Tail(*out, 20)));
+  }
+  t.items_per_s = items / t.seconds;
+  absl::PrintF(
+      "  shardps 2 servers x 2 workers: %.2f s, %.0f %s/s (run dir %s)\n",
+      t.seconds, t.items_per_s, w.items, dir);
+  return t;
+}
+
+}  // namespace
+
+absl::Status RunTorchBench(const TorchOptions& o) {
+  if (!RunCommand(absl::StrCat(o.python, " -c 'import torch' 2>&1")).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        o.python, " cannot import torch (apt-get install python3-torch)"));
+  }
+  const Workload workloads[] = {
+      {"cnn", "cnn_fashion_mnist.py", "samples", o.cnn_steps},
+      {"gpt", "gpt_kjv.py", "tokens", o.gpt_steps},
+  };
+  std::vector<std::string> failed;
+  for (const Workload& w : workloads) {
+    absl::PrintF("torch %s: %s, %d steps, each side's rank 0 timing them\n",
+                 w.name, w.script, w.steps);
+    absl::StatusOr<Timing> ddp = RunDdp(o, w);
+    if (!ddp.ok()) {
+      absl::PrintF("  DDP: FAILED\n%s\n", Tail(ddp.status().message(), 20));
+      failed.push_back(absl::StrCat(w.name, " DDP"));
+    }
+    absl::StatusOr<Timing> shardps = RunShardps(o, w);
+    if (!shardps.ok()) {
+      absl::PrintF("  shardps: FAILED\n%s\n",
+                   Tail(shardps.status().message(), 20));
+      failed.push_back(absl::StrCat(w.name, " shardps"));
+    }
+    if (ddp.ok() && shardps.ok()) {
+      absl::PrintF(
+          "  ratio = shardps time / DDP time = %.2f (%s/s: shardps %.0f, DDP "
+          "%.0f)\n",
+          shardps->seconds / ddp->seconds, w.items, shardps->items_per_s,
+          ddp->items_per_s);
+    }
+  }
+  if (!failed.empty()) {
+    return absl::InternalError(
+        absl::StrCat("failed: ", absl::StrJoin(failed, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardps::bench

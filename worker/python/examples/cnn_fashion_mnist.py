@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""A CNN on Fashion-MNIST, trained data-parallel through the shardps servers.
+
+  shardps-local --servers=2 --workers=2 -- \\
+      /usr/bin/python3 worker/python/examples/cnn_fashion_mnist.py
+  /usr/bin/python3 worker/python/examples/cnn_fashion_mnist.py --plain
+
+conv(1,32,5)-relu-maxpool-conv(32,64,5)-relu-maxpool-fc(1024,128)-relu-fc(10),
+Adam with a cosine decay of the learning rate over the run; global batch 128.
+The lead prints one line per epoch and a final line.
+"""
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 32, 5)
+        self.conv2 = torch.nn.Conv2d(32, 64, 5)
+        self.fc1 = torch.nn.Linear(64 * 4 * 4, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # 32 x 12 x 12
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # 64 x 4 x 4
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+@torch.no_grad()
+def accuracy(model, x, y, batch=1000) -> float:
+    model.eval()
+    correct = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+                  for i in range(0, len(x), batch))
+    model.train()
+    return correct / len(x)
+
+
+def arg_parser():
+    p = common.parser(__doc__, epochs=10, batch_size=128, lr=2e-3)
+    p.add_argument("--data", default=common.FASHION_MNIST)
+    return p
+
+
+def build(args, data):
+    """The recipe: model from --seed, Adam, cosine decay over the run."""
+    x, y, _, _ = data
+    torch.manual_seed(args.seed)
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    total_steps = len(x) // args.batch_size * args.epochs
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: 0.5 * (1 + math.cos(
+            math.pi * min(s, total_steps) / total_steps)))
+
+    def loss(module, indices, epoch):
+        return F.cross_entropy(module(x[indices]), y[indices])
+
+    return common.Recipe(model, optimizer, scheduler, len(x), 1, loss)
+
+
+def main() -> int:
+    args = arg_parser().parse_args()
+    job = common.Job(args)
+    data = common.fashion_mnist(args.data)
+    _, _, tx, ty = data
+    r = build(args, data)
+    model, sched = r.model, r.scheduler
+    sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
+    steps_per_epoch = r.num_samples // args.batch_size
+    opt = job.optimizer(r.optimizer, model)
+    steps = common.Steps(args.max_steps, sampler.start_epoch * steps_per_epoch)
+    if job.is_lead:
+        print(f"cnn_fashion_mnist: {job.describe()}, "
+              f"{sum(p.numel() for p in model.parameters())} parameters, "
+              f"global batch {args.batch_size}, {steps_per_epoch} steps/epoch",
+              flush=True)
+    epoch, clock, test_acc = sampler.start_epoch, None, float("nan")
+    for epoch in range(sampler.start_epoch, args.epochs):
+        clock = common.EpochClock()
+        for indices in sampler.epoch(epoch):
+            loss = r.loss(model, indices, epoch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            steps.step += 1
+            clock.add(args.batch_size, loss.item())
+            if steps.done():
+                break
+        seconds = clock.seconds
+        if job.is_lead:
+            test_acc = accuracy(model, tx, ty)
+            common.progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
+                            train_loss=clock.train_loss,
+                            test_accuracy=test_acc,
+                            **{"samples/s": f"{clock.items / seconds:.0f}",
+                               "epoch_s": f"{seconds:.2f}"})
+        if steps.done():
+            break
+    if args.model_out:
+        job.save(model, args.model_out)
+    if job.is_lead:
+        common.final(epoch=epoch + 1, step=steps.step, test_accuracy=test_acc,
+                     train_loss=clock.train_loss if clock else float("nan"))
+    job.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
