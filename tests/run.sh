@@ -17,19 +17,7 @@ log() { printf '\n== %s\n' "$*"; }
 sanitize=${SHARDPS_SANITIZE:-}
 # The Python tests' packages (Debian's torch is for /usr/bin/python3).
 test_packages=(python3-pytest python3-torch bible-kjv bible-kjv-text)
-missing=()
-for p in "${test_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-    missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -q
-  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+deploy/local/apt_install.sh "${test_packages[@]}"
 build_dir=$(deploy/local/build.sh)
 jobs=${SHARDPS_JOBS:-2}
 

@@ -17,19 +17,7 @@ packages=(cmake g++ make pkg-config clang clang-format libclang-rt-14-dev
   zlib1g-dev prometheus-cpp-dev dataset-fashion-mnist python3
   python3-dev python3-numpy pybind11-dev  # the shardps Python package
   prometheus)  # prometheus: promtool, which the metrics tests run
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-    missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -q >&2
-  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-fi
+deploy/local/apt_install.sh "${packages[@]}"
 
 sanitize=${SHARDPS_SANITIZE:-}
 build_dir=${SHARDPS_BUILD_DIR:-build${sanitize:+-$sanitize}}

@@ -51,8 +51,9 @@ bool ProgressField(absl::string_view line, absl::string_view key, double* v) {
 
 absl::StatusOr<Timing> RunDdp(const TorchOptions& o, const Workload& w) {
   absl::StatusOr<std::string> out = RunCommand(absl::StrCat(
-      o.python, " ", o.source_dir, "/tests/bench/torch/ddp_bench.py --model=",
-      w.name, " --steps=", w.steps, " 2>&1"));
+      "PYTHONPATH=", o.python_path, " ", o.python, " ", o.source_dir,
+      "/tests/bench/torch/ddp_bench.py --model=", w.name, " --steps=", w.steps,
+      " 2>&1"));
   if (!out.ok()) return out.status();
   const size_t at = out->rfind("\n{");
   const std::string json = out->substr(at == std::string::npos ? 0 : at + 1);

@@ -14,6 +14,9 @@ struct TorchOptions {
   std::string local_binary;  // shardps-local
   std::string source_dir;    // the repository: examples and the DDP script
   std::string python = "/usr/bin/python3";  // Debian's, the one with torch
+  // The built shardps package (<build>/worker/python), which the DDP side
+  // uses for the same data order.
+  std::string python_path;
   int cnn_steps = 100;
   int gpt_steps = 30;
 };

@@ -1,7 +1,11 @@
 """Tiny models and deterministic data for the Python tests: a CNN (two
-conv layers, two linear, and a parameter no step uses) and a LLaMA-style
-GPT (RMSNorm, rotary embeddings, SwiGLU, tied embeddings), small enough
-that 20 steps take a second."""
+conv layers, two linear, and a parameter no step uses) and the example's
+LLaMA-style GPT (worker/python/examples/gpt_kjv.py: RMSNorm, rotary
+embeddings, SwiGLU, tied embeddings) at a tiny size, so that 20 steps take
+a second."""
+
+import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -32,9 +36,11 @@ class TinyCnn(nn.Module):
 def make(kind):
     if kind == "cnn":
         return TinyCnn()
-    from gpt import Gpt, GptConfig
-    return Gpt(GptConfig(vocab=VOCAB, context=CONTEXT, dim=32, layers=2,
-                         heads=2, hidden=64))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))), "worker", "python",
+        "examples"))
+    import gpt_kjv
+    return gpt_kjv.GPT(seq_len=CONTEXT, dim=32, layers=2, heads=2, vocab=VOCAB)
 
 
 def data(kind, n):

@@ -78,22 +78,24 @@ def main() -> int:
     sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
     steps_per_epoch = r.num_samples // args.batch_size
     opt = job.optimizer(r.optimizer, model)
-    steps = common.Steps(args.max_steps, sampler.start_epoch * steps_per_epoch)
+    first_epoch = sampler.start_epoch  # a worker joining a job waits here
+    steps = common.Steps(args.max_steps, job.step)
+    job.follow(sched, stepped=False)
     if job.is_lead:
         print(f"cnn_fashion_mnist: {job.describe()}, "
               f"{sum(p.numel() for p in model.parameters())} parameters, "
               f"global batch {args.batch_size}, {steps_per_epoch} steps/epoch",
               flush=True)
-    epoch, clock, test_acc = sampler.start_epoch, None, float("nan")
-    for epoch in range(sampler.start_epoch, args.epochs):
+    epoch, clock, test_acc = first_epoch, None, float("nan")
+    for epoch in range(first_epoch, args.epochs):
         clock = common.EpochClock()
         for indices in sampler.epoch(epoch):
-            loss = r.loss(model, indices, epoch)
+            loss = r.loss(model, indices, sampler.batch_epoch)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sched.step()
-            steps.step += 1
+            job.follow(sched)
+            steps.step = job.step
             clock.add(args.batch_size, loss.item())
             if steps.done():
                 break

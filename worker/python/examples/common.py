@@ -10,11 +10,11 @@ batch and the servers average them, so both runs compute the same steps.
 """
 import argparse
 import gzip
-import json
 import os
 import struct
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -45,76 +45,17 @@ def parser(description: str, epochs: int, batch_size: int,
     return p
 
 
-# --- The permutation of the C++ worker (worker/dataset.cc EpochPermutation),
-# so that a plain run sees the global batches the shardps sampler gives out.
-
-_MASK = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-class _MT19937_64:
-    """std::mt19937_64, the twist vectorised with numpy."""
-    N, M = 312, 156
-
-    def __init__(self, seed: int):
-        mt = [seed & _MASK]
-        for i in range(1, self.N):
-            prev = mt[-1]
-            mt.append((6364136223846793005 * (prev ^ (prev >> 62)) + i) & _MASK)
-        self.mt = np.array(mt, dtype=np.uint64)
-        self.out = np.empty(0, dtype=np.uint64)
-        self.pos = 0
-
-    def _twist(self):
-        mt, n, m = self.mt, self.N, self.M
-        upper, lower = np.uint64(0xFFFFFFFF80000000), np.uint64(0x7FFFFFFF)
-        matrix, one = np.uint64(0xB5026F5AA96619E9), np.uint64(1)
-
-        def mix(i, j, k):  # new mt[i:j] from mt[i:j], mt[i+1:j+1], mt[k:k+j-i]
-            y = (mt[i:j] & upper) | (mt[i + 1:j + 1] & lower)
-            mt[i:j] = mt[k:k + j - i] ^ (y >> one) ^ ((y & one) * matrix)
-
-        mix(0, n - m, m)  # reads only old words
-        # mt[i + m - n] is already new here; it is read in blocks of m words,
-        # each block written before the next reads it.
-        for start in range(n - m, n - 1, m):
-            mix(start, min(start + m, n - 1), start + m - n)
-        y = (mt[n - 1] & upper) | (mt[0] & lower)
-        mt[n - 1] = mt[m - 1] ^ (y >> one) ^ ((y & one) * matrix)
-        y = mt.copy()  # tempering
-        y ^= (y >> np.uint64(29)) & np.uint64(0x5555555555555555)
-        y ^= (y << np.uint64(17)) & np.uint64(0x71D67FFFEDA60000)
-        y ^= (y << np.uint64(37)) & np.uint64(0xFFF7EEE000000000)
-        y ^= y >> np.uint64(43)
-        self.out, self.pos = y.tolist(), 0
-
-    def __call__(self) -> int:
-        if self.pos >= len(self.out):
-            self._twist()
-        self.pos += 1
-        return self.out[self.pos - 1]
-
-
-def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    """EpochPermutation(n, seed, epoch) of worker/dataset.cc, element for
-    element: Fisher-Yates with unbiased draws from mt19937_64."""
-    rng = _MT19937_64(_splitmix64(seed ^ _splitmix64(epoch & _MASK)))
-    perm = list(range(n))
-    for i in range(n - 1, 0, -1):
-        bound = i + 1
-        threshold = ((1 << 64) - bound) % bound
-        r = rng()
-        while r < threshold:
-            r = rng()
-        j = r % bound
-        perm[i], perm[j] = perm[j], perm[i]
-    return np.array(perm, dtype=np.int64)
+def _shardps():
+    """The built shardps package (PYTHONPATH=<build>/worker/python), which
+    the plain runs use too: for the data order and for saving."""
+    try:
+        import shardps
+        import shardps.torch
+        return shardps
+    except ImportError as e:
+        sys.exit(f"cannot import shardps ({e}): put the build's worker/python "
+                 "on PYTHONPATH (shardps-local does), e.g. "
+                 "PYTHONPATH=build/worker/python")
 
 
 class PlainSampler:
@@ -125,15 +66,19 @@ class PlainSampler:
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.steps_per_epoch = n // batch_size
         self.start_epoch = 0
+        self.batch_epoch = None  # the epoch of the batch yielded last
 
     def epoch(self, epoch: int):
-        perm = torch.from_numpy(epoch_permutation(self.n, self.seed, epoch))
+        # The sampler's order: shardps-worker's permutation, epochs from 1.
+        perm = torch.from_numpy(
+            _shardps().epoch_permutation(self.n, self.seed, epoch + 1))
         for s in range(self.steps_per_epoch):
+            self.batch_epoch = epoch
             yield perm[s * self.batch_size:(s + 1) * self.batch_size]
 
 
 class PlainContext:
-    rank, num_workers, is_lead = 0, 1, True
+    rank, num_workers, is_lead, step = 0, 1, True, 0
 
     def finish(self):
         pass
@@ -149,12 +94,7 @@ class Job:
         if args.plain:
             self.spt, self.ctx = None, PlainContext()
             return
-        try:
-            import shardps.torch as spt
-        except ImportError as e:
-            sys.exit(f"cannot import shardps.torch ({e}): run under "
-                     "`shardps-local --servers=2 --workers=2 -- /usr/bin/python3 "
-                     f"{sys.argv[0]} ...`, or pass --plain for one torch process")
+        spt = _shardps().torch
         self.spt, self.ctx = spt, spt.init()
 
     @property
@@ -174,13 +114,32 @@ class Job:
         return self.spt.DistributedSampler(n, batch_size=batch_size, seed=seed)
 
     def save(self, model: torch.nn.Module, path: str):
-        if self.spt is not None:
-            self.spt.save(model, path)
-        elif self.is_lead:
-            save_safetensors(model, path)
+        if self.is_lead:
+            _shardps().torch.save(model, path)
 
     def finish(self):
         self.ctx.finish()
+
+    @property
+    def step(self) -> int:
+        """The job's step: under shardps the servers' (it jumps back after a
+        rollback, and starts at a restored checkpoint's step)."""
+        return self.ctx.step if self.spt is not None else self._plain_step
+
+    _plain_step = 0
+
+    def follow(self, scheduler, stepped: bool = True) -> None:
+        """Moves `scheduler` to the job's step: after each opt.step(), and
+        once before training with stepped=False (a resumed job starts at its
+        checkpoint's step). A learning rate that follows the job's step
+        keeps a run with a rollback bitwise equal to one without."""
+        if self.spt is None and stepped:
+            self._plain_step += 1
+        scheduler.last_epoch = self.step - 1
+        with warnings.catch_warnings():
+            if not stepped:  # no opt.step() yet: torch would warn
+                warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()
 
     def describe(self) -> str:
         if self.spt is None:
@@ -279,32 +238,3 @@ def fashion_mnist(data_dir: str = FASHION_MNIST):
                  f"{data_dir} (train-images-idx3-ubyte.gz, ...)")
     mean, std = x.mean(), x.std()
     return (x - mean) / std, y, (tx - mean) / std, ty
-
-
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16",
-                       torch.bfloat16: "BF16", torch.float64: "F64",
-                       torch.int64: "I64", torch.int32: "I32"}
-
-
-def save_safetensors(model: torch.nn.Module, path: str) -> None:
-    """The model's named_parameters() as a safetensors file (8-byte header
-    length, JSON header, little-endian data), written atomically."""
-    header, blobs, offset = {}, [], 0
-    for name, p in model.named_parameters():
-        t = p.detach().cpu().contiguous()
-        blob = t.view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 \
-            else t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype],
-                        "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
-    os.replace(tmp, path)

@@ -153,10 +153,10 @@ def validation_loss(model, val, batch=32) -> float:
 
 def arg_parser():
     p = common.parser(__doc__, epochs=4, batch_size=16, lr=2e-3)
-    p.add_argument("--seq_len", type=int, default=128)
-    p.add_argument("--dim", type=int, default=192)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--seq_len", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--steps_per_epoch", type=int, default=60,
                    help="global steps between evaluations (0: all windows)")
     p.add_argument("--val_windows", type=int, default=128)
@@ -213,7 +213,9 @@ def main() -> int:
     steps_per_epoch = r.num_samples // args.batch_size
     opt = job.optimizer(r.optimizer, model)
     tokens_per_step = args.batch_size * args.seq_len
-    steps = common.Steps(args.max_steps, sampler.start_epoch * steps_per_epoch)
+    first_epoch = sampler.start_epoch  # a worker joining a job waits here
+    steps = common.Steps(args.max_steps, job.step)
+    job.follow(sched, stepped=False)
     if job.is_lead:
         print(f"gpt_kjv: {job.describe()}, "
               f"{sum(p.numel() for p in model.parameters())} parameters "
@@ -221,16 +223,16 @@ def main() -> int:
               f"{len(train)} train / {len(val)} validation windows of "
               f"{args.seq_len} bytes, global batch {args.batch_size}, "
               f"{steps_per_epoch} steps/epoch", flush=True)
-    epoch, clock, val_loss = sampler.start_epoch, None, float("nan")
-    for epoch in range(sampler.start_epoch, args.epochs):
+    epoch, clock, val_loss = first_epoch, None, float("nan")
+    for epoch in range(first_epoch, args.epochs):
         clock = common.EpochClock()
         for indices in sampler.epoch(epoch):
-            loss = r.loss(model, indices, epoch)
+            loss = r.loss(model, indices, sampler.batch_epoch)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sched.step()
-            steps.step += 1
+            job.follow(sched)
+            steps.step = job.step
             clock.add(tokens_per_step, loss.item())
             if steps.done():
                 break

@@ -386,7 +386,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p, w in zip(self._params, self._weights):
                 p.copy_(torch.from_numpy(w).view(p.shape))
 
-    def _hook(self, i):
+    def _hook(self, i):  # runs on the thread running backward
         def hook(*unused):
             self._passes[i] += 1
             if self._passes[i] > self._k:
@@ -479,6 +479,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._ctx.session.finish_step()
         finally:
             self._reset_step()
+        # lr schedulers built on the wrapped optimizer count its steps.
+        if hasattr(self._inner, "_step_count"):
+            self._inner._step_count += 1
         # The job's weights after the step (or at the step the job went
         # back to after a rollback: the sampler follows session.step).
         self._load_weights()
@@ -545,6 +548,10 @@ class DistributedSampler:
         self.seed = int(seed)
         self.steps_per_epoch = self.num_samples // self.batch_size
         self._started = False
+        # The epoch and step of the batch yielded last: after a rollback
+        # across an epoch's start, epoch(e) yields the earlier epoch's
+        # remaining batches first.
+        self.batch_epoch, self.batch_step = None, None
         self._perm = (None, None)   # (epoch, permutation)
         self._ranks = (None, None)  # (epoch, ranks)
 
@@ -598,6 +605,7 @@ class DistributedSampler:
             self._ctx.grad_scale = (len(ranks) * (end - begin) /
                                     self.batch_size)
             perm = self._permutation(at)
+            self.batch_epoch, self.batch_step = at, step
             yield torch.from_numpy(perm[begin:end])
             if session.step == step:
                 raise RuntimeError(
