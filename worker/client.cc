@@ -100,6 +100,8 @@ namespace {
 // Raw (byte buffer) forms of the data-path methods; see common/wire.h.
 constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
 constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
+// A shard owning at most this many bytes is pushed to on one stream.
+constexpr int64_t kOneLaneShardBytes = 4 << 20;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -249,8 +251,14 @@ absl::Status Client::Declare(const v1::Layout& layout,
   }
   start_step_ = lo;
   declared_states_ = std::move(declared);
-  // Spread each shard's chunks over its lanes, largest first.
+  // Spread each shard's chunks over its lanes, largest first. A shard that
+  // owns little gains nothing from parallel streams but their threads'
+  // wake-ups: it gets one lane.
   for (auto& lane : lanes_) lane->chunk_ids.clear();
+  std::vector<int64_t> shard_bytes(num_shards, 0);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    shard_bytes[shard_of[i]] += chunks[i].bytes();
+  }
   std::vector<int64_t> lane_bytes(lanes_.size(), 0);
   std::vector<size_t> order(chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -259,8 +267,9 @@ absl::Status Client::Declare(const v1::Layout& layout,
   });
   for (size_t i : order) {
     const size_t first = shard_of[i] * k;
+    const int lanes = shard_bytes[shard_of[i]] <= kOneLaneShardBytes ? 1 : k;
     size_t best = first;
-    for (size_t l = first; l < first + k; ++l) {
+    for (size_t l = first; l < first + lanes; ++l) {
       if (lane_bytes[l] < lane_bytes[best]) best = l;
     }
     lanes_[best]->chunk_ids.push_back(static_cast<uint32_t>(i));

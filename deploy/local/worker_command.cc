@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -168,6 +169,17 @@ std::vector<std::string> WorkerCommandEnv(
   }
   if (Find(inherited, "PYTHONUNBUFFERED") == nullptr) {
     env.push_back("PYTHONUNBUFFERED=1");
+  }
+  // The workers share this machine's cores: as torchrun does, each one's
+  // math libraries get its share (OpenBLAS and OpenMP otherwise start a
+  // thread per core in every worker, which then spin against each other).
+  const int share =
+      std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                           std::max(1, o.num_workers));
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (Find(inherited, name) == nullptr) {
+      env.push_back(absl::StrCat(name, "=", share));
+    }
   }
   return env;
 }

@@ -57,7 +57,8 @@ std::string BuildTreePythonDir();
 // SHARDPS_TLS_CERT=/a), SHARDPS_CHECKPOINT_DIR when checkpoints are on,
 // PYTHONPATH with options.python_dir in front (when set), and
 // PYTHONUNBUFFERED=1 unless inherited, so that rank 0's prints are relayed
-// as they happen.
+// as they happen, and OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (unless
+// inherited) of the workers' share of the cores.
 std::vector<std::string> WorkerCommandEnv(
     const LaunchOptions& options, const RunDir& dir, int rank,
     const std::string& coordinator, const std::vector<std::string>& servers,

@@ -23,8 +23,11 @@ ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
 ABSL_FLAG(int32_t, epochs, 10, "Epochs (train).");
 ABSL_FLAG(int32_t, steps, 10, "Measured steps per configuration.");
-ABSL_FLAG(int32_t, cnn_steps, 100, "Measured steps of the CNN (torch).");
-ABSL_FLAG(int32_t, gpt_steps, 30, "Measured steps of the GPT (torch).");
+ABSL_FLAG(int32_t, cnn_steps, 200, "Measured steps of the CNN (torch).");
+ABSL_FLAG(int32_t, gpt_steps, 60, "Measured steps of the GPT (torch).");
+ABSL_FLAG(int32_t, torch_rounds, 2,
+          "torch: runs of each side, alternating; the fastest of each counts "
+          "(a noisy machine only ever slows a run down).");
 ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
 ABSL_FLAG(int64_t, chunk_mib, 4, "Chunk size in MiB (transport).");
@@ -102,6 +105,7 @@ absl::Status Run(const std::string& command) {
     o.source_dir = SHARDPS_SOURCE_DIR;
     o.cnn_steps = absl::GetFlag(FLAGS_cnn_steps);
     o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);
+    o.rounds = absl::GetFlag(FLAGS_torch_rounds);
     return RunTorchBench(o);
   }
   return absl::InvalidArgumentError(

@@ -17,8 +17,10 @@ struct TorchOptions {
   // The built shardps package (<build>/worker/python), which the DDP side
   // uses for the same data order.
   std::string python_path;
-  int cnn_steps = 100;
-  int gpt_steps = 30;
+  int cnn_steps = 200;
+  int gpt_steps = 60;
+  // Runs of each side (DDP, shardps, DDP, ...); the fastest of each counts.
+  int rounds = 2;
 };
 
 // Ok when both sides of every model ran; when the shardps side fails the DDP
