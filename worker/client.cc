@@ -68,7 +68,7 @@ struct Client::Stream {
   // The streaming attempt of the open step (BeginStep to FinishStep). The
   // writer task writes the chunks in `ready` as PushTensor queues them; the
   // reader task takes the replies and, at the end, the call's status.
-  grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
+  std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
   std::deque<uint32_t> ready ABSL_GUARDED_BY(mu);  // pushed, not yet written
   int64_t unqueued ABSL_GUARDED_BY(mu) = 0;        // chunks not pushed yet
   bool stream_open ABSL_GUARDED_BY(mu) = false;    // the writer made the call
@@ -79,6 +79,18 @@ struct Client::Stream {
       stream;                      // set by the writer before stream_open
   std::vector<uint32_t> answered;  // by the reader
   absl::Status status;             // of the attempt, set by the reader
+
+  // Waits until the writer and the reader are done, then drops the call's
+  // context.
+  void AwaitStreamEnd() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+          return l->tasks_running == 0;
+        },
+        this));
+    ctx.reset();
+  }
 };
 
 // The step between BeginStep and FinishStep.
@@ -422,7 +434,7 @@ void Client::StreamWrites(Stream* lane) {
   grpc::ClientContext* ctx;
   {
     absl::MutexLock lock(&lane->mu);
-    ctx = lane->ctx;
+    ctx = lane->ctx.get();
   }
   const grpc::internal::RpcMethod method(
       kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
@@ -475,7 +487,7 @@ void Client::StreamReads(Stream* lane) {
   {
     absl::MutexLock lock(&lane->mu);
     lane->mu.Await(absl::Condition(&lane->stream_open));
-    ctx = lane->ctx;
+    ctx = lane->ctx.get();
   }
   std::vector<bool> pushed(chunks_.size(), false);
   for (uint32_t id : lane->chunk_ids) pushed[id] = true;
@@ -538,10 +550,10 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   for (auto& lane : lanes_) {
     lane->answered.clear();
     lane->status = absl::OkStatus();
-    auto* ctx = new grpc::ClientContext;
+    auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(Deadline(options_.rpc_timeout));
     absl::MutexLock lock(&lane->mu);
-    lane->ctx = ctx;
+    lane->ctx = std::move(ctx);
     lane->ready.clear();
     lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
     lane->stream_open = false;
@@ -627,16 +639,7 @@ void Client::AbortStep() {
     lane->broken = true;
     if (lane->ctx != nullptr) lane->ctx->TryCancel();
   }
-  for (auto& lane : lanes_) {
-    absl::MutexLock lock(&lane->mu);
-    lane->mu.Await(absl::Condition(
-        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
-          return l->tasks_running == 0;
-        },
-        lane.get()));
-    delete lane->ctx;
-    lane->ctx = nullptr;
-  }
+  for (auto& lane : lanes_) lane->AwaitStreamEnd();
   for (auto& lane : lanes_) lane->AwaitSlicesReleased(absl::Seconds(60));
   open_.reset();
 }
@@ -656,16 +659,7 @@ absl::Status Client::FinishStep() {
         absl::StrCat("step ", step, " ended without a push of tensor(s) ",
                      absl::StrJoin(missing, ", ")));
   }
-  for (auto& lane : lanes_) {
-    absl::MutexLock lock(&lane->mu);
-    lane->mu.Await(absl::Condition(
-        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
-          return l->tasks_running == 0;
-        },
-        lane.get()));
-    delete lane->ctx;
-    lane->ctx = nullptr;
-  }
+  for (auto& lane : lanes_) lane->AwaitStreamEnd();
   std::vector<size_t> failed;
   for (size_t l = 0; l < lanes_.size(); ++l) {
     Stream* lane = lanes_[l].get();

@@ -94,7 +94,7 @@ absl::Status Run(const std::string& command) {
   if (command == "train") {
     TrainOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
-    o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch_ddp.py";
+    o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
     o.epochs = absl::GetFlag(FLAGS_epochs);
     return RunTrainBench(o);
   }

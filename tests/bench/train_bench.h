@@ -11,7 +11,7 @@ namespace shardps::bench {
 
 struct TrainOptions {
   std::string local_binary;  // shardps-local
-  std::string torch_script;  // tests/bench/torch_ddp.py
+  std::string torch_script;  // tests/bench/torch/mlp_ddp.py
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 10;
 };

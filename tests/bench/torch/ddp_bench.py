@@ -16,28 +16,20 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import queue as queue_module  # noqa: E402
-import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "..", "..", "..", "worker", "python", "examples")
 sys.path.insert(0, os.path.abspath(EXAMPLES))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import cnn_fashion_mnist  # noqa: E402
+import ddp_launch  # noqa: E402
 import gpt_kjv  # noqa: E402
-
-
-def blas_library():
-    """The BLAS shared objects this process loaded."""
-    with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f if "blas" in line.lower()}
-    return sorted(os.path.realpath(lib) for lib in libs if lib.startswith("/"))
 
 
 def recipe(model: str, example_args):
@@ -50,11 +42,8 @@ def recipe(model: str, example_args):
     return args, gpt_kjv.build(args, train)
 
 
-def run(rank, bench, port, queue):
+def run(rank, bench):
     torch.set_num_threads(bench.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=bench.processes)
     args, r = recipe(bench.model, bench.example_args)
     ddp = torch.nn.parallel.DistributedDataParallel(r.model)
     sampler = common.PlainSampler(r.num_samples, args.batch_size, args.seed)
@@ -76,16 +65,14 @@ def run(rank, bench, port, queue):
                 break
         epoch += 1
     wall = time.time() - start
-    if rank == 0:
-        queue.put({"model": bench.model, "processes": bench.processes,
-                   "threads": bench.threads, "steps": step,
-                   "global_batch": args.batch_size, "wall_s": wall,
-                   "step_s": wall / step, "items_per_s": step * items_per_step / wall,
-                   "items": "samples" if bench.model == "cnn" else "tokens",
-                   "train_loss_last": losses[-1],
-                   "parameters": sum(p.numel() for p in r.model.parameters()),
-                   "torch": torch.__version__, "blas": blas_library()})
-    dist.destroy_process_group()
+    return {"model": bench.model, "processes": bench.processes,
+            "threads": bench.threads, "steps": step,
+            "global_batch": args.batch_size, "wall_s": wall,
+            "step_s": wall / step, "items_per_s": step * items_per_step / wall,
+            "items": "samples" if bench.model == "cnn" else "tokens",
+            "train_loss_last": losses[-1],
+            "parameters": sum(p.numel() for p in r.model.parameters()),
+            "torch": torch.__version__, "blas": ddp_launch.blas_library()}
 
 
 def main():
@@ -103,28 +90,9 @@ def main():
     bench = p.parse_args(argv)
     # The examples' schedules count --max_steps; keep them the same here.
     bench.example_args = [f"--max_steps={bench.steps}"] + example_args
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, bench, port, queue))
-             for r in range(bench.processes)]
-    for proc in procs:
-        proc.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=1)
-        except queue_module.Empty:
-            if any(proc.exitcode not in (None, 0) for proc in procs):
-                for proc in procs:
-                    proc.kill()
-                print(f"ddp_bench: a process failed: exit codes "
-                      f"{[proc.exitcode for proc in procs]}", file=sys.stderr)
-                return 1
-    for proc in procs:
-        proc.join()
+    result = ddp_launch.run(run, bench, bench.processes)
+    if result is None:
+        return 1
     print(f"ddp {result['model']}: {result['processes']} processes x "
           f"{result['threads']} thread(s), {result['steps']} steps of global "
           f"batch {result['global_batch']}: {result['wall_s']:.2f} s, "

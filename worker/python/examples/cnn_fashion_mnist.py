@@ -73,49 +73,10 @@ def main() -> int:
     job = common.Job(args)
     data = common.fashion_mnist(args.data)
     _, _, tx, ty = data
-    r = build(args, data)
-    model, sched = r.model, r.scheduler
-    sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
-    steps_per_epoch = r.num_samples // args.batch_size
-    opt = job.optimizer(r.optimizer, model)
-    first_epoch = sampler.start_epoch  # a worker joining a job waits here
-    steps = common.Steps(args.max_steps, job.step)
-    job.follow(sched, stepped=False)
-    if job.is_lead:
-        print(f"cnn_fashion_mnist: {job.describe()}, "
-              f"{sum(p.numel() for p in model.parameters())} parameters, "
-              f"global batch {args.batch_size}, {steps_per_epoch} steps/epoch",
-              flush=True)
-    epoch, clock, test_acc = first_epoch, None, float("nan")
-    for epoch in range(first_epoch, args.epochs):
-        clock = common.EpochClock()
-        for indices in sampler.epoch(epoch):
-            loss = r.loss(model, indices, sampler.batch_epoch)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            job.follow(sched)
-            steps.step = job.step
-            clock.add(args.batch_size, loss.item())
-            if steps.done():
-                break
-        seconds = clock.seconds
-        if job.is_lead:
-            test_acc = accuracy(model, tx, ty)
-            common.progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
-                            train_loss=clock.train_loss,
-                            test_accuracy=test_acc,
-                            **{"samples/s": f"{clock.items / seconds:.0f}",
-                               "epoch_s": f"{seconds:.2f}"})
-        if steps.done():
-            break
-    if args.model_out:
-        job.save(model, args.model_out)
-    if job.is_lead:
-        common.final(epoch=epoch + 1, step=steps.step, test_accuracy=test_acc,
-                     train_loss=clock.train_loss if clock else float("nan"))
-    job.finish()
-    return 0
+    return common.train(job, args, build(args, data), "cnn_fashion_mnist",
+                        "Adam with cosine decay",
+                        lambda model: accuracy(model, tx, ty),
+                        "test_accuracy", "samples")
 
 
 if __name__ == "__main__":

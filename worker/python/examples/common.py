@@ -238,3 +238,54 @@ def fashion_mnist(data_dir: str = FASHION_MNIST):
                  f"{data_dir} (train-images-idx3-ubyte.gz, ...)")
     mean, std = x.mean(), x.std()
     return (x - mean) / std, y, (tx - mean) / std, ty
+
+
+def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
+          details: str, evaluate, metric: str, items: str) -> int:
+    """The examples' loop: each epoch of the sampler, a step per global
+    batch (the scheduler following the job's step); at each epoch's end the
+    lead evaluates (`evaluate(model)` -> the float called `metric`) and
+    prints a progress line; at the end the model (--model_out) and the
+    final line. `items` names what r.items_per_sample counts."""
+    model, sched = r.model, r.scheduler
+    sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
+    steps_per_epoch = r.num_samples // args.batch_size
+    opt = job.optimizer(r.optimizer, model)
+    first_epoch = sampler.start_epoch  # a worker joining a job waits here
+    steps = Steps(args.max_steps, job.step)
+    job.follow(sched, stepped=False)
+    if job.is_lead:
+        print(f"{name}: {job.describe()}, "
+              f"{sum(p.numel() for p in model.parameters())} parameters, "
+              f"{details}, global batch {args.batch_size}, "
+              f"{steps_per_epoch} steps/epoch", flush=True)
+    items_per_step = args.batch_size * r.items_per_sample
+    epoch, clock, value = first_epoch, None, float("nan")
+    for epoch in range(first_epoch, args.epochs):
+        clock = EpochClock()
+        for indices in sampler.epoch(epoch):
+            loss = r.loss(model, indices, sampler.batch_epoch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            job.follow(sched)
+            steps.step = job.step
+            clock.add(items_per_step, loss.item())
+            if steps.done():
+                break
+        seconds = clock.seconds
+        if job.is_lead:
+            value = evaluate(model)
+            progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
+                     train_loss=clock.train_loss, **{metric: value},
+                     **{f"{items}/s": f"{clock.items / seconds:.0f}",
+                        "epoch_s": f"{seconds:.2f}"})
+        if steps.done():
+            break
+    if args.model_out:
+        job.save(model, args.model_out)
+    if job.is_lead:
+        final(epoch=epoch + 1, step=steps.step, **{metric: value},
+              train_loss=clock.train_loss if clock else float("nan"))
+    job.finish()
+    return 0

@@ -207,51 +207,12 @@ def main() -> int:
     job = common.Job(args)
     train, val = windows(kjv_text(), args.seq_len)
     val = val[:args.val_windows]
-    r = build(args, train)
-    model, sched = r.model, r.scheduler
-    sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
-    steps_per_epoch = r.num_samples // args.batch_size
-    opt = job.optimizer(r.optimizer, model)
-    tokens_per_step = args.batch_size * args.seq_len
-    first_epoch = sampler.start_epoch  # a worker joining a job waits here
-    steps = common.Steps(args.max_steps, job.step)
-    job.follow(sched, stepped=False)
-    if job.is_lead:
-        print(f"gpt_kjv: {job.describe()}, "
-              f"{sum(p.numel() for p in model.parameters())} parameters "
-              f"(dim {args.dim}, {args.layers} layers, {args.heads} heads), "
-              f"{len(train)} train / {len(val)} validation windows of "
-              f"{args.seq_len} bytes, global batch {args.batch_size}, "
-              f"{steps_per_epoch} steps/epoch", flush=True)
-    epoch, clock, val_loss = first_epoch, None, float("nan")
-    for epoch in range(first_epoch, args.epochs):
-        clock = common.EpochClock()
-        for indices in sampler.epoch(epoch):
-            loss = r.loss(model, indices, sampler.batch_epoch)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            job.follow(sched)
-            steps.step = job.step
-            clock.add(tokens_per_step, loss.item())
-            if steps.done():
-                break
-        seconds = clock.seconds
-        if job.is_lead:
-            val_loss = validation_loss(model, val)
-            common.progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
-                            train_loss=clock.train_loss, val_loss=val_loss,
-                            **{"tokens/s": f"{clock.items / seconds:.0f}",
-                               "epoch_s": f"{seconds:.2f}"})
-        if steps.done():
-            break
-    if args.model_out:
-        job.save(model, args.model_out)
-    if job.is_lead:
-        common.final(epoch=epoch + 1, step=steps.step, val_loss=val_loss,
-                     train_loss=clock.train_loss if clock else float("nan"))
-    job.finish()
-    return 0
+    details = (f"dim {args.dim}, {args.layers} layers, {args.heads} heads, "
+               f"{len(train)} train / {len(val)} validation windows of "
+               f"{args.seq_len} bytes")
+    return common.train(job, args, build(args, train), "gpt_kjv", details,
+                        lambda model: validation_loss(model, val), "val_loss",
+                        "tokens")
 
 
 if __name__ == "__main__":

@@ -4,39 +4,28 @@
 global batch 256) trained with DistributedDataParallel over gloo, one thread
 per process. Prints one JSON line with the timings and accuracy.
 
-Usage: torch_ddp.py --processes=2 --epochs=10 [--data=/usr/share/datasets/fashion-mnist]
+Usage: mlp_ddp.py --processes=2 --epochs=10 [--data=/usr/share/datasets/fashion-mnist]
 """
 import argparse
-import gzip
 import json
 import os
-import socket
-import struct
 import sys
 import time
 
-import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "..", "worker", "python",
+                                "examples"))
+import common  # noqa: E402
+import ddp_launch  # noqa: E402
 
 
 def load_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    magic = struct.unpack(">I", data[:4])[0]
-    if magic == 0x803:
-        n, rows, cols = struct.unpack(">III", data[4:16])
-        return np.frombuffer(data, np.uint8, offset=16).reshape(n, rows * cols)
-    n = struct.unpack(">I", data[4:8])[0]
-    return np.frombuffer(data, np.uint8, offset=8).astype(np.int64)
-
-
-def blas_library():
-    """The BLAS shared object this process loaded (the peer must use OpenBLAS)."""
-    with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f if "blas" in line.lower()}
-    return sorted(os.path.realpath(l) for l in libs if l.startswith("/"))
+    """Images flattened to (n, 784) uint8, or labels."""
+    data = common.load_idx(path)
+    return data.reshape(len(data), -1) if data.ndim == 3 else data
 
 
 def build_model():
@@ -46,11 +35,8 @@ def build_model():
         torch.nn.Linear(256, 10))
 
 
-def run(rank, args, port, queue):
+def run(rank, args):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.processes)
     torch.manual_seed(args.seed)
     x = torch.from_numpy(load_idx(f"{args.data}/train-images-idx3-ubyte.gz").copy())
     y = torch.from_numpy(load_idx(f"{args.data}/train-labels-idx1-ubyte.gz").copy())
@@ -85,12 +71,10 @@ def run(rank, args, port, queue):
                 pred = model(tx.float().div_(255.0)).argmax(1)
                 accuracies.append(float((pred == ty).float().mean()))
     total = time.time() - start
-    if rank == 0:
-        queue.put({"processes": args.processes, "threads": args.threads,
-                   "epochs": args.epochs, "wall_s": total,
-                   "epoch_s": epoch_times, "test_accuracy": accuracies,
-                   "torch": torch.__version__, "blas": blas_library()})
-    dist.destroy_process_group()
+    return {"processes": args.processes, "threads": args.threads,
+            "epochs": args.epochs, "wall_s": total,
+            "epoch_s": epoch_times, "test_accuracy": accuracies,
+            "torch": torch.__version__, "blas": ddp_launch.blas_library()}
 
 
 def main():
@@ -101,18 +85,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, args, port, queue))
-             for r in range(args.processes)]
-    for proc in procs:
-        proc.start()
-    result = queue.get()
-    for proc in procs:
-        proc.join()
+    result = ddp_launch.run(run, args, args.processes)
+    if result is None:
+        return 1
     print(json.dumps(result))
     return 0
 

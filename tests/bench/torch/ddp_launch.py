@@ -1,0 +1,59 @@
+"""Starts a PyTorch DDP job of N processes on this machine (gloo on a free
+127.0.0.1 port) and returns what rank 0 reports: shared by the DDP baselines
+of shardps-bench (mlp_ddp.py for `train`, ddp_bench.py for `torch`)."""
+
+import os
+import queue as queue_module
+import socket
+import sys
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def blas_library():
+    """The BLAS shared objects this process loaded (the peer must use the
+    OpenBLAS shardps uses)."""
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "blas" in line.lower()}
+    return sorted(os.path.realpath(lib) for lib in libs if lib.startswith("/"))
+
+
+def _entry(target, rank, processes, port, args, results):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=processes)
+    result = target(rank, args)
+    if rank == 0:
+        results.put(result)
+    dist.destroy_process_group()
+
+
+def run(target, args, processes):
+    """Runs target(rank, args) in `processes` spawned processes inside one
+    process group; returns rank 0's return value, or None (said on stderr)
+    when a process failed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_entry,
+                         args=(target, r, processes, port, args, results))
+             for r in range(processes)]
+    for proc in procs:
+        proc.start()
+    result = None
+    while result is None:
+        try:
+            result = results.get(timeout=1)
+        except queue_module.Empty:
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                for proc in procs:
+                    proc.kill()
+                print(f"a DDP process failed: exit codes "
+                      f"{[proc.exitcode for proc in procs]}", file=sys.stderr)
+                return None
+    for proc in procs:
+        proc.join()
+    return result
