@@ -77,3 +77,23 @@ def test_a_worker_that_dies_is_dropped_and_the_others_finish(make_cluster,
     weights, meta = safetensors_read.read(out)
     assert meta["step"] == str(STEPS)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+def test_a_replacement_worker_joins_at_an_epoch_start(make_cluster, tmp_path):
+    c = coordinated(make_cluster, tmp_path, "join")
+    out = str(tmp_path / "join.safetensors")
+    args = ["--model=cnn", f"--steps={STEPS}", "--step_delay=0.05",
+            f"--out={out}"]
+    procs = c.run_workers(JOB, args)
+    wait_for_step(c, 1, 10, procs)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    # A new process for rank 1: new to the running job, it joins at the
+    # next epoch start (8 steps an epoch) and takes the job's weights.
+    (replacement,) = c.run_workers(JOB, args, ranks=[1])
+    assert c.wait_workers([procs[0], replacement]) == [0, 0], c.logs()
+    log = c.worker_log(1)
+    starts = [int(s) for s in re.findall(r"starts at step (\d+)", log)]
+    assert starts[-1] % 8 == 0 and starts[-1] > 10, log
+    assert f"final: step={STEPS}" in c.worker_log(0), c.logs()
+    print(f"the replacement joined at step {starts[-1]}")

@@ -105,9 +105,9 @@ def main():
     sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))
              if args.warmup else None)
     sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
+    epoch = sampler.start_epoch  # a process new to the job joins here
     print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}",
           flush=True)
-    epoch = sampler.start_epoch
     while ctx.step < args.steps:
         for indices in sampler.epoch(epoch):
             opt.zero_grad()

@@ -70,6 +70,7 @@ class Context:
         self.num_workers = session.num_workers
         self.grad_scale = 1.0  # set by the sampler for uneven slices
         self._done = False
+        self._optimizer = None  # the job's DistributedOptimizer
 
     @property
     def is_lead(self):
@@ -354,11 +355,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         initial = []
         if self._ctx.rank == 0:
             initial = [p.detach().numpy().reshape(-1) for p in self._params]
+        if self._ctx._optimizer is not None:
+            raise ValueError("this job already has a DistributedOptimizer: "
+                             "the servers hold one model per job")
         for p, name in zip(self._params, self._names):
             _claimed[id(p)] = name
+        self._ctx._optimizer = self
         session = self._ctx.session
-        session.declare(tensors, specs[0], chunk_bytes, initial,
-                        self._weights)
+        try:
+            session.declare(tensors, specs[0], chunk_bytes, initial,
+                            self._weights)
+        except BaseException:
+            for p in self._params:
+                _claimed.pop(id(p), None)
+            self._ctx._optimizer = None
+            raise
         self._load_weights()
         self._passes = [0] * len(self._params)
         self._pushed = [False] * len(self._params)
@@ -557,12 +568,13 @@ class DistributedSampler:
 
     def _start(self):
         if not self._started:
-            try:
-                self._ctx.session.start_epochs(self.steps_per_epoch)
-            except _errors.FailedPrecondition as e:
-                raise RuntimeError(
-                    "create the DistributedOptimizer before the "
-                    f"DistributedSampler ({e.message})") from None
+            if self._ctx._optimizer is None:
+                raise RuntimeError("create the DistributedOptimizer before "
+                                   "using the DistributedSampler")
+            # A worker new to a running job joins here, at an epoch start,
+            # and takes the job's weights.
+            self._ctx.session.start_epochs(self.steps_per_epoch)
+            self._ctx._optimizer._load_weights()
             self._started = True
 
     def __len__(self):
