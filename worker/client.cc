@@ -351,9 +351,10 @@ void Client::FillHeader(uint32_t id, v1::PushPullRequest* header) const {
   header->set_initial_values(o.initial_values);
 }
 
-absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>& pushed) {
+absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
   const uint32_t id = lane->response.chunk_id();
-  if (id >= chunks_.size() || lane_of_[id] != lane->index || !pushed[id]) {
+  if (id >= chunks_.size() || lane_of_[id] != lane->index ||
+      (asked != nullptr && !(*asked)[id])) {
     return absl::InternalError(absl::StrCat("bad reply: server sent chunk ", id,
                                             " which was not pushed"));
   }
@@ -405,7 +406,7 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     grpc::ByteBuffer buffer;
     while (stream->Read(&buffer)) {
       reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
-      if (reply_error.ok()) reply_error = TakeReply(lane, asked);
+      if (reply_error.ok()) reply_error = TakeReply(lane, &asked);
       if (!reply_error.ok()) {
         ctx.TryCancel();
         break;
@@ -489,13 +490,12 @@ void Client::StreamReads(Stream* lane) {
     lane->mu.Await(absl::Condition(&lane->stream_open));
     ctx = lane->ctx.get();
   }
-  std::vector<bool> pushed(chunks_.size(), false);
-  for (uint32_t id : lane->chunk_ids) pushed[id] = true;
   absl::Status reply_error;
   grpc::ByteBuffer buffer;
   while (lane->stream->Read(&buffer)) {
     reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
-    if (reply_error.ok()) reply_error = TakeReply(lane, pushed);
+    // The streaming attempt asks for every chunk of the lane.
+    if (reply_error.ok()) reply_error = TakeReply(lane, nullptr);
     if (!reply_error.ok()) {
       ctx->TryCancel();
       break;

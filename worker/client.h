@@ -240,8 +240,9 @@ class Client {
   // The request of chunk `id` of the open step (payload not set).
   void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
   // Writes a reply's weights into the open step's buffers; InternalError
-  // for a reply to a chunk `lane` did not push.
-  absl::Status TakeReply(Stream* lane, const std::vector<bool>& pushed);
+  // for a reply to a chunk that is not `lane`'s or, when `asked` (by chunk
+  // id) is given, was not asked for.
+  absl::Status TakeReply(Stream* lane, const std::vector<bool>* asked);
   // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
   // answered.
   absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
