@@ -256,7 +256,10 @@ absl::Status Client::Declare(const v1::Layout& layout,
   // Resume where the servers are (a restored checkpoint's step). A worker
   // that died mid-step may have left one shard a step ahead: start from the
   // lowest, which that shard answers as a retry.
-  if (hi - lo > 1) {
+  // A process new to a running job takes its step from JoinAt instead:
+  // the job moves on while the shards answer one by one, so they may be
+  // steps apart.
+  if (!must_join_ && hi - lo > 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("the shards are at steps ", lo, " to ", hi,
                      ": restore every shard from the same checkpoint"));
