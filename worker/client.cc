@@ -83,13 +83,19 @@ struct Client::Stream {
   // Waits until the writer and the reader are done, then drops the call's
   // context.
   void AwaitStreamEnd() ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
-          return l->tasks_running == 0;
-        },
-        this));
-    ctx.reset();
+    std::unique_ptr<grpc::ClientContext> ended;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+            return l->tasks_running == 0;
+          },
+          this));
+      ended = std::move(ctx);
+    }
+    // Outside the lock: ending a call that broke mid-write releases the
+    // gradient slices it still held (ReleaseSlice takes mu).
+    ended.reset();
   }
 };
 
