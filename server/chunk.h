@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -46,6 +47,16 @@ class ReplySink {
   // The push will never be answered (the shard was reset to a checkpoint):
   // the sink ends its call with `status`. Same threading rules as Deliver.
   virtual void Fail(const absl::Status& status) = 0;
+
+  // Flow control of the pusher's stream. Hold: the store keeps the push's
+  // gradient until other pushes arrive (sync: the ranks below it), so the
+  // stream should read nothing more; called during Push, possibly under a
+  // chunk's lock (so it must only take locks of its own). Release: the
+  // gradient was used (or dropped); reading may go on once every Hold is
+  // released. Called once per Hold, from any thread, never under a chunk's
+  // lock. Sinks without a stream to pause ignore both.
+  virtual void Hold() {}
+  virtual void Release() {}
 };
 
 struct Chunk {
@@ -105,6 +116,12 @@ class ChunkUpdater {
              std::optional<float> learning_rate = std::nullopt) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
+  // Apply with the contributions of `count` workers already summed in rank
+  // order into `sum` (Optimizer::ApplySum): the same update.
+  void ApplySum(Chunk* chunk, const float* sum, int32_t count,
+                std::optional<float> learning_rate) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
   // A step in which no worker had a gradient for the chunk: bumps the
   // version (counted as an update, with the checkpoint copy Apply would
   // make) and leaves the weights and optimizer slots as they are.
@@ -115,6 +132,11 @@ class ChunkUpdater {
   void Deliver(ReplySink* sink, ChunkReply reply) const;
 
  private:
+  // Runs `update` on the chunk's weights (a copy when a reply holds them)
+  // and slots, then Advance.
+  void Update(Chunk* chunk,
+              absl::FunctionRef<void(float*, absl::Span<float* const>)> update)
+      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   // The version bump, counters and checkpoint copy after an update.
   void Advance(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 

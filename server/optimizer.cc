@@ -185,21 +185,22 @@ template <typename Len>
   }
 }
 
-// g = mean of the contributions at [offset, offset + len), summed in rank
-// order. The first two ranks are added in one pass; (c0 + c1) is the same
-// float as s = c0; s += c1.
+// g = the contributions at [offset, offset + len), summed in rank order,
+// divided by `divisor`. The first two ranks are added in one pass; (c0 + c1)
+// is the same float as s = c0; s += c1.
 template <typename Len>
 [[gnu::always_inline]] inline void MeanGradient(
-    Len len, absl::Span<const float* const> contributions, int64_t offset,
-    float* __restrict g) {
+    Len len, absl::Span<const float* const> contributions, int32_t divisor,
+    int64_t offset, float* __restrict g) {
   const size_t num = contributions.size();
   if (num == 1) {
     Copy(len, contributions[0] + offset, g);
-    return;  // s / 1.0f == s.
+  } else {
+    Sum2(len, contributions[0] + offset, contributions[1] + offset, g);
+    for (size_t r = 2; r < num; ++r) AddTo(len, contributions[r] + offset, g);
   }
-  Sum2(len, contributions[0] + offset, contributions[1] + offset, g);
-  for (size_t r = 2; r < num; ++r) AddTo(len, contributions[r] + offset, g);
-  DivideBy(len, static_cast<float>(num), g);
+  if (divisor != 1)
+    DivideBy(len, static_cast<float>(divisor), g);  // s / 1 == s
 }
 
 // g += wd * w (L2 penalty folded into the gradient, as PyTorch does).
@@ -367,7 +368,8 @@ constexpr int kMaxSlots = 2;
 // are IEEE-exact and the build passes -ffp-contract=off (no FMAs).
 SHARDPS_MULTIVERSIONED void ApplyBlocks(
     const Coefficients& k, absl::Span<const float* const> contributions,
-    float* weights, absl::Span<float* const> slots, int64_t n) {
+    int32_t divisor, float* weights, absl::Span<float* const> slots,
+    int64_t n) {
   constexpr int64_t kBlockSize = Optimizer::kBlockSize;
   alignas(64) float g[kBlockSize];
   alignas(64) float scratch[kBlockSize];
@@ -378,10 +380,10 @@ SHARDPS_MULTIVERSIONED void ApplyBlocks(
     }
     const int64_t len = std::min(kBlockSize, n - offset);
     if (len == kBlockSize) {
-      MeanGradient(FullBlock(), contributions, offset, g);
+      MeanGradient(FullBlock(), contributions, divisor, offset, g);
       UpdateBlock(FullBlock(), k, g, scratch, weights + offset, block_slots);
     } else {
-      MeanGradient(len, contributions, offset, g);
+      MeanGradient(len, contributions, divisor, offset, g);
       UpdateBlock(len, k, g, scratch, weights + offset, block_slots);
     }
   }
@@ -434,7 +436,18 @@ void Optimizer::Apply(int64_t update,
   assert(!learning_rate.has_value() ||
          (std::isfinite(*learning_rate) && *learning_rate >= 0));
   ApplyBlocks(CoefficientsAt(spec_, update, learning_rate), contributions,
-              weights, slots, n);
+              static_cast<int32_t>(contributions.size()), weights, slots, n);
+}
+
+void Optimizer::ApplySum(int64_t update, const float* sum, int32_t count,
+                         float* weights, absl::Span<float* const> slots,
+                         int64_t n, std::optional<float> learning_rate) const {
+  assert(count >= 1);
+  assert(static_cast<int>(slots.size()) == num_slots());
+  assert(!learning_rate.has_value() ||
+         (std::isfinite(*learning_rate) && *learning_rate >= 0));
+  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate),
+              absl::MakeConstSpan(&sum, 1), count, weights, slots, n);
 }
 
 absl::StatusOr<TensorOptimizers> TensorOptimizers::Create(

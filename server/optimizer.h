@@ -83,6 +83,14 @@ class Optimizer {
              float* weights, absl::Span<float* const> slots, int64_t n,
              std::optional<float> learning_rate = std::nullopt) const;
 
+  // Apply with the contributions already added: `sum` holds the gradients
+  // of `count` >= 1 workers summed in rank order as Apply sums them
+  // (s = c[0]; s += c[1]; ...), so the update is bitwise the one Apply
+  // makes from those `count` contributions. `sum` is only read.
+  void ApplySum(int64_t update, const float* sum, int32_t count, float* weights,
+                absl::Span<float* const> slots, int64_t n,
+                std::optional<float> learning_rate = std::nullopt) const;
+
  private:
   explicit Optimizer(v1::OptimizerSpec spec) : spec_(std::move(spec)) {}
 

@@ -70,6 +70,13 @@ class PushPullReactor final
   void Fail(const absl::Status& status) override {
     RequestFinish(ToGrpcStatus(status));
   }
+  // The store keeps a gradient of this stream until other workers' arrive:
+  // no more reads until it is released.
+  void Hold() override {
+    absl::MutexLock lock(&mu_);
+    ++holds_;
+  }
+  void Release() override;
 
  private:
   // Every StartRead, StartWrite and Finish is decided under mu_ and issued
@@ -96,6 +103,11 @@ class PushPullReactor final
   std::optional<grpc::Status> finish_wanted_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
+  // Gradients the store holds (Hold, not yet Release); while any is held
+  // the next read waits (read_paused_), so a stream keeps at most one
+  // early gradient in the store.
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void PushPullReactor::OnReadDone(bool ok) {
@@ -145,6 +157,22 @@ void PushPullReactor::OnReadDone(bool ok) {
     }
     RequestFinish(ToGrpcStatus(status));
     return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (holds_ > 0) {
+      read_paused_ = true;  // Release reads on
+      return;
+    }
+  }
+  ReadNext();
+}
+
+void PushPullReactor::Release() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (--holds_ > 0 || !read_paused_) return;
+    read_paused_ = false;
   }
   ReadNext();
 }

@@ -1,7 +1,8 @@
 // The ParameterServer service over gRPC, in-process: the PushPullRequest
 // fields a worker-side optimizer sets (initial_values, learning_rate,
 // no_gradient) reach the store, and DeclareResponse.awaiting_values and Pull
-// report chunks that wait for their values.
+// report chunks that wait for their values; a stream whose gradient the
+// store keeps early is not read further until it is used.
 #include "server/parameter_service.h"
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_matchers.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -128,6 +130,84 @@ TEST(ParameterServiceTest, WorkerProvidedValuesAndRatesOverTheWire) {
   ASSERT_EQ(pulled.size(), 1u);
   EXPECT_EQ(pulled[0].version(), 2);
   EXPECT_EQ(Values(pulled[0].payload()), std::vector<float>({0, 1, 2, 3}));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+uint64_t PushesSoFar(v1::ParameterServer::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::GetStatusResponse status;
+  EXPECT_TRUE(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  return status.pushes_total();
+}
+
+v1::PushPullRequest Gradient(uint32_t rank, uint32_t chunk, float value) {
+  v1::PushPullRequest req;
+  req.set_rank(rank);
+  req.set_chunk_id(chunk);
+  req.set_encoding(v1::ENCODING_FP32);
+  req.set_step(0);
+  req.set_payload(Bytes({value, value}));
+  return req;
+}
+
+TEST(ParameterServiceTest, AStreamWhoseGradientCameEarlyReadsNoMoreUntilUsed) {
+  // Two workers, two chunks of two floats. Rank 1 pushes both chunks before
+  // rank 0 pushes anything: its first gradient must wait for rank 0's (the
+  // sum is in rank order), so its stream is not read further meanwhile.
+  ShardServerOptions o;
+  o.store.num_workers = 2;
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(o);
+  SHARDPS_ASSERT_OK(server);
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                          grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::DeclareResponse declared;
+    ASSERT_TRUE(
+        stub->Declare(&ctx, SgdDeclaration(4, 8, 1, 0), &declared).ok());
+  }
+  auto open = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(30));
+    return stub->PushPull(ctx);
+  };
+  grpc::ClientContext ctx1, ctx0;
+  auto rank1 = open(&ctx1);
+  ASSERT_TRUE(rank1->Write(Gradient(1, 0, 3)));
+  ASSERT_TRUE(rank1->Write(Gradient(1, 1, 5)));
+  // Its first push is taken (and held); the second stays unread.
+  for (int i = 0; i < 200 && PushesSoFar(stub.get()) < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(PushesSoFar(stub.get()), 1u);
+  auto rank0 = open(&ctx0);
+  ASSERT_TRUE(rank0->Write(Gradient(0, 0, 1)));
+  // Chunk 0 completes; rank 1's stream reads on and its chunk 1 waits for
+  // rank 0's in turn.
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(rank0->Read(&reply));
+  EXPECT_EQ(reply.chunk_id(), 0u);
+  EXPECT_EQ(Values(reply.payload()), std::vector<float>({-1, -1}));  // 1 - 2
+  for (int i = 0; i < 200 && PushesSoFar(stub.get()) < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(PushesSoFar(stub.get()), 3u);
+  ASSERT_TRUE(rank0->Write(Gradient(0, 1, 1)));
+  ASSERT_TRUE(rank0->Read(&reply));
+  EXPECT_EQ(reply.chunk_id(), 1u);
+  EXPECT_EQ(Values(reply.payload()), std::vector<float>({-2, -2}));  // 1 - 3
+  rank0->WritesDone();
+  EXPECT_TRUE(rank0->Finish().ok());
+  std::vector<uint32_t> answered;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(rank1->Read(&reply));
+    answered.push_back(reply.chunk_id());
+  }
+  EXPECT_EQ(answered, std::vector<uint32_t>({0, 1}));
+  rank1->WritesDone();
+  EXPECT_TRUE(rank1->Finish().ok());
   (*server)->Shutdown(absl::Seconds(1));
 }
 

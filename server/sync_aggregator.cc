@@ -22,8 +22,8 @@ constexpr int64_t kInlineApplyBytes = 256 << 10;
 
 SyncAggregator::Step::Step(Chunk* c, uint32_t num_workers) : chunk(c) {
   absl::MutexLock lock(&chunk->mu);
-  contributions.assign(num_workers,
-                       std::vector<float>(chunk->spec.num_elements));
+  sum.resize(chunk->spec.num_elements);
+  early.resize(num_workers);
   contributed.assign(num_workers, false);
 }
 
@@ -41,8 +41,44 @@ SyncAggregator::SyncAggregator(const AggregatorOptions& options,
 }
 
 bool SyncAggregator::Complete(const Step& step) const {
-  return step.num_contributed > 0 &&
-         ranks_->Complete(step.contributed, step.chunk->version);
+  return step.num_contributed > 0 && step.fold == step.contributed.size();
+}
+
+void SyncAggregator::AddToSum(Step* step, const float* gradient) {
+  const int64_t n = step->chunk->spec.num_elements;
+  float* __restrict sum = step->sum.data();
+  if (step->num_summed == 0) {
+    if (gradient == nullptr) {
+      std::fill(sum, sum + n, 0.0f);
+    } else {
+      std::copy(gradient, gradient + n, sum);
+    }
+  } else if (gradient == nullptr) {
+    // Adding the zeros, not skipping them: -0 + 0 is +0, as it always was.
+    for (int64_t i = 0; i < n; ++i) sum[i] += 0.0f;
+  } else {
+    const float* __restrict g = gradient;
+    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+  }
+  ++step->num_summed;
+}
+
+void SyncAggregator::Fold(
+    Step* step, std::vector<std::shared_ptr<ReplySink>>* released) const {
+  const int64_t version = step->chunk->version;
+  while (step->fold < step->contributed.size()) {
+    const uint32_t r = step->fold;
+    if (step->contributed[r]) {
+      // Summed on arrival, or early and waiting for this moment.
+      if (std::unique_ptr<Early> early = std::move(step->early[r])) {
+        AddToSum(step, early->gradient.get());
+        released->push_back(std::move(early->reader));
+      }
+    } else if (ranks_->WaitsFor(r, version)) {
+      break;
+    }
+    ++step->fold;
+  }
 }
 
 absl::Status SyncAggregator::CheckLearningRate(const Step& step,
@@ -67,6 +103,9 @@ absl::Status SyncAggregator::CheckLearningRate(const Step& step,
 }
 
 void SyncAggregator::Clear(Step* step) {
+  step->fold = 0;
+  step->num_summed = 0;
+  for (std::unique_ptr<Early>& early : step->early) early.reset();
   step->contributed.assign(step->contributed.size(), false);
   step->num_contributed = 0;
   step->num_with_gradient = 0;
@@ -78,6 +117,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                                   std::shared_ptr<ReplySink> sink) {
   Step* step = steps_[chunk->spec.id].get();
   bool ready = false;
+  std::vector<std::shared_ptr<ReplySink>> released;
   {
     absl::ReleasableMutexLock lock(&step->chunk->mu);
     if (args.step == step->chunk->version - 1) {
@@ -96,25 +136,52 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     }
     SHARDPS_RETURN_IF_ERROR(CheckLearningRate(*step, args));
     if (!step->contributed[args.rank]) {
-      // The buffer is scratch until the rank is marked as contributed, so a
-      // rejected push leaves no trace.
-      std::vector<float>& buffer = step->contributions[args.rank];
-      if (args.no_gradient) {
-        // A zero gradient: the mean still divides by every contributor.
-        std::fill(buffer.begin(), buffer.end(), 0.0f);
+      // Nothing is marked before the gradient decoded cleanly, so a
+      // rejected push leaves no trace (the sum is scratch while num_summed
+      // is 0).
+      const GradientOrigin origin{args.rank, &chunk->spec, chunk->tensor_name};
+      const int64_t n = chunk->spec.num_elements;
+      Fold(step, &released);  // ranks below that stopped being waited for
+      if (args.rank == step->fold) {
+        // Every rank below is summed: add this one now.
+        if (args.no_gradient) {
+          AddToSum(step, nullptr);
+        } else if (step->num_summed == 0) {
+          SHARDPS_RETURN_IF_ERROR(
+              DecodeGradient(args.encoding, *args.payload, origin,
+                             options_.allow_nonfinite, step->sum.data()));
+          ++step->num_summed;
+        } else {
+          // One chunk per thread that pushes, not one per worker.
+          thread_local std::vector<float> decoded;
+          decoded.resize(n);
+          SHARDPS_RETURN_IF_ERROR(
+              DecodeGradient(args.encoding, *args.payload, origin,
+                             options_.allow_nonfinite, decoded.data()));
+          AddToSum(step, decoded.data());
+        }
       } else {
-        SHARDPS_RETURN_IF_ERROR(
-            DecodeGradient(args.encoding, *args.payload,
-                           {args.rank, &chunk->spec, chunk->tensor_name},
-                           options_.allow_nonfinite, buffer.data()));
-        ++step->num_with_gradient;
+        // A rank below has not pushed yet: keep the gradient and stop
+        // reading this stream until it is summed.
+        auto early = std::make_unique<Early>();
+        if (!args.no_gradient) {
+          early->gradient.reset(new float[n]);
+          SHARDPS_RETURN_IF_ERROR(
+              DecodeGradient(args.encoding, *args.payload, origin,
+                             options_.allow_nonfinite, early->gradient.get()));
+        }
+        early->reader = sink;
+        sink->Hold();
+        step->early[args.rank] = std::move(early);
       }
+      if (!args.no_gradient) ++step->num_with_gradient;
       step->contributed[args.rank] = true;
       if (step->num_contributed == 0) {
         step->first_contribution = absl::Now();
         step->learning_rate = args.learning_rate;
       }
       ++step->num_contributed;
+      Fold(step, &released);
       ready = !step->apply_scheduled && Complete(*step);
       if (ready) step->apply_scheduled = true;
     }
@@ -122,6 +189,8 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     // only adds a waiter.
     step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
   }
+  // Outside the lock: a released stream may read (and push) at once.
+  for (const std::shared_ptr<ReplySink>& reader : released) reader->Release();
   if (ready) ScheduleApply(step);
   return absl::OkStatus();
 }
@@ -151,18 +220,13 @@ void SyncAggregator::Apply(Step* step) {
       // the version so the step completes for everyone.
       updater_->Skip(step->chunk);
     } else {
-      // Rank order makes the sum, and so the weights, bitwise
-      // deterministic. The mean is over the contributions that arrived
-      // (zeros for no_gradient pushes): a rank that left the job mid-step
-      // is not waited for.
-      std::vector<const float*> contributions;
-      contributions.reserve(step->num_contributed);
-      for (size_t r = 0; r < step->contributed.size(); ++r) {
-        if (step->contributed[r]) {
-          contributions.push_back(step->contributions[r].data());
-        }
-      }
-      updater_->Apply(step->chunk, contributions, step->learning_rate);
+      // The sum is in rank order, so the weights are bitwise deterministic.
+      // The mean is over the contributions that arrived (zeros for
+      // no_gradient pushes): a rank that left the job mid-step is not
+      // waited for.
+      updater_->ApplySum(step->chunk, step->sum.data(),
+                         static_cast<int32_t>(step->num_summed),
+                         step->learning_rate);
     }
     replies.reserve(step->waiters.size());
     for (Waiter& w : step->waiters) {
@@ -197,9 +261,11 @@ int64_t SyncAggregator::PrepareJoin(uint32_t rank, int64_t join_step) {
   for (const auto& step : steps_) {
     if (step == nullptr) continue;
     absl::MutexLock lock(&step->chunk->mu);
-    // A step whose update is already decided cannot wait for the rank.
+    // A step whose update is already decided, or whose sum went past the
+    // rank without it, cannot wait for the rank.
+    const bool passed = step->fold > rank && !step->contributed[rank];
     const int64_t decided =
-        step->chunk->version + (step->apply_scheduled ? 1 : 0);
+        step->chunk->version + (step->apply_scheduled || passed ? 1 : 0);
     if (decided > join_step) past = std::max(past, decided);
   }
   return past;
@@ -209,11 +275,16 @@ void SyncAggregator::MembershipChanged() {
   for (const auto& step : steps_) {
     if (step == nullptr) continue;
     bool ready = false;
+    std::vector<std::shared_ptr<ReplySink>> released;
     {
       absl::MutexLock lock(&step->chunk->mu);
+      // Only when someone pushed: the sum of an empty step may not pass a
+      // rank that is still to join it.
+      if (step->num_contributed > 0) Fold(step.get(), &released);
       ready = !step->apply_scheduled && Complete(*step);
       if (ready) step->apply_scheduled = true;
     }
+    for (const std::shared_ptr<ReplySink>& r : released) r->Release();
     if (ready) ScheduleApply(step.get());
   }
 }
@@ -222,6 +293,8 @@ void SyncAggregator::Reset(Chunk* chunk,
                            std::vector<std::shared_ptr<ReplySink>>* failed) {
   Step* step = steps_[chunk->spec.id].get();
   step->chunk->mu.AssertHeld();
+  // The early gradients' streams are among the waiters, which the caller
+  // fails: they end, so their reads need no release.
   Clear(step);
   for (Waiter& w : step->waiters) failed->push_back(std::move(w.sink));
   step->waiters.clear();

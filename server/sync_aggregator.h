@@ -1,8 +1,13 @@
 // The sync policy: a chunk's step completes when every rank the step waits
-// for has pushed; the contributions are reduced in rank order (so the result
+// for has pushed; the contributions are summed in rank order (so the result
 // is bitwise independent of arrival order), the optimizer runs once (or is
 // skipped when no rank had a gradient) and every pusher gets the new
-// weights. Thread-safe.
+// weights. The sum is built as the pushes arrive: a rank's gradient is added
+// as soon as every rank below it has been added (or is not waited for), and
+// one that comes early is kept until then while its stream reads nothing
+// more (ReplySink::Hold). So a chunk's aggregation memory is one sum, plus
+// at most one early gradient per stream, whatever the number of workers.
+// Thread-safe.
 #ifndef SHARDPS_SERVER_SYNC_AGGREGATOR_H_
 #define SHARDPS_SERVER_SYNC_AGGREGATOR_H_
 
@@ -33,14 +38,28 @@ class SyncAggregator final : public Aggregator {
   std::vector<StalledChunk> Stalled(absl::Duration timeout) const override;
 
  private:
+  // A gradient that arrived before the ranks below it: kept until they are
+  // summed, holding its stream's reads.
+  struct Early {
+    // Uninitialised until decoded into (a vector would zero it first); null
+    // for a no_gradient push.
+    std::unique_ptr<float[]> gradient;
+    std::shared_ptr<ReplySink> reader;
+  };
   // The step a chunk is collecting contributions for (its version).
   struct Step {
     Step(Chunk* c, uint32_t num_workers);
     Chunk* const chunk;
-    // Per-rank gradients, kept until every rank the step waits for pushed.
-    std::vector<std::vector<float>> contributions ABSL_GUARDED_BY(chunk->mu);
-    // Ranks that pushed this step, with a gradient or without (no_gradient:
-    // their buffer holds zeros).
+    // The sum of the contributions of ranks [0, fold) in rank order (valid
+    // once num_summed > 0); no_gradient pushes count as zeros.
+    std::vector<float> sum ABSL_GUARDED_BY(chunk->mu);
+    // Every rank below `fold` is summed, or was not waited for when the sum
+    // passed it (it can then only join at a later step).
+    uint32_t fold ABSL_GUARDED_BY(chunk->mu) = 0;
+    uint32_t num_summed ABSL_GUARDED_BY(chunk->mu) = 0;
+    // By rank: gradients of ranks at or above `fold` (null: none).
+    std::vector<std::unique_ptr<Early>> early ABSL_GUARDED_BY(chunk->mu);
+    // Ranks that pushed this step, with a gradient or without.
     std::vector<bool> contributed ABSL_GUARDED_BY(chunk->mu);
     uint32_t num_contributed ABSL_GUARDED_BY(chunk->mu) = 0;
     // Of those, the ones with a gradient; 0 at Apply: the update is skipped.
@@ -60,7 +79,14 @@ class SyncAggregator final : public Aggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // Clears the step's contributions (after Apply or a reset).
   static void Clear(Step* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
-  // The step has every contribution it waits for.
+  // Adds `gradient` (null: zeros) to the step's sum as the next rank's.
+  static void AddToSum(Step* step, const float* gradient)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
+  // Moves the fold past every rank that is summed now or not waited for;
+  // the streams of the early gradients it sums go to *released.
+  void Fold(Step* step, std::vector<std::shared_ptr<ReplySink>>* released) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
+  // The step has every contribution it waits for, summed.
   bool Complete(const Step& step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // Applies a complete step inline (small chunks) or on the pool.
