@@ -12,6 +12,13 @@ namespace {
 // stalling for window updates every 64 KiB.
 constexpr int kMaxFrameBytes = (16 << 20) - 1;  // the HTTP/2 maximum
 constexpr int kLookaheadBytes = 64 << 20;
+// What a server lets each push stream send ahead of what it has read: two
+// default chunks. Fixed (no BDP probing, which grows windows without bound
+// on fast links), so that a stream the store holds back (sync: a gradient
+// that came before the ranks below it) parks at most this much in gRPC's
+// buffers. Measured with shardps-bench transport (1 shard, 32 MiB model in
+// 1 MiB chunks, 64 workers): peak RSS 2960 -> 358 MiB, step 3.2 -> 2.0 s.
+constexpr int kServerLookaheadBytes = 8 << 20;
 constexpr int kKeepaliveMs = 10000;
 
 }  // namespace
@@ -21,7 +28,8 @@ void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes) {
   builder->SetMaxSendMessageSize(max_message_bytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-                              kLookaheadBytes);
+                              kServerLookaheadBytes);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE,
                               kLookaheadBytes);
   // Let clients ping every few seconds to detect dead peers.
