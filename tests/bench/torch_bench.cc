@@ -115,6 +115,10 @@ absl::Status RunTorchBench(const TorchOptions& o) {
   };
   std::vector<std::string> failed;
   for (const Workload& w : workloads) {
+    if (w.steps <= 0) {
+      absl::PrintF("torch %s: skipped (0 steps)\n", w.name);
+      continue;
+    }
     absl::PrintF("torch %s: %s, %d steps, each side's rank 0 timing them\n",
                  w.name, w.script, w.steps);
     absl::StatusOr<Timing> ddp, shardps;

@@ -181,12 +181,18 @@ absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
                            clients[0]->ShardStatus());
   for (uint32_t s = 0; s < shards; ++s) {
     const int64_t rss = PeakRss(servers[s]->pid());
-    const int64_t bound = (3 + workers) * shard_bytes[s] + (int64_t{64} << 20);
+    // SGD without momentum: the weights and the running sum per owned byte,
+    // plus at most one early gradient per stream (messages in flight).
+    const int64_t in_flight =
+        int64_t{workers} * o.streams_per_shard * o.chunk_bytes;
+    const int64_t bound = 2 * shard_bytes[s] + in_flight + (int64_t{64} << 20);
     rss_lines->push_back(absl::StrFormat(
-        "  shards=%d workers=%d server-%d peak RSS %.1f MiB (bound (3+%d) x "
-        "%.1f MiB + 64 MiB = %.1f MiB) %s; %d of %d updates copied weights",
-        shards, workers, s, rss / 1048576.0, workers,
-        shard_bytes[s] / 1048576.0, bound / 1048576.0,
+        "  shards=%d workers=%d server-%d peak RSS %.1f MiB (bound 2 x %.1f "
+        "MiB + %d x %d x %.1f MiB in flight + 64 MiB = %.1f MiB; one buffer "
+        "per worker would need %.1f MiB) %s; %d of %d updates copied weights",
+        shards, workers, s, rss / 1048576.0, shard_bytes[s] / 1048576.0,
+        workers, o.streams_per_shard, o.chunk_bytes / 1048576.0,
+        bound / 1048576.0, (3 + workers) * shard_bytes[s] / 1048576.0,
         rss <= bound ? "ok" : "OVER", status[s].weight_copies_total(),
         status[s].updates_total()));
   }
