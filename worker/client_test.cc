@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
@@ -162,6 +163,45 @@ TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {
       ASSERT_EQ(weights_[t][i], -0.5f * (grads_[t][i] / 2.0f));
     }
   }
+}
+
+TEST(ClientBrokenStreamTest, AStepWhoseStreamBreaksWhileWritesWaitFails) {
+  // Rank 1 of two pushes 24 MiB to a shard that holds its first chunk (rank
+  // 0 never pushes), so the stream stops being read and later writes wait
+  // with their gradient slices inside gRPC. The shard goes away: the step
+  // fails with an error, and ending the broken call (which releases those
+  // slices) must not deadlock.
+  server::ShardServerOptions so;
+  so.store.num_workers = 2;
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+      server::ShardServer::Start(so);
+  SHARDPS_ASSERT_OK(shard);
+  ClientOptions co;
+  co.servers = {absl::StrCat("127.0.0.1:", (*shard)->port())};
+  co.rank = 1;
+  co.streams_per_shard = 1;
+  co.rpc_timeout = absl::Seconds(5);
+  co.connect_timeout = absl::Seconds(2);
+  co.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  SHARDPS_ASSERT_OK(client);
+  v1::Layout layout;
+  layout.set_chunk_bytes(1 << 20);
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(int64_t{6} << 20);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  sgd.set_learning_rate(0.5f);
+  SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+  std::vector<float> weights(int64_t{6} << 20), grad(weights.size(), 1e-3f);
+  SHARDPS_ASSERT_OK((*client)->BeginStep(0, {absl::MakeSpan(weights)}));
+  SHARDPS_ASSERT_OK((*client)->PushTensor(0, grad));
+  absl::SleepFor(absl::Milliseconds(500));  // the writes back up
+  (*shard)->Shutdown(absl::ZeroDuration());
+  const absl::Status finished = (*client)->FinishStep();
+  EXPECT_FALSE(finished.ok());
 }
 
 }  // namespace
