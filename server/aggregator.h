@@ -103,8 +103,9 @@ class Aggregator {
   // the chunk's is a retry: not applied again, answered with the current
   // weights. OUT_OF_RANGE for a step in the past or the future;
   // INVALID_ARGUMENT for a non-finite gradient, or (sync) a learning rate
-  // other than the one the step's first push carried. On error nothing
-  // changed.
+  // other than the one the step's first push carried; (sync) ABORTED for a
+  // rank the step went on without because it left the job. On error
+  // nothing changed.
   virtual absl::Status Push(const PushArgs& args, Chunk* chunk,
                             std::shared_ptr<ReplySink> sink) = 0;
 

@@ -113,11 +113,69 @@ void SyncAggregator::Clear(Step* step) {
   step->apply_scheduled = false;
 }
 
+absl::Status SyncAggregator::Contribute(
+    const PushArgs& args, Step* step, const std::shared_ptr<ReplySink>& sink) {
+  Chunk* chunk = step->chunk;
+  if (args.rank < step->fold) {
+    // Not waited for when the sum went past it (it left the job meanwhile):
+    // the step is decided without it.
+    return absl::AbortedError(absl::StrCat(
+        "rank ", args.rank, " pushes chunk ", chunk->spec.id, " (",
+        chunk->tensor_name, ") of step ", args.step,
+        " after the step went on without it (the rank left the job)"));
+  }
+  // Nothing is marked before the gradient decoded cleanly, so a rejected
+  // push leaves no trace (the sum is scratch while num_summed is 0).
+  const GradientOrigin origin{args.rank, &chunk->spec, chunk->tensor_name};
+  const int64_t n = chunk->spec.num_elements;
+  if (args.rank == step->fold) {
+    // Every rank below is summed: add this one now.
+    if (args.no_gradient) {
+      AddToSum(step, nullptr);
+    } else if (step->num_summed == 0) {
+      SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
+                                             origin, options_.allow_nonfinite,
+                                             step->sum.data()));
+      ++step->num_summed;
+    } else {
+      // One chunk per thread that pushes, not one per worker.
+      thread_local std::vector<float> decoded;
+      decoded.resize(n);
+      SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
+                                             origin, options_.allow_nonfinite,
+                                             decoded.data()));
+      AddToSum(step, decoded.data());
+    }
+  } else {
+    // A rank below has not pushed yet: keep the gradient and stop reading
+    // this stream until it is summed.
+    auto early = std::make_unique<Early>();
+    if (!args.no_gradient) {
+      early->gradient.reset(new float[n]);
+      SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
+                                             origin, options_.allow_nonfinite,
+                                             early->gradient.get()));
+    }
+    early->reader = sink;
+    sink->Hold();
+    step->early[args.rank] = std::move(early);
+  }
+  if (!args.no_gradient) ++step->num_with_gradient;
+  step->contributed[args.rank] = true;
+  if (step->num_contributed == 0) {
+    step->first_contribution = absl::Now();
+    step->learning_rate = args.learning_rate;
+  }
+  ++step->num_contributed;
+  return absl::OkStatus();
+}
+
 absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                                   std::shared_ptr<ReplySink> sink) {
   Step* step = steps_[chunk->spec.id].get();
   bool ready = false;
   std::vector<std::shared_ptr<ReplySink>> released;
+  absl::Status status;
   {
     absl::ReleasableMutexLock lock(&step->chunk->mu);
     if (args.step == step->chunk->version - 1) {
@@ -136,63 +194,23 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     }
     SHARDPS_RETURN_IF_ERROR(CheckLearningRate(*step, args));
     if (!step->contributed[args.rank]) {
-      // Nothing is marked before the gradient decoded cleanly, so a
-      // rejected push leaves no trace (the sum is scratch while num_summed
-      // is 0).
-      const GradientOrigin origin{args.rank, &chunk->spec, chunk->tensor_name};
-      const int64_t n = chunk->spec.num_elements;
-      Fold(step, &released);  // ranks below that stopped being waited for
-      if (args.rank == step->fold) {
-        // Every rank below is summed: add this one now.
-        if (args.no_gradient) {
-          AddToSum(step, nullptr);
-        } else if (step->num_summed == 0) {
-          SHARDPS_RETURN_IF_ERROR(
-              DecodeGradient(args.encoding, *args.payload, origin,
-                             options_.allow_nonfinite, step->sum.data()));
-          ++step->num_summed;
-        } else {
-          // One chunk per thread that pushes, not one per worker.
-          thread_local std::vector<float> decoded;
-          decoded.resize(n);
-          SHARDPS_RETURN_IF_ERROR(
-              DecodeGradient(args.encoding, *args.payload, origin,
-                             options_.allow_nonfinite, decoded.data()));
-          AddToSum(step, decoded.data());
-        }
-      } else {
-        // A rank below has not pushed yet: keep the gradient and stop
-        // reading this stream until it is summed.
-        auto early = std::make_unique<Early>();
-        if (!args.no_gradient) {
-          early->gradient.reset(new float[n]);
-          SHARDPS_RETURN_IF_ERROR(
-              DecodeGradient(args.encoding, *args.payload, origin,
-                             options_.allow_nonfinite, early->gradient.get()));
-        }
-        early->reader = sink;
-        sink->Hold();
-        step->early[args.rank] = std::move(early);
-      }
-      if (!args.no_gradient) ++step->num_with_gradient;
-      step->contributed[args.rank] = true;
-      if (step->num_contributed == 0) {
-        step->first_contribution = absl::Now();
-        step->learning_rate = args.learning_rate;
-      }
-      ++step->num_contributed;
-      Fold(step, &released);
+      Fold(step, &released);  // past ranks below that stopped being waited for
+      status = Contribute(args, step, sink);
+      if (status.ok()) Fold(step, &released);
+      // Even when refused: the first Fold may have completed the step.
       ready = !step->apply_scheduled && Complete(*step);
       if (ready) step->apply_scheduled = true;
     }
     // A duplicate of a pending push (a retry while the step is still open)
     // only adds a waiter.
-    step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+    if (status.ok()) {
+      step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+    }
   }
   // Outside the lock: a released stream may read (and push) at once.
   for (const std::shared_ptr<ReplySink>& reader : released) reader->Release();
   if (ready) ScheduleApply(step);
-  return absl::OkStatus();
+  return status;
 }
 
 void SyncAggregator::ScheduleApply(Step* step) {

@@ -79,6 +79,13 @@ class SyncAggregator final : public Aggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // Clears the step's contributions (after Apply or a reset).
   static void Clear(Step* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
+  // Records a first push of `args.rank` for the step: added to the sum when
+  // every rank below is, else kept as early (holding `sink`'s reads).
+  // ABORTED when the sum already went past the rank; the decoding's errors.
+  // On error nothing changed.
+  absl::Status Contribute(const PushArgs& args, Step* step,
+                          const std::shared_ptr<ReplySink>& sink)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Adds `gradient` (null: zeros) to the step's sum as the next rank's.
   static void AddToSum(Step* step, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
