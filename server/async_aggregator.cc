@@ -81,8 +81,7 @@ absl::Status AsyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                          {args.rank, &chunk->spec, chunk->tensor_name},
                          options_.allow_nonfinite, clocks->gradient.data()));
       clocks->last_step[args.rank] = args.step;
-      const float* gradient = clocks->gradient.data();
-      updater_->Apply(clocks->chunk, absl::MakeConstSpan(&gradient, 1),
+      updater_->Apply(clocks->chunk, clocks->gradient.data(), 1,
                       args.learning_rate);
     }
     clocks->held.push_back(

@@ -25,28 +25,8 @@ absl::Status CheckNotAwaiting(const Chunk& chunk) {
                    "sends them"));
 }
 
-void ChunkUpdater::Apply(Chunk* chunk,
-                         absl::Span<const float* const> contributions,
+void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
                          std::optional<float> learning_rate) const {
-  const int64_t update = chunk->version;
-  Update(chunk, [&](float* weights, absl::Span<float* const> slots) {
-    chunk->optimizer->Apply(update, contributions, weights, slots,
-                            chunk->spec.num_elements, learning_rate);
-  });
-}
-
-void ChunkUpdater::ApplySum(Chunk* chunk, const float* sum, int32_t count,
-                            std::optional<float> learning_rate) const {
-  const int64_t update = chunk->version;
-  Update(chunk, [&](float* weights, absl::Span<float* const> slots) {
-    chunk->optimizer->ApplySum(update, sum, count, weights, slots,
-                               chunk->spec.num_elements, learning_rate);
-  });
-}
-
-void ChunkUpdater::Update(
-    Chunk* chunk,
-    absl::FunctionRef<void(float*, absl::Span<float* const>)> update) const {
   // At most two slots (Adam): no allocation on the update path.
   float* slot_ptrs[2] = {};
   for (size_t i = 0; i < chunk->slots.size(); ++i) {
@@ -65,7 +45,8 @@ void ChunkUpdater::Update(
     counters_->weight_copies.fetch_add(1, std::memory_order_relaxed);
   }
   const absl::Time start = absl::Now();
-  update(chunk->weights->data(), slots);
+  chunk->optimizer->ApplySum(chunk->version, sum, count, chunk->weights->data(),
+                             slots, chunk->spec.num_elements, learning_rate);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
   Advance(chunk);
 }

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -107,19 +106,14 @@ class ChunkUpdater {
                SnapshotScheduler* snapshots)
       : counters_(counters), metrics_(metrics), snapshots_(snapshots) {}
 
-  // Applies update number chunk->version with chunk->optimizer and
-  // `contributions` (gradients in rank order, see Optimizer::Apply; a
+  // Applies update number chunk->version with chunk->optimizer to the
+  // gradients of `count` workers summed in rank order into `sum` (see
+  // Optimizer::ApplySum; async passes one gradient with count 1; a
   // `learning_rate` replaces the scheduled one), bumps the version and
   // copies the chunk for a checkpoint when one is due at the new version.
-  // REQUIRES: learning_rate unset, or finite and >= 0.
-  void Apply(Chunk* chunk, absl::Span<const float* const> contributions,
-             std::optional<float> learning_rate = std::nullopt) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
-
-  // Apply with the contributions of `count` workers already summed in rank
-  // order into `sum` (Optimizer::ApplySum): the same update.
-  void ApplySum(Chunk* chunk, const float* sum, int32_t count,
-                std::optional<float> learning_rate) const
+  // REQUIRES: count >= 1; learning_rate unset, or finite and >= 0.
+  void Apply(Chunk* chunk, const float* sum, int32_t count,
+             std::optional<float> learning_rate) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // A step in which no worker had a gradient for the chunk: bumps the
@@ -132,11 +126,6 @@ class ChunkUpdater {
   void Deliver(ReplySink* sink, ChunkReply reply) const;
 
  private:
-  // Runs `update` on the chunk's weights (a copy when a reply holds them)
-  // and slots, then Advance.
-  void Update(Chunk* chunk,
-              absl::FunctionRef<void(float*, absl::Span<float* const>)> update)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   // The version bump, counters and checkpoint copy after an update.
   void Advance(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 

@@ -242,9 +242,9 @@ void SyncAggregator::Apply(Step* step) {
       // The mean is over the contributions that arrived (zeros for
       // no_gradient pushes): a rank that left the job mid-step is not
       // waited for.
-      updater_->ApplySum(step->chunk, step->sum.data(),
-                         static_cast<int32_t>(step->num_summed),
-                         step->learning_rate);
+      updater_->Apply(step->chunk, step->sum.data(),
+                      static_cast<int32_t>(step->num_summed),
+                      step->learning_rate);
     }
     replies.reserve(step->waiters.size());
     for (Waiter& w : step->waiters) {
