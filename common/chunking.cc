@@ -66,6 +66,11 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
         absl::StrCat("chunk_bytes ", layout.chunk_bytes(),
                      " must be a multiple of 4 and at most ", kMaxChunkBytes));
   }
+  const float sparse = layout.sparse_weights_ratio();
+  if (!(sparse >= 0 && sparse <= 1)) {  // NaN too
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse_weights_ratio ", sparse, " is not in [0, 1]"));
+  }
   absl::flat_hash_set<std::string> names;
   int64_t total = 0;
   int64_t num_chunks = 0;

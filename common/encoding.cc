@@ -17,18 +17,51 @@ void StringByteSource::CopyTo(
   if (copied) copied(bytes_.size());
 }
 
+bool IsKnownEncoding(v1::Encoding e) {
+  return e >= v1::ENCODING_FP32 && e <= v1::ENCODING_TOPK;
+}
+
+std::string EncodingName(v1::Encoding e) {
+  if (!v1::Encoding_IsValid(e)) return absl::StrCat("encoding ", e);
+  std::string name = v1::Encoding_Name(e);
+  return name;
+}
+
 absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
                           int64_t num_elements) {
-  if (encoding != v1::ENCODING_FP32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported encoding ", v1::Encoding_Name(encoding), " (",
-        static_cast<int>(encoding), "); this server takes ", "ENCODING_FP32"));
+  const uint64_t n = static_cast<uint64_t>(num_elements);
+  uint64_t want = 0;
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+      want = 4 * n;
+      break;
+    case v1::ENCODING_BF16:
+    case v1::ENCODING_FP16:
+      want = 2 * n;
+      break;
+    case v1::ENCODING_INT8:
+      want = 4 + n;  // the scale, then one byte per element
+      break;
+    case v1::ENCODING_TOPK:
+      // A count, then k indices and k values: the count itself is checked
+      // when the payload is decoded.
+      if (payload_bytes >= 12 && (payload_bytes - 4) % 8 == 0 &&
+          (payload_bytes - 4) / 8 <= n) {
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "payload has ", payload_bytes, " bytes; ENCODING_TOPK of ",
+          num_elements,
+          " elements needs 4 + 8k bytes for 1 <= k <= ", num_elements));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unsupported encoding ", EncodingName(encoding), " (",
+                       static_cast<int>(encoding), ")"));
   }
-  const uint64_t want = static_cast<uint64_t>(num_elements) * 4;
   if (payload_bytes != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload has ", payload_bytes, " bytes; ENCODING_FP32 of ",
-                     num_elements, " elements needs ", want));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload has ", payload_bytes, " bytes; ", EncodingName(encoding),
+        " of ", num_elements, " elements needs ", want));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
-// Tensor payload encodings: checks that a payload matches its encoding and
-// length, and converts between payload bytes and fp32 values. FP32 is raw
-// little-endian binary32. Pure functions; thread-safe.
+// Tensor payload encodings: checks that a payload's length fits its encoding,
+// and finds non-finite values. FP32 is raw little-endian binary32; the
+// compressed encodings are converted by common/codec.h. Pure functions;
+// thread-safe.
 #ifndef SHARDPS_COMMON_ENCODING_H_
 #define SHARDPS_COMMON_ENCODING_H_
 
@@ -47,8 +48,15 @@ class StringByteSource final : public ByteSource {
 // Normalises UNSPECIFIED to FP32 for requests where the field is optional.
 v1::Encoding EffectiveEncoding(v1::Encoding e);
 
-// InvalidArgument when `encoding` is unsupported or `payload` does not hold
-// exactly `num_elements` values of it.
+// FP32 .. TOPK: an encoding this build can read and write.
+bool IsKnownEncoding(v1::Encoding e);
+// "ENCODING_BF16", or "encoding 9" for a number the protocol does not define.
+std::string EncodingName(v1::Encoding e);
+
+// InvalidArgument when `encoding` is unknown or a payload of `payload_bytes`
+// cannot hold `num_elements` values of it (see v1::Encoding: FP32 4n bytes,
+// BF16 and FP16 2n, INT8 4 + n, TOPK 4 + 8k with 1 <= k <= n). The
+// contents are checked when decoded (common/codec.h).
 absl::Status CheckPayload(v1::Encoding encoding, uint64_t payload_bytes,
                           int64_t num_elements);
 

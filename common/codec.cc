@@ -1,0 +1,758 @@
+#include "common/codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/encoding.h"
+
+namespace shardps {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Bit-level conversions: integer operations, and floating-point ones only
+// where the result is exact, so that every vector width gives the same bits
+// and a denormals-are-zero mode changes nothing.
+
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;
+// The smallest magnitudes that round to infinity: 0x1.ffp127 (the tie above
+// bfloat16's largest, 0x1.fep127, goes to the even infinity) and 65520
+// (likewise above binary16's 65504).
+constexpr uint32_t kBf16OverflowBits = 0x7f7f8000u;
+constexpr uint32_t kFp16OverflowBits = 0x477ff000u;
+constexpr float kFp16Max = 65504.0f;
+
+[[gnu::always_inline]] inline uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+[[gnu::always_inline]] inline float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// binary32 bits -> bfloat16, rounded to nearest even: adding 0x7fff plus the
+// kept half's lowest bit carries exactly when the dropped half is above the
+// midpoint, or at it with an odd kept half. A NaN comes out a quiet NaN
+// (rounding its payload could carry into infinity).
+[[gnu::always_inline]] inline uint32_t Bf16FromBits(uint32_t b) {
+  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (b >> 16) | 0x40u;
+  return (b & kAbsMask) > kInfBits ? quiet_nan : rounded;
+}
+
+// binary32 bits -> binary16, rounded to nearest even. REQUIRES: |x| < 65520
+// (the result is meaningless for larger values, infinities and NaN).
+[[gnu::always_inline]] inline uint32_t Fp16FromBits(uint32_t b) {
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const uint32_t a = b & kAbsMask;
+  // |x| >= 2^-14, a normal binary16: rebias the exponent (127 -> 15) and
+  // round away the 13 low mantissa bits as in Bf16FromBits; a carry ripples
+  // into the exponent.
+  const uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+  // |x| < 2^-14: the result is m = rint(|x| * 2^24) (a subnormal m * 2^-24,
+  // or 0x400, the smallest normal). With the implicit bit, |x| = mant *
+  // 2^(e - 150), so m = rint(mant >> (126 - e)). A shift of 31 leaves
+  // nothing but a remainder below the half: every |x| < 2^-25 gives 0. (The
+  // shift is kept in [1, 31] for the normal inputs, whose `sub` is unused.)
+  const uint32_t e = a >> 23;
+  const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = std::max(std::min(126u - e, 31u), 1u);
+  const uint32_t half = 1u << (shift - 1);
+  const uint32_t rem = mant & ((half << 1) - 1);
+  uint32_t sub = mant >> shift;
+  sub += static_cast<uint32_t>(rem > half) |
+         (static_cast<uint32_t>(rem == half) & sub);
+  return sign | (a < 0x38800000u ? sub : normal);
+}
+
+// binary16 -> binary32 bits, exactly.
+[[gnu::always_inline]] inline uint32_t BitsFromFp16(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t magnitude = h & 0x7fffu;
+  // Normal: rebias the exponent (15 -> 127); infinity and NaN (exponent 31)
+  // get 255 instead.
+  const uint32_t rebias = 0x38000000u
+                          << static_cast<uint32_t>(magnitude >= 0x7c00u);
+  const uint32_t normal = (magnitude << 13) + rebias;
+  // Zero or subnormal m * 2^-24 (m < 1024): m converts to binary32 exactly,
+  // and so does the product (a normal binary32 or zero). Computed for every
+  // h, so that the loop has no branch around a floating-point operation.
+  const uint32_t sub =
+      Bits(static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-24f);
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(magnitude < 0x400u);
+  return sign | (sub & is_sub) | (normal & ~is_sub);
+}
+
+[[gnu::always_inline]] inline uint16_t Load16(const char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+[[gnu::always_inline]] inline void Store16(char* p, uint32_t v) {
+  const uint16_t h = static_cast<uint16_t>(v);
+  std::memcpy(p, &h, 2);
+}
+[[gnu::always_inline]] inline uint32_t Load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+[[gnu::always_inline]] inline void Store32(char* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
+
+// 1.5 * 2^23: for |t| <= 2^22, t + kRoundMagic lies in [2^23, 2^24), where
+// binary32's spacing is 1, so the addition rounds t to an integer, ties to
+// even, and the sum's bits are those of kRoundMagic plus that integer.
+constexpr float kRoundMagic = 12582912.0f;
+
+// ---------------------------------------------------------------------------
+// Loops. Each multiversioned function takes `residual` possibly null and
+// dispatches once to an always-inline template, so that both variants are
+// vectorised.
+
+// ThreadSanitizer's runtime is not up yet when the loader runs ifunc
+// resolvers, so its builds use the baseline version only.
+#if defined(__SANITIZE_THREAD__)
+#define SHARDPS_MULTIVERSIONED
+#else
+#define SHARDPS_MULTIVERSIONED \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
+// y = x + residual (or x), the value an encoder compresses.
+template <bool kResidual>
+[[gnu::always_inline]] inline float Sum(const float* __restrict x,
+                                        const float* __restrict r, int64_t i) {
+  if constexpr (kResidual) {
+    return x[i] + r[i];
+  } else {
+    return x[i];
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline uint32_t MaxAbsBitsOf(const float* __restrict x,
+                                                    const float* __restrict r,
+                                                    int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, Bits(Sum<kResidual>(x, r, i)) & kAbsMask);
+  }
+  return m;
+}
+
+// The largest |y| bits: for non-negative binary32 the integer order is the
+// numeric order, and anything from kInfBits up is infinite or NaN.
+SHARDPS_MULTIVERSIONED uint32_t MaxAbsBits(const float* x, const float* r,
+                                           int64_t n) {
+  return r != nullptr ? MaxAbsBitsOf<true>(x, r, n)
+                      : MaxAbsBitsOf<false>(x, r, n);
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void Fp32Of(const float* __restrict x,
+                                          float* __restrict r, int64_t n,
+                                          char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    Store32(out + 4 * i, Bits(Sum<kResidual>(x, r, i)));
+    if constexpr (kResidual) r[i] = 0.0f;
+  }
+}
+
+SHARDPS_MULTIVERSIONED void EncodeFp32(const float* x, float* r, int64_t n,
+                                       char* out) {
+  if (r != nullptr) {
+    Fp32Of<true>(x, r, n, out);
+  } else {
+    std::memcpy(out, x, n * 4);
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void Bf16Of(const float* __restrict x,
+                                          float* __restrict r, int64_t n,
+                                          char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = Sum<kResidual>(x, r, i);
+    const uint32_t h = Bf16FromBits(Bits(y));
+    Store16(out + 2 * i, h);
+    // y - decoded is exact: the two are within a factor of two (Sterbenz).
+    if constexpr (kResidual) r[i] = y - FromBits(h << 16);
+  }
+}
+
+SHARDPS_MULTIVERSIONED void EncodeBf16Payload(const float* x, float* r,
+                                              int64_t n, char* out) {
+  if (r != nullptr) {
+    Bf16Of<true>(x, r, n, out);
+  } else {
+    Bf16Of<false>(x, r, n, out);
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void Fp16Of(const float* __restrict x,
+                                          float* __restrict r, int64_t n,
+                                          char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = Sum<kResidual>(x, r, i);
+    const uint32_t h = Fp16FromBits(Bits(y));
+    Store16(out + 2 * i, h);
+    // Exact, as for bf16; below binary16's range decoded is 0 and r = y.
+    if constexpr (kResidual) r[i] = y - FromBits(BitsFromFp16(h));
+  }
+}
+
+SHARDPS_MULTIVERSIONED void EncodeFp16Payload(const float* x, float* r,
+                                              int64_t n, char* out) {
+  if (r != nullptr) {
+    Fp16Of<true>(x, r, n, out);
+  } else {
+    Fp16Of<false>(x, r, n, out);
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void Int8Of(const float* __restrict x,
+                                          float* __restrict r, int64_t n,
+                                          float s, char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = Sum<kResidual>(x, r, i);
+    // |y / s| <= 127 * (1 + 2^-23) or so; the clamp is for the last ulp.
+    // The rounded quotient is read off the sum's bits, then clamped as an
+    // integer: no float-to-int conversion or float compare, which would
+    // keep GCC from vectorising the loop.
+    const int32_t rounded = static_cast<int32_t>(Bits(y / s + kRoundMagic)) -
+                            static_cast<int32_t>(Bits(kRoundMagic));
+    const int32_t qi = std::min(std::max(rounded, -127), 127);
+    out[i] = static_cast<char>(qi);
+    // Exact by Sterbenz as well: with q != 0, y and q * s are within a
+    // factor of two; with q == 0, r = y.
+    if constexpr (kResidual) r[i] = y - static_cast<float>(qi) * s;
+  }
+}
+
+SHARDPS_MULTIVERSIONED void EncodeInt8Payload(const float* x, float* r,
+                                              int64_t n, float s, char* out) {
+  if (r != nullptr) {
+    Int8Of<true>(x, r, n, s, out);
+  } else {
+    Int8Of<false>(x, r, n, s, out);
+  }
+}
+
+// The decoders return a nonzero flag when some element is non-finite (fp32,
+// bf16, fp16) or q is -128 (int8); the caller then finds which.
+SHARDPS_MULTIVERSIONED uint32_t DecodeFp32Payload(const char* in, int64_t n,
+                                                  float* out) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = Load32(in + 4 * i);
+    bad |= static_cast<uint32_t>((b & kInfBits) == kInfBits);
+    out[i] = FromBits(b);
+  }
+  return bad;
+}
+
+SHARDPS_MULTIVERSIONED uint32_t DecodeBf16Payload(const char* in, int64_t n,
+                                                  float* out) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = Load16(in + 2 * i);
+    bad |= static_cast<uint32_t>((h & 0x7f80u) == 0x7f80u);
+    out[i] = FromBits(h << 16);
+  }
+  return bad;
+}
+
+SHARDPS_MULTIVERSIONED uint32_t DecodeFp16Payload(const char* in, int64_t n,
+                                                  float* out) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = Load16(in + 2 * i);
+    bad |= static_cast<uint32_t>((h & 0x7c00u) == 0x7c00u);
+    out[i] = FromBits(BitsFromFp16(h));
+  }
+  return bad;
+}
+
+SHARDPS_MULTIVERSIONED uint32_t DecodeInt8Payload(const char* in, int64_t n,
+                                                  float s, float* out) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t q = static_cast<signed char>(in[i]);
+    bad |= static_cast<uint32_t>(q == -128);
+    out[i] = static_cast<float>(q) * s;
+  }
+  return bad;
+}
+
+SHARDPS_MULTIVERSIONED void EncodeBf16Loop(const float* x, int64_t n,
+                                           uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<uint16_t>(Bf16FromBits(Bits(x[i])));
+  }
+}
+
+SHARDPS_MULTIVERSIONED void DecodeBf16Loop(const uint16_t* in, int64_t n,
+                                           float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = FromBits(static_cast<uint32_t>(in[i]) << 16);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Top-k selection: a radix select on the bits of |y|, whose integer order is
+// the numeric order. One histogram of the high 16 bits finds the bin of the
+// k-th largest, a second of the low 16 bits within that bin its exact bits t;
+// the collect pass then takes, in index order, every |y| above t and the
+// first (k - those above) equal to t, so the lower index wins a tie. O(n)
+// and deterministic.
+
+// Scans hist[0, bins) from the top for the bin where the running count
+// reaches `want` (>= 1); *above gets the count of the bins above it.
+uint32_t TopBin(const std::vector<uint32_t>& hist, int64_t want,
+                int64_t* above) {
+  int64_t count = 0;
+  for (uint32_t bin = hist.size() - 1;; --bin) {
+    if (count + hist[bin] >= want || bin == 0) {
+      *above = count;
+      return bin;
+    }
+    count += hist[bin];
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline uint32_t AbsBitsAt(const float* __restrict x,
+                                                 const float* __restrict r,
+                                                 int64_t i) {
+  return Bits(Sum<kResidual>(x, r, i)) & kAbsMask;
+}
+
+// The second and third passes look at few elements (those in one bin, or
+// the top k): each block is tested with a vector compare first, and only a
+// block with a hit is walked element by element. About 1% of the elements
+// are kept, so a collect block of 8 has a hit one time in 12 or so; the
+// threshold's bin holds far fewer.
+constexpr int64_t kBinBlock = 64;
+constexpr int64_t kCollectBlock = 8;
+
+// hist (32768 bins) counts the high 16 bits of |y| (the sign bit is 0).
+void HighHistogram(const float* x, const float* r, int64_t n,
+                   std::vector<uint32_t>* hist) {
+  uint32_t* h = hist->data();
+  if (r != nullptr) {
+    for (int64_t i = 0; i < n; ++i) ++h[AbsBitsAt<true>(x, r, i) >> 16];
+  } else {
+    for (int64_t i = 0; i < n; ++i) ++h[AbsBitsAt<false>(x, r, i) >> 16];
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void LowHistogramOf(const float* __restrict x,
+                                                  const float* __restrict r,
+                                                  int64_t n, uint32_t high,
+                                                  uint32_t* hist) {
+  int64_t begin = 0;
+  for (; begin + kBinBlock <= n; begin += kBinBlock) {
+    uint32_t hit = 0;
+#pragma GCC unroll 1  // kept a loop, so that it is vectorised
+    for (int64_t i = begin; i < begin + kBinBlock; ++i) {
+      hit |=
+          static_cast<uint32_t>((AbsBitsAt<kResidual>(x, r, i) >> 16) == high);
+    }
+    if (hit == 0) continue;
+    for (int64_t i = begin; i < begin + kBinBlock; ++i) {
+      const uint32_t a = AbsBitsAt<kResidual>(x, r, i);
+      if ((a >> 16) == high) ++hist[a & 0xffffu];
+    }
+  }
+  for (int64_t i = begin; i < n; ++i) {
+    const uint32_t a = AbsBitsAt<kResidual>(x, r, i);
+    if ((a >> 16) == high) ++hist[a & 0xffffu];
+  }
+}
+
+// hist (65536 bins) counts the low 16 bits of the |y| whose high ones are
+// `high`.
+SHARDPS_MULTIVERSIONED void LowHistogram(const float* x, const float* r,
+                                         int64_t n, uint32_t high,
+                                         uint32_t* hist) {
+  if (r != nullptr) {
+    LowHistogramOf<true>(x, r, n, high, hist);
+  } else {
+    LowHistogramOf<false>(x, r, n, high, hist);
+  }
+}
+
+// Elements [begin, end) one by one: takes each |y| above `threshold`, and
+// while *ties lasts each equal to it, appending to indices/values at *j;
+// a taken element's residual becomes 0. With a residual, r already holds y.
+template <bool kResidual>
+[[gnu::always_inline]] inline void CollectRange(const float* __restrict x,
+                                                float* __restrict r,
+                                                int64_t begin, int64_t end,
+                                                uint32_t threshold,
+                                                int64_t* ties, int64_t* j,
+                                                char* indices, char* values) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float y = kResidual ? r[i] : x[i];
+    const uint32_t a = Bits(y) & kAbsMask;
+    bool take = a > threshold;
+    if (a == threshold && *ties > 0) {
+      take = true;
+      --*ties;
+    }
+    if (!take) continue;
+    Store32(indices + 4 * *j, static_cast<uint32_t>(i));
+    Store32(values + 4 * *j, Bits(y));
+    ++*j;
+    if constexpr (kResidual) r[i] = 0.0f;
+  }
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline void CollectTopkOf(const float* __restrict x,
+                                                 float* __restrict r, int64_t n,
+                                                 uint32_t threshold,
+                                                 int64_t ties, char* indices,
+                                                 char* values) {
+  int64_t j = 0;
+  int64_t begin = 0;
+  for (; begin + kCollectBlock <= n; begin += kCollectBlock) {
+    uint32_t hit = 0;
+#pragma GCC unroll 1  // kept a loop, so that it is vectorised
+    for (int64_t i = begin; i < begin + kCollectBlock; ++i) {
+      const float y = Sum<kResidual>(x, r, i);
+      hit |= static_cast<uint32_t>((Bits(y) & kAbsMask) >= threshold);
+      if constexpr (kResidual) r[i] = y;
+    }
+    if (hit == 0) continue;
+    CollectRange<kResidual>(x, r, begin, begin + kCollectBlock, threshold,
+                            &ties, &j, indices, values);
+  }
+  if constexpr (kResidual) {
+    for (int64_t i = begin; i < n; ++i) r[i] = x[i] + r[i];
+  }
+  CollectRange<kResidual>(x, r, begin, n, threshold, &ties, &j, indices,
+                          values);
+}
+
+// Writes the selected indices and values to `indices` and `values` (k
+// entries, unaligned) in index order and, with a residual, leaves in it the
+// unsent y and 0 where sent.
+SHARDPS_MULTIVERSIONED void CollectTopk(const float* x, float* r, int64_t n,
+                                        uint32_t threshold, int64_t ties,
+                                        char* indices, char* values) {
+  if (r != nullptr) {
+    CollectTopkOf<true>(x, r, n, threshold, ties, indices, values);
+  } else {
+    CollectTopkOf<false>(x, r, n, threshold, ties, indices, values);
+  }
+}
+
+// The TOPK payload of the k largest |x + r| into out (4 + 8k bytes).
+void SelectTopk(const float* x, float* r, int64_t n, int64_t k, char* out) {
+  std::vector<uint32_t> hist(32768, 0);
+  HighHistogram(x, r, n, &hist);
+  int64_t above = 0;
+  const uint32_t high = TopBin(hist, k, &above);
+  hist.assign(65536, 0);
+  LowHistogram(x, r, n, high, hist.data());
+  int64_t above_in_bin = 0;
+  const uint32_t low = TopBin(hist, k - above, &above_in_bin);
+  const uint32_t threshold = (high << 16) | low;
+  const int64_t ties = k - above - above_in_bin;
+  Store32(out, static_cast<uint32_t>(k));
+  CollectTopk(x, r, n, threshold, ties, out + 4, out + 4 + 4 * k);
+}
+
+// ---------------------------------------------------------------------------
+// Messages.
+
+std::string Num(float v) { return absl::StrFormat("%.9g", v); }
+
+// "ENCODING_FP16: element 3 is 70000", and with a residual what it was made
+// of: the value at `i` that an encoder refused.
+std::string Element(v1::Encoding encoding, const float* x, const float* r,
+                    int64_t i) {
+  std::string s = absl::StrCat(EncodingName(encoding), ": element ", i, " is ");
+  if (r == nullptr) return absl::StrCat(s, Num(x[i]));
+  return absl::StrCat(s, Num(x[i] + r[i]), " (gradient ", Num(x[i]),
+                      " plus residual ", Num(r[i]), ")");
+}
+
+// InvalidArgument for the first element whose |y| bits are >= `limit`, or
+// OK when there is none (`max_abs_bits` says which).
+absl::Status RefuseFirst(v1::Encoding encoding, const float* x, const float* r,
+                         int64_t n, uint32_t max_abs_bits, uint32_t limit) {
+  if (max_abs_bits < limit) return absl::OkStatus();
+  int64_t i = 0;
+  float y = 0;
+  for (; i < n; ++i) {  // max_abs_bits says there is one
+    y = r != nullptr ? x[i] + r[i] : x[i];
+    if ((Bits(y) & kAbsMask) >= limit) break;
+  }
+  const std::string element = Element(encoding, x, r, i);
+  if (!std::isfinite(y)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(element, ", not finite: it cannot be encoded"));
+  }
+  if (encoding == v1::ENCODING_FP16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        element, ", beyond binary16's largest finite value ", Num(kFp16Max),
+        " (from 65520 up it would round to infinity)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      element, ", which rounds to infinity in bfloat16 (largest finite ",
+      Num(FromBits(0x7f7f0000u)), ")"));
+}
+
+absl::Status LengthError(v1::Encoding encoding, uint64_t bytes, int64_t n,
+                         int64_t want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(EncodingName(encoding), " payload has ", bytes, " bytes; ",
+                   n, " elements need ", want));
+}
+
+// InvalidArgument naming the first NaN or infinite value of out[0, n).
+absl::Status NonFiniteError(v1::Encoding encoding, const float* out,
+                            int64_t n) {
+  const int64_t i = FirstNonFinite(out, n);
+  return absl::InvalidArgumentError(
+      absl::StrCat(EncodingName(encoding), ": element ", i < 0 ? 0 : i, " is ",
+                   Num(i < 0 ? 0.0f : out[i]), "; gradients must be finite"));
+}
+
+absl::Status DecodeInt8(absl::string_view payload, int64_t n,
+                        bool allow_nonfinite, float* out) {
+  const float s = FromBits(Load32(payload.data()));
+  if (!(std::isnormal(s) && s > 0)) {
+    const char* what = std::isnan(s)   ? "NaN"
+                       : std::isinf(s) ? "infinite"
+                       : s == 0        ? "zero"
+                       : s < 0         ? "negative"
+                                       : "subnormal";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ENCODING_INT8 scale is ", Num(s), " (", what,
+        "); it must be positive, finite and normal (at least 2^-126)"));
+  }
+  if (!allow_nonfinite && !std::isfinite(127.0f * s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ENCODING_INT8 scale ", Num(s), " is too large: 127 * scale is ",
+        "infinite, so the values would not be finite"));
+  }
+  if (DecodeInt8Payload(payload.data() + 4, n, s, out) != 0) {
+    const char* q = payload.data() + 4;
+    const int64_t i = std::find(q, q + n, static_cast<char>(-128)) - q;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ENCODING_INT8: element ", i, " is -128; q must be in [-127, 127]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTopk(absl::string_view payload, int64_t n,
+                        bool allow_nonfinite, float* out) {
+  if (payload.size() < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ENCODING_TOPK payload has ", payload.size(),
+                     " bytes; it needs at least the 4 of its count k"));
+  }
+  const int64_t k = Load32(payload.data());
+  if (k == 0 || k > n) {
+    return absl::InvalidArgumentError(absl::StrCat("ENCODING_TOPK count k is ",
+                                                   k, "; it must be in [1, ", n,
+                                                   "] for ", n, " elements"));
+  }
+  const uint64_t want = 4 + 8 * static_cast<uint64_t>(k);
+  if (payload.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ENCODING_TOPK payload has ", payload.size(),
+                     " bytes; k = ", k, " needs 4 + 8k = ", want,
+                     payload.size() < want ? " (index or value list truncated)"
+                                           : " (trailing bytes)"));
+  }
+  std::fill(out, out + n, 0.0f);
+  const char* indices = payload.data() + 4;
+  const char* values = indices + 4 * k;
+  int64_t previous = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t index = Load32(indices + 4 * j);
+    if (index >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ENCODING_TOPK entry ", j, " has index ", index,
+                       "; there are ", n, " elements"));
+    }
+    if (index <= previous) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ENCODING_TOPK entry ", j, " has index ", index,
+          index == previous ? ", a duplicate of entry " : ", below entry ",
+          j - 1, "'s ", previous, "; indices must be strictly ascending"));
+    }
+    const float v = FromBits(Load32(values + 4 * j));
+    if (!allow_nonfinite && !std::isfinite(v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ENCODING_TOPK entry ", j, " (element ", index, ") is ",
+                       Num(v), "; gradients must be finite"));
+    }
+    out[index] = v;
+    previous = index;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t EncodedBytes(v1::Encoding encoding, int64_t n, int64_t k) {
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+      return 4 * n;
+    case v1::ENCODING_BF16:
+    case v1::ENCODING_FP16:
+      return 2 * n;
+    case v1::ENCODING_INT8:
+      return 4 + n;
+    case v1::ENCODING_TOPK:
+      return 4 + 8 * k;
+    default:
+      return -1;
+  }
+}
+
+int64_t TopkCount(int64_t n, double ratio) {
+  if (n <= 0) return 0;
+  if (!(ratio > 0)) return 1;
+  if (ratio >= 1) return n;
+  const double k = std::ceil(ratio * static_cast<double>(n));
+  return std::clamp(static_cast<int64_t>(k), int64_t{1}, n);
+}
+
+absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
+                           double topk_ratio, float* residual,
+                           std::string* out) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot encode ", n, " elements"));
+  }
+  uint32_t limit = kInfBits;
+  int64_t k = 0;
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+    case v1::ENCODING_INT8:
+      break;
+    case v1::ENCODING_BF16:
+      limit = kBf16OverflowBits;
+      break;
+    case v1::ENCODING_FP16:
+      limit = kFp16OverflowBits;
+      break;
+    case v1::ENCODING_TOPK:
+      if (!(topk_ratio > 0 && topk_ratio <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ENCODING_TOPK ratio must be in (0, 1], got ", topk_ratio));
+      }
+      if (n == 0 || n > int64_t{0xffffffff}) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ENCODING_TOPK cannot encode ", n,
+                         " elements; it takes 1 to 2^32 - 1"));
+      }
+      k = TopkCount(n, topk_ratio);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot encode gradients as ", EncodingName(encoding)));
+  }
+  // Everything is checked before anything is written, so that a refused
+  // gradient leaves *out and *residual as they were.
+  const uint32_t max_abs_bits = MaxAbsBits(x, residual, n);
+  absl::Status status =
+      RefuseFirst(encoding, x, residual, n, max_abs_bits, limit);
+  if (!status.ok()) return status;
+  out->resize(EncodedBytes(encoding, n, k));
+  char* bytes = out->data();
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+      EncodeFp32(x, residual, n, bytes);
+      break;
+    case v1::ENCODING_BF16:
+      EncodeBf16Payload(x, residual, n, bytes);
+      break;
+    case v1::ENCODING_FP16:
+      EncodeFp16Payload(x, residual, n, bytes);
+      break;
+    case v1::ENCODING_INT8: {
+      // s = max|y| / 127, kept normal (at least 2^-126, which also stands in
+      // for an all-zero chunk: q = 0 decodes to 0 for any s) and small
+      // enough that 127 * s is finite, one ulp down where it is not.
+      float s = std::max(FromBits(max_abs_bits) / 127.0f,
+                         std::numeric_limits<float>::min());
+      if (!std::isfinite(127.0f * s)) s = FromBits(Bits(s) - 1);
+      Store32(bytes, Bits(s));
+      EncodeInt8Payload(x, residual, n, s, bytes + 4);
+      break;
+    }
+    default:  // TOPK
+      SelectTopk(x, residual, n, k, bytes);
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,
+                           int64_t n, bool allow_nonfinite, float* out) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot decode ", n, " elements"));
+  }
+  if (encoding == v1::ENCODING_TOPK) {
+    return DecodeTopk(payload, n, allow_nonfinite, out);
+  }
+  const int64_t want = EncodedBytes(encoding, n);
+  if (want < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot decode ", EncodingName(encoding)));
+  }
+  if (payload.size() != static_cast<uint64_t>(want)) {
+    return LengthError(encoding, payload.size(), n, want);
+  }
+  uint32_t bad = 0;
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+      if (allow_nonfinite) {
+        std::memcpy(out, payload.data(), payload.size());
+      } else {
+        bad = DecodeFp32Payload(payload.data(), n, out);
+      }
+      break;
+    case v1::ENCODING_BF16:
+      bad = DecodeBf16Payload(payload.data(), n, out);
+      break;
+    case v1::ENCODING_FP16:
+      bad = DecodeFp16Payload(payload.data(), n, out);
+      break;
+    default:  // INT8
+      return DecodeInt8(payload, n, allow_nonfinite, out);
+  }
+  if (bad != 0 && !allow_nonfinite) return NonFiniteError(encoding, out, n);
+  return absl::OkStatus();
+}
+
+void EncodeBf16(const float* x, int64_t n, uint16_t* out) {
+  EncodeBf16Loop(x, n, out);
+}
+
+void DecodeBf16(const uint16_t* in, int64_t n, float* out) {
+  DecodeBf16Loop(in, n, out);
+}
+
+}  // namespace shardps
