@@ -1,9 +1,13 @@
 #include "server/chunk.h"
 
 #include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/codec.h"
 #include "server/server_metrics.h"
 #include "server/snapshot_scheduler.h"
 
@@ -13,9 +17,64 @@ ChunkReply CurrentReply(const Chunk& chunk, bool push_only) {
   ChunkReply reply;
   reply.chunk_id = chunk.spec.id;
   reply.version = chunk.version;
-  if (!push_only) reply.weights = chunk.weights;
+  if (push_only) return reply;
+  if (chunk.copy != nullptr) {
+    reply.weights = chunk.copy;
+    reply.changes = chunk.changes;
+  } else {
+    reply.weights = chunk.weights;
+  }
   return reply;
 }
+
+void ResetWorkerCopy(Chunk* chunk) {
+  if (chunk->sparse_ratio <= 0) return;
+  // A new buffer: replies being sent may still hold the old one.
+  chunk->copy = std::make_shared<std::vector<float>>(*chunk->weights);
+  chunk->changes.reset();
+}
+
+namespace {
+
+// Moves the workers' copy of `chunk` to its weights at the elements that
+// differ most, and records them as the chunk's changes.
+void MoveWorkerCopy(Chunk* chunk, ShardCounters* counters)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu) {
+  const int64_t n = chunk->spec.num_elements;
+  if (chunk->copy.use_count() > 1) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    chunk->copy = std::make_shared<std::vector<float>>(*chunk->copy);
+    counters->weight_copies.fetch_add(1, std::memory_order_relaxed);
+  }
+  const float* w = chunk->weights->data();
+  float* copy = chunk->copy->data();
+  thread_local std::vector<float> difference;
+  difference.resize(n);
+  for (int64_t i = 0; i < n; ++i) difference[i] = w[i] - copy[i];
+  auto changes = std::make_shared<std::string>();
+  // The TOPK encoder picks the elements (the lower index first among equal
+  // differences); their values are then replaced by the new weights.
+  if (!EncodePayload(v1::ENCODING_TOPK, difference.data(), n,
+                     chunk->sparse_ratio, nullptr, changes.get())
+           .ok()) {
+    // Non-finite weights (--allow_nonfinite): the copy is sent whole.
+    ResetWorkerCopy(chunk);
+    return;
+  }
+  uint32_t k;
+  std::memcpy(&k, changes->data(), 4);
+  const char* indices = changes->data() + 4;
+  char* values = changes->data() + 4 + 4 * static_cast<size_t>(k);
+  for (uint32_t j = 0; j < k; ++j) {
+    uint32_t i;
+    std::memcpy(&i, indices + 4 * j, 4);
+    copy[i] = w[i];
+    std::memcpy(values + 4 * j, &w[i], 4);
+  }
+  chunk->changes = std::move(changes);
+}
+
+}  // namespace
 
 absl::Status CheckNotAwaiting(const Chunk& chunk) {
   if (!chunk.awaiting_values) return absl::OkStatus();
@@ -47,12 +106,15 @@ void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
   const absl::Time start = absl::Now();
   chunk->optimizer->ApplySum(chunk->version, sum, count, chunk->weights->data(),
                              slots, chunk->spec.num_elements, learning_rate);
+  if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
   Advance(chunk);
 }
 
 void ChunkUpdater::Skip(Chunk* chunk) const {
-  // The weights stay as they are, so replies still holding them are fine.
+  // The weights stay as they are, so replies still holding them are fine;
+  // the workers' copy stays too, and is sent whole.
+  chunk->changes.reset();
   Advance(chunk);
 }
 
@@ -63,10 +125,6 @@ void ChunkUpdater::Advance(Chunk* chunk) const {
 }
 
 void ChunkUpdater::Deliver(ReplySink* sink, ChunkReply reply) const {
-  if (reply.weights != nullptr) {
-    counters_->bytes_out.fetch_add(reply.weights->size() * 4,
-                                   std::memory_order_relaxed);
-  }
   sink->Deliver(std::move(reply));
 }
 

@@ -34,7 +34,12 @@ using WeightsBuffer = std::shared_ptr<const std::vector<float>>;
 struct ChunkReply {
   uint32_t chunk_id = 0;
   int64_t version = 0;
-  WeightsBuffer weights;  // null for push-only
+  // Null for push-only. With sparse weights: the workers' copy.
+  WeightsBuffer weights;
+  // Sparse weights: the TOPK payload of the update to `version` (the
+  // elements of the copy it changed), or null when the chunk got to
+  // `version` otherwise (then only `weights` can be sent).
+  std::shared_ptr<const std::string> changes;
 };
 
 // Receives the reply of each accepted push exactly once, from any thread,
@@ -70,6 +75,14 @@ struct Chunk {
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   // Updates applied: the step the chunk is at.
   int64_t version ABSL_GUARDED_BY(mu) = 0;
+  // Sparse weights (Layout.sparse_weights_ratio; constant after the model
+  // is built, 0: off): `copy` is what every worker holds, moved towards
+  // `weights` at each update by the elements that differ most, which
+  // `changes` lists (the TOPK payload of the update to `version`; null
+  // when the chunk got there otherwise). Copy on write, as `weights`.
+  float sparse_ratio = 0;
+  std::shared_ptr<std::vector<float>> copy ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const std::string> changes ABSL_GUARDED_BY(mu);
   // The tensor's InitSpec is KIND_PROVIDED and no worker has sent the
   // values yet: the weights are zeros that nobody may read or update. Only
   // ever goes from true to false.
@@ -85,13 +98,21 @@ absl::Status CheckNotAwaiting(const Chunk& chunk)
 ChunkReply CurrentReply(const Chunk& chunk, bool push_only)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
+// Sparse weights: the workers' copy becomes the weights whole (a new model,
+// initial values, a checkpoint restored), with no changes to send. No-op
+// without sparse weights.
+void ResetWorkerCopy(Chunk* chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
 // A shard's running totals, reported by GetStatus.
 struct ShardCounters {
   std::atomic<uint64_t> pushes{0};
   std::atomic<uint64_t> updates{0};
   std::atomic<uint64_t> rejected{0};
+  // Payload bytes on the wire, and the same gradients and weights as fp32.
   std::atomic<uint64_t> bytes_in{0};
   std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> bytes_in_fp32{0};
+  std::atomic<uint64_t> bytes_out_fp32{0};
   // Updates that had to copy the weights because a reply still held them.
   std::atomic<uint64_t> weight_copies{0};
 };

@@ -8,8 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/codec.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "common/wire.h"
 #include "server/server_metrics.h"
 
@@ -23,18 +25,60 @@ void ReleaseWeights(void* holder) {
   delete static_cast<WeightsBuffer*>(holder);
 }
 
-// A PushPullResponse whose payload references the reply's weights buffer.
-grpc::ByteBuffer EncodeReply(ChunkReply reply) {
+void ReleaseBf16(void* holder) { delete[] static_cast<uint16_t*>(holder); }
+
+void ReleaseChanges(void* holder) {
+  delete static_cast<std::shared_ptr<const std::string>*>(holder);
+}
+
+// InvalidArgument unless weights can be sent in `encoding`: FP32 or BF16,
+// and for PushPull replies (`sparse`) TOPK.
+absl::Status CheckReplyEncoding(v1::Encoding encoding, bool sparse) {
+  encoding = EffectiveEncoding(encoding);
+  if (encoding == v1::ENCODING_FP32 || encoding == v1::ENCODING_BF16 ||
+      (sparse && encoding == v1::ENCODING_TOPK)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weights cannot be sent as ", EncodingName(encoding),
+      sparse ? ": ask for ENCODING_FP32, ENCODING_BF16 or ENCODING_TOPK"
+             : ": ask for ENCODING_FP32 or ENCODING_BF16"));
+}
+
+// A PushPullResponse whose payload is the reply's weights in `encoding`
+// (checked by CheckReplyEncoding): FP32 references the weights buffer, BF16
+// is a rounded copy, TOPK references the update's changes (or, for a reply
+// without them, is the weights as FP32). Counts the bytes sent in `store`.
+grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
+                             ParameterStore* store, ServerMetrics* metrics) {
+  encoding = EffectiveEncoding(encoding);
+  if (encoding == v1::ENCODING_TOPK && reply.changes == nullptr) {
+    encoding = v1::ENCODING_FP32;
+  }
   v1::PushPullResponse header;
   header.set_chunk_id(reply.chunk_id);
   header.set_version(reply.version);
-  header.set_encoding(v1::ENCODING_FP32);
+  header.set_encoding(encoding);
   if (reply.weights == nullptr) return EncodeWithPayload(header, grpc::Slice());
   const std::vector<float>& w = *reply.weights;
-  // The slice keeps the buffer alive until gRPC has sent it.
-  auto* holder = new WeightsBuffer(std::move(reply.weights));
-  return EncodeWithPayload(
-      header, ReferenceSlice(w.data(), w.size() * 4, ReleaseWeights, holder));
+  grpc::Slice payload;
+  if (encoding == v1::ENCODING_TOPK) {
+    const std::string& changes = *reply.changes;
+    auto* holder = new std::shared_ptr<const std::string>(reply.changes);
+    payload =
+        ReferenceSlice(changes.data(), changes.size(), ReleaseChanges, holder);
+  } else if (encoding == v1::ENCODING_BF16) {
+    auto* bf16 = new uint16_t[w.size()];
+    EncodeBf16(w.data(), static_cast<int64_t>(w.size()), bf16);
+    payload = ReferenceSlice(bf16, w.size() * 2, ReleaseBf16, bf16);
+  } else {
+    // The slice keeps the buffer alive until gRPC has sent it.
+    auto* holder = new WeightsBuffer(std::move(reply.weights));
+    payload = ReferenceSlice(w.data(), w.size() * 4, ReleaseWeights, holder);
+  }
+  store->CountSent(w.size() * 4, payload.size());
+  if (metrics != nullptr) metrics->Sent(payload.size(), w.size() * 4);
+  return EncodeWithPayload(header, std::move(payload));
 }
 
 // One PushPull stream. Accepted pushes are answered by the store through
@@ -86,6 +130,9 @@ class PushPullReactor final
   void Pump();
   void RequestFinish(grpc::Status status);
   void ReadNext();
+  // Records the first push's reply encoding; InvalidArgument for one that
+  // cannot be sent or differs from it.
+  absl::Status TakeReplyEncoding(v1::Encoding asked);
 
   ParameterStore* const store_;
   ParameterService* const service_;
@@ -97,6 +144,8 @@ class PushPullReactor final
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  // The reply encoding the stream's first push asked for.
+  std::optional<v1::Encoding> reply_encoding_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_read_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -109,6 +158,18 @@ class PushPullReactor final
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
+  SHARDPS_RETURN_IF_ERROR(CheckReplyEncoding(asked, /*sparse=*/true));
+  asked = EffectiveEncoding(asked);
+  absl::MutexLock lock(&mu_);
+  if (!reply_encoding_.has_value()) reply_encoding_ = asked;
+  if (*reply_encoding_ == asked) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push of chunk ", request_.chunk_id(), " from rank ", request_.rank(),
+      " asks for weights as ", EncodingName(asked), " but this stream's first",
+      " push asked for ", EncodingName(*reply_encoding_)));
+}
 
 void PushPullReactor::OnReadDone(bool ok) {
   {
@@ -126,6 +187,7 @@ void PushPullReactor::OnReadDone(bool ok) {
     return;
   }
   absl::Status status = DecodeWithPayload(buffer_, &request_, &payload_);
+  if (status.ok()) status = TakeReplyEncoding(request_.reply_encoding());
   if (status.ok()) {
     PushArgs args;
     args.rank = request_.rank();
@@ -142,9 +204,6 @@ void PushPullReactor::OnReadDone(bool ok) {
     args.initial_values = request_.initial_values();
     args.payload = &payload_;
     status = store_->Push(args, shared_from_this());
-    if (status.ok() && service_->metrics() != nullptr) {
-      service_->metrics()->Pushed(payload_.size());
-    }
   }
   // The store has copied what it keeps: let go of the received slices.
   payload_.Clear();
@@ -192,13 +251,19 @@ void PushPullReactor::ReadNext() {
 }
 
 void PushPullReactor::Deliver(ChunkReply reply) {
-  if (reply.weights != nullptr && service_->metrics() != nullptr) {
-    service_->metrics()->Sent(reply.weights->size() * 4);
-  }
+  v1::Encoding encoding;
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
-    queue_.push_back(EncodeReply(std::move(reply)));
+    encoding = reply_encoding_.value_or(v1::ENCODING_FP32);
+  }
+  // Encoded outside the lock: a BF16 reply converts the whole chunk.
+  grpc::ByteBuffer message =
+      EncodeReply(std::move(reply), encoding, store_, service_->metrics());
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || finish_wanted_.has_value()) return;
+    queue_.push_back(std::move(message));
   }
   Pump();
 }
@@ -262,8 +327,11 @@ void PushPullReactor::Pump() {
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids,
-              ServerMetrics* metrics)
-      : store_(store), chunk_ids_(std::move(chunk_ids)), metrics_(metrics) {
+              v1::Encoding encoding, ServerMetrics* metrics)
+      : store_(store),
+        chunk_ids_(std::move(chunk_ids)),
+        encoding_(encoding),
+        metrics_(metrics) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -287,16 +355,14 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(ToGrpcStatus(reply.status()));
       return;
     }
-    if (metrics_ != nullptr) {
-      metrics_->Pulled();
-      metrics_->Sent(reply->weights->size() * 4);
-    }
-    response_ = EncodeReply(*std::move(reply));
+    if (metrics_ != nullptr) metrics_->Pulled();
+    response_ = EncodeReply(*std::move(reply), encoding_, store_, metrics_);
     StartWrite(&response_);
   }
 
   ParameterStore* const store_;
   const std::vector<uint32_t> chunk_ids_;
+  const v1::Encoding encoding_;
   ServerMetrics* const metrics_;
   size_t next_ = 0;
   grpc::ByteBuffer response_;
@@ -368,13 +434,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
                           metrics());
   }
   const v1::PullRequest* req = &parsed;
-  if (EffectiveEncoding(req->encoding()) != v1::ENCODING_FP32) {
-    return new FailedPull(
-        absl::InvalidArgumentError(absl::StrCat(
-            "unsupported encoding ", v1::Encoding_Name(req->encoding()),
-            " for Pull; this server sends ENCODING_FP32")),
-        metrics());
-  }
+  absl::Status encoding = CheckReplyEncoding(req->encoding(), /*sparse=*/false);
+  if (!encoding.ok()) return new FailedPull(encoding, metrics());
   std::vector<uint32_t> ids(req->chunk_ids().begin(), req->chunk_ids().end());
   if (ids.empty()) {
     ids = store->OwnedChunks();
@@ -391,7 +452,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
     absl::Status readable = store->CheckReadable(id);
     if (!readable.ok()) return new FailedPull(readable, metrics());
   }
-  return new PullReactor(store, std::move(ids), metrics());
+  return new PullReactor(store, std::move(ids),
+                         EffectiveEncoding(req->encoding()), metrics());
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStatus(

@@ -8,6 +8,7 @@
 #include "common/encoding.h"
 #include "common/status.h"
 #include "server/gradient_decode.h"
+#include "server/server_metrics.h"
 
 namespace shardps::server {
 
@@ -39,6 +40,16 @@ bool ParameterStore::Publish(std::unique_ptr<State> built) {
 
 absl::StatusOr<std::unique_ptr<ParameterStore::State>>
 ParameterStore::BuildState(const v1::DeclareRequest& req) {
+  if (req.layout().sparse_weights_ratio() > 0 &&
+      options_.mode != v1::CONSISTENCY_SYNC) {
+    // Every worker must hold the same copy, which only sync steps give.
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse weights (sparse_weights_ratio ",
+                     req.layout().sparse_weights_ratio(),
+                     ") need sync mode; this shard "
+                     "runs ",
+                     ConsistencyName(options_.mode, options_.staleness)));
+  }
   auto state = std::make_unique<State>();
   SHARDPS_ASSIGN_OR_RETURN(
       state->model,
@@ -160,6 +171,7 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    ResetWorkerCopy(chunk);
     // The checkpoint holds the values a worker provided.
     built->model->StopAwaiting(chunk);
     // Async and ssp clocks restart from the checkpoint's step.
@@ -197,6 +209,7 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
         std::make_shared<std::vector<float>>(std::move(saved.weights));
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    ResetWorkerCopy(chunk);
     st->model->StopAwaiting(chunk);
     st->aggregator->Reset(chunk, &failed);
   }
@@ -205,6 +218,17 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   for (const auto& sink : failed) sink->Fail(why);
   return absl::OkStatus();
 }
+
+namespace {
+
+// `status` with "`what`: " in front of its message (OK stays OK).
+absl::Status Prefixed(const std::string& what, absl::Status status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(what, ": ", status.message()));
+}
+
+}  // namespace
 
 absl::Status ParameterStore::CheckPush(const PushArgs& args,
                                        const Chunk& chunk) const {
@@ -223,9 +247,11 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
       return absl::InvalidArgumentError(
           what() + " sets both initial_values and no_gradient");
     }
-    // Any step: the values do not belong to one.
-    return CheckGradientPayload(args.encoding, args.payload->size(),
-                                chunk.spec.num_elements);
+    // Any step: the values do not belong to one. Exact weights only.
+    return Prefixed(what() + " (initial values)",
+                    CheckGradientPayload(args.encoding, args.payload->size(),
+                                         chunk.spec.num_elements,
+                                         EncodingBit(v1::ENCODING_FP32)));
   }
   if (args.step < 0) {
     return absl::InvalidArgumentError(
@@ -243,17 +269,24 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
         absl::StrCat(what(), " has no_gradient but a payload of ",
                      args.payload->size(), " bytes (it must be empty)"));
   }
-  return CheckGradientPayload(args.encoding, args.payload->size(),
-                              chunk.spec.num_elements);
+  return Prefixed(what(),
+                  CheckGradientPayload(args.encoding, args.payload->size(),
+                                       chunk.spec.num_elements,
+                                       options_.accepted_encodings));
 }
 
 absl::Status ParameterStore::Push(const PushArgs& args,
                                   std::shared_ptr<ReplySink> sink) {
   const uint64_t bytes = args.payload->size();
-  const absl::Status status = Route(args, std::move(sink));
+  uint64_t fp32_bytes = 0;
+  const absl::Status status = Route(args, std::move(sink), &fp32_bytes);
   if (status.ok()) {
     counters_.pushes.fetch_add(1, std::memory_order_relaxed);
     counters_.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+    counters_.bytes_in_fp32.fetch_add(fp32_bytes, std::memory_order_relaxed);
+    if (options_.metrics != nullptr) {
+      options_.metrics->Pushed(bytes, fp32_bytes);
+    }
   } else {
     counters_.rejected.fetch_add(1, std::memory_order_relaxed);
   }
@@ -261,7 +294,8 @@ absl::Status ParameterStore::Push(const PushArgs& args,
 }
 
 absl::Status ParameterStore::Route(const PushArgs& args,
-                                   std::shared_ptr<ReplySink> sink) {
+                                   std::shared_ptr<ReplySink> sink,
+                                   uint64_t* fp32_bytes) {
   const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
@@ -269,6 +303,7 @@ absl::Status ParameterStore::Route(const PushArgs& args,
   }
   SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(args.chunk_id));
   SHARDPS_RETURN_IF_ERROR(CheckPush(args, *chunk));
+  if (!args.no_gradient) *fp32_bytes = chunk->spec.bytes();
   if (args.initial_values) {
     // No rollback or step check: the values are the same whenever they
     // come, and only the first ones count.
@@ -318,6 +353,7 @@ absl::Status ParameterStore::SetInitialValues(const State& state,
     absl::MutexLock lock(&chunk->mu);
     if (chunk->awaiting_values) {
       chunk->weights = std::move(values);
+      ResetWorkerCopy(chunk);
       state.model->StopAwaiting(chunk);
     }
     // Set now or before (then these values are ignored): either way the
@@ -406,6 +442,11 @@ v1::GetStatusResponse ParameterStore::Report() const {
   resp.set_rejected_total(counters_.rejected.load());
   resp.set_bytes_in_total(counters_.bytes_in.load());
   resp.set_bytes_out_total(counters_.bytes_out.load());
+  resp.set_bytes_in_fp32_total(counters_.bytes_in_fp32.load());
+  resp.set_bytes_out_fp32_total(counters_.bytes_out_fp32.load());
+  for (std::string& name : EncodingSetNames(options_.accepted_encodings)) {
+    resp.add_accepted_encodings(std::move(name));
+  }
   resp.set_weight_copies_total(counters_.weight_copies.load());
   resp.set_rollback_id(rollback_id_.load());
   const State* st = state();

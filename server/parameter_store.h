@@ -21,6 +21,7 @@
 #include "server/aggregator.h"
 #include "server/checkpoint.h"
 #include "server/chunk.h"
+#include "server/gradient_decode.h"
 #include "server/rank_tracker.h"
 #include "server/shard_model.h"
 #include "server/snapshot_scheduler.h"
@@ -39,6 +40,9 @@ struct StoreOptions {
   int64_t staleness = 0;  // ssp only
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;
+  // Gradient encodings accepted (shardps-server --encodings); a push in
+  // another is INVALID_ARGUMENT.
+  EncodingSet accepted_encodings = kAllGradientEncodings;
   // Threads that run optimizer updates, in parallel across chunks.
   int update_threads = 2;
   // Checkpoints: when > 0, each chunk's state is copied when its version
@@ -111,6 +115,13 @@ class ParameterStore {
   absl::StatusOr<ChunkReply> Read(uint32_t chunk_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Counts weights handed to the transport: `fp32_bytes` of values sent as
+  // `wire_bytes` of payload (Report's bytes_out_fp32_total, bytes_out_total).
+  void CountSent(uint64_t fp32_bytes, uint64_t wire_bytes) {
+    counters_.bytes_out_fp32.fetch_add(fp32_bytes, std::memory_order_relaxed);
+    counters_.bytes_out.fetch_add(wire_bytes, std::memory_order_relaxed);
+  }
+
   // OK when Read(chunk_id) would succeed now; else its status.
   absl::Status CheckReadable(uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -160,8 +171,9 @@ class ParameterStore {
   // Rank, step, learning rate and payload length of a push to `chunk`.
   absl::Status CheckPush(const PushArgs& args, const Chunk& chunk) const;
   // Push without the counters.
-  absl::Status Route(const PushArgs& args, std::shared_ptr<ReplySink> sink)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets *fp32_bytes to the gradient's size as fp32 (0 for no_gradient).
+  absl::Status Route(const PushArgs& args, std::shared_ptr<ReplySink> sink,
+                     uint64_t* fp32_bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // A push with initial_values, checked by CheckPush and the rank tracker.
   absl::Status SetInitialValues(const State& state, const PushArgs& args,
                                 Chunk* chunk, std::shared_ptr<ReplySink> sink)

@@ -20,6 +20,7 @@
 #include "common/signal_wait.h"
 #include "common/status.h"
 #include "server/coordinator/member_flags.h"
+#include "server/gradient_decode.h"
 #include "server/shard_lifecycle.h"
 
 ABSL_FLAG(int32_t, shard_index, -1,
@@ -37,6 +38,9 @@ ABSL_FLAG(std::string, mode, "sync",
           "worker gets more than K steps ahead of the slowest).");
 ABSL_FLAG(bool, allow_nonfinite, false,
           "Accept gradients holding NaN or infinity (rejected by default).");
+ABSL_FLAG(std::string, encodings, "all",
+          "Gradient encodings accepted from workers: all, or a list of fp32, "
+          "bf16, fp16, int8, topk (a push in another is refused).");
 ABSL_FLAG(int32_t, update_threads, 2,
           "Threads running optimizer updates in parallel across chunks.");
 ABSL_FLAG(int32_t, max_message_bytes, 0,
@@ -95,6 +99,8 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
         "--mode=", mode, " is not one of: sync, async, ssp:K (K >= 0)"));
   }
   o.store.allow_nonfinite = absl::GetFlag(FLAGS_allow_nonfinite);
+  SHARDPS_ASSIGN_OR_RETURN(o.store.accepted_encodings,
+                           ParseEncodingSet(absl::GetFlag(FLAGS_encodings)));
   o.store.update_threads = absl::GetFlag(FLAGS_update_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (o.max_message_bytes < 0) {

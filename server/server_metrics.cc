@@ -16,10 +16,16 @@ ServerMetrics::ServerMetrics(prometheus::Registry& r)
       pulls_(AddCounter(r, "shardps_server_pulls_total",
                         "Weight chunks read by Pull.")),
       received_bytes_(AddCounter(r, "shardps_server_received_bytes_total",
-                                 "Gradient payload bytes accepted.")),
+                                 "Gradient payload bytes accepted (on the "
+                                 "wire, after compression).")),
+      received_fp32_bytes_(AddCounter(
+          r, "shardps_server_received_fp32_bytes_total",
+          "The accepted gradients' bytes as fp32 (before compression).")),
       sent_bytes_(AddCounter(r, "shardps_server_sent_bytes_total",
                              "Weight payload bytes sent (PushPull replies and "
-                             "Pull).")),
+                             "Pull, as encoded).")),
+      sent_fp32_bytes_(AddCounter(r, "shardps_server_sent_fp32_bytes_total",
+                                  "The sent weights' bytes as fp32.")),
       step_seconds_(AddHistogram(r, "shardps_server_step_seconds",
                                  "Sync mode: from the first push of a chunk's "
                                  "step to its update being applied.",

@@ -21,14 +21,18 @@ class ServerMetrics {
   // Registers the shard's metrics in `registry`, which must outlive this.
   explicit ServerMetrics(prometheus::Registry& registry);
 
-  // An accepted gradient chunk of `bytes` payload bytes.
-  void Pushed(uint64_t bytes) {
+  // An accepted gradient chunk of `bytes` payload bytes, `fp32_bytes` as
+  // fp32.
+  void Pushed(uint64_t bytes, uint64_t fp32_bytes) {
     pushes_.Increment();
     received_bytes_.Increment(static_cast<double>(bytes));
+    received_fp32_bytes_.Increment(static_cast<double>(fp32_bytes));
   }
-  // A weights chunk of `bytes` handed to the transport (PushPull or Pull).
-  void Sent(uint64_t bytes) {
+  // A weights chunk of `bytes` payload bytes (`fp32_bytes` as fp32) handed
+  // to the transport (PushPull or Pull).
+  void Sent(uint64_t bytes, uint64_t fp32_bytes) {
     sent_bytes_.Increment(static_cast<double>(bytes));
+    sent_fp32_bytes_.Increment(static_cast<double>(fp32_bytes));
   }
   // A chunk read by Pull.
   void Pulled() { pulls_.Increment(); }
@@ -62,7 +66,9 @@ class ServerMetrics {
   prometheus::Counter& pushes_;
   prometheus::Counter& pulls_;
   prometheus::Counter& received_bytes_;
+  prometheus::Counter& received_fp32_bytes_;
   prometheus::Counter& sent_bytes_;
+  prometheus::Counter& sent_fp32_bytes_;
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& aggregation_seconds_;
   prometheus::Histogram& staleness_steps_;

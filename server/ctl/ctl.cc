@@ -91,6 +91,13 @@ int CountFinished(const v1::JobStatus& status) {
                     [](const v1::MemberStatus& m) { return m.finished(); }));
 }
 
+// Bytes sent or received, with the fp32 bytes they stand for when
+// compression made them fewer: "1.0 MiB (4.0 MiB as fp32)".
+std::string BytesOnWire(uint64_t wire, uint64_t fp32) {
+  if (fp32 == 0 || fp32 == wire) return HumanBytes(wire);
+  return absl::StrCat(HumanBytes(wire), " (", HumanBytes(fp32), " as fp32)");
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobStatus> FetchJobStatus(const std::string& coordinator,
@@ -259,8 +266,9 @@ std::string FormatShardReports(const std::vector<ShardReport>& reports) {
          HumanBytes(s.owned_bytes()),
          absl::StrCat(s.min_version(), "..", s.max_version()),
          absl::StrCat(s.pushes_total()), absl::StrCat(s.updates_total()),
-         absl::StrCat(s.rejected_total()), HumanBytes(s.bytes_in_total()),
-         HumanBytes(s.bytes_out_total())});
+         absl::StrCat(s.rejected_total()),
+         BytesOnWire(s.bytes_in_total(), s.bytes_in_fp32_total()),
+         BytesOnWire(s.bytes_out_total(), s.bytes_out_fp32_total())});
   }
   return FormatTable(rows);
 }
@@ -290,8 +298,10 @@ std::string FormatShardLoad(const std::vector<ShardReport>& reports) {
              : absl::StrCat(s.min_version(), "..", s.max_version()),
          absl::StrCat(s.num_chunks()), HumanBytes(s.owned_bytes()),
          absl::StrCat(s.pushes_total()), absl::StrCat(s.updates_total()),
-         absl::StrCat(s.rejected_total()), HumanBytes(s.bytes_in_total()),
-         HumanBytes(s.bytes_out_total()), checkpoint});
+         absl::StrCat(s.rejected_total()),
+         BytesOnWire(s.bytes_in_total(), s.bytes_in_fp32_total()),
+         BytesOnWire(s.bytes_out_total(), s.bytes_out_fp32_total()),
+         checkpoint});
     if (s.failed_checkpoint_step() > 0) {
       absl::StrAppend(&errors, "  shard ", s.shard_index(), ": step ",
                       s.failed_checkpoint_step(), ": ", s.checkpoint_error(),

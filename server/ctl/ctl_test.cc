@@ -167,6 +167,19 @@ TEST(CtlTest, ShardLoadShowsStepsTrafficCheckpointsAndErrors) {
   EXPECT_TRUE(absl::StrContains(text, "6.0 MiB    40\n")) << text;
 }
 
+TEST(CtlTest, ShardLoadShowsCompressedTrafficBesideItsFp32Bytes) {
+  v1::GetStatusResponse s = Shard(0, 7);
+  s.set_bytes_in_total(1 << 20);
+  s.set_bytes_in_fp32_total(4 << 20);
+  s.set_bytes_out_total(2 << 20);
+  s.set_bytes_out_fp32_total(2 << 20);  // weights sent as fp32
+  const std::string text = FormatShardLoad({{"10.0.0.1:5000", s}});
+  EXPECT_TRUE(absl::StrContains(text, "1.0 MiB (4.0 MiB as fp32)")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "2.0 MiB (")) << text;
+  EXPECT_TRUE(absl::StrContains(FormatShardReports({{"10.0.0.1:5000", s}}),
+                                "1.0 MiB (4.0 MiB as fp32)"));
+}
+
 TEST(CtlTest, ServersComeFromTheCoordinatorsView) {
   v1::JobStatus status;
   status.mutable_view()->set_num_shards(2);

@@ -406,6 +406,7 @@ TEST(ParameterServerE2ETest, BadFlagsExitNonZeroWithAMessage) {
       {{"--no_such_flag"}, "no_such_flag"},
       {{"--checkpoint_dir=/proc/shardps/ckpt"}, "/proc/shardps/ckpt"},
       {{"--checkpoint_every_steps=5"}, "needs --checkpoint_dir"},
+      {{"--encodings=fp32,zstd"}, "unknown gradient encoding \"zstd\""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
