@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/codec.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/partitioner.h"
@@ -32,6 +33,7 @@ struct Client::Stream {
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
   v1::PushPullResponse response;    // header fields of the last reply
   PayloadView payload;              // payload of the last reply
+  std::string scratch;              // a compressed reply, gathered
 
   // Gradient slices gRPC still references; a step returns only once it is
   // zero, so the caller's gradient buffers may then be reused.
@@ -46,7 +48,7 @@ struct Client::Stream {
   // The message of one chunk: `header`, then `bytes` of gradient at `data`
   // (null: none, for no_gradient), referenced rather than copied and
   // counted until gRPC drops it.
-  grpc::ByteBuffer Message(const v1::PushPullRequest& header, const float* data,
+  grpc::ByteBuffer Message(const v1::PushPullRequest& header, const void* data,
                            int64_t bytes) {
     if (data == nullptr) return EncodeWithPayload(header, grpc::Slice());
     {
@@ -109,6 +111,10 @@ struct Client::OpenStep {
   std::vector<std::optional<float>> learning_rate;  // by tensor
   std::vector<bool> pushed;                         // by tensor
   std::vector<bool> no_gradient;                    // by tensor
+  // Compressed gradients: by chunk id, the payload sent (owned by the
+  // GradientCompressor, valid for the step).
+  std::vector<absl::string_view> payloads;
+  std::vector<bool> encoded;  // by tensor
   int num_pushed = 0;
   absl::Time start;
 };
@@ -160,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("max_attempts must be at least 1");
   }
+  SHARDPS_RETURN_IF_ERROR(ValidateCompression(options.compression));
   for (const std::string& s : options.servers) {
     if (s.empty() || s.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(
@@ -228,6 +235,18 @@ absl::Status Client::Declare(const v1::Layout& layout,
   std::vector<uint32_t> shard_of = PartitionChunks(chunks, num_shards);
   const int k = options_.streams_per_shard;
   layout_ = layout;
+  if (options_.compression.weights == v1::ENCODING_TOPK) {
+    // Sparse weights are the model's: every worker declares the same.
+    const float ratio =
+        static_cast<float>(options_.compression.weights_topk_ratio);
+    if (layout.sparse_weights_ratio() != 0 &&
+        layout.sparse_weights_ratio() != ratio) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the layout's sparse_weights_ratio ", layout.sparse_weights_ratio(),
+          " is not this client's weight encoding topk:", ratio));
+    }
+    layout_.set_sparse_weights_ratio(ratio);
+  }
   optimizer_ = optimizer;
   std::vector<v1::DeclareResponse> declared(num_shards);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
@@ -310,6 +329,18 @@ absl::Status Client::Declare(const v1::Layout& layout,
   for (int t = 0; t < layout.tensors_size(); ++t) {
     first_chunk_[t + 1] += first_chunk_[t];
   }
+  // A model declared again keeps its residuals only if it is the same.
+  if (options_.compression.gradients != v1::ENCODING_FP32 &&
+      (compressor_ == nullptr || chunks_.size() != chunks.size())) {
+    compressor_ =
+        std::make_unique<GradientCompressor>(options_.compression, chunks);
+  }
+  if (options_.compression.weights == v1::ENCODING_TOPK &&
+      copies_.size() != chunks.size()) {
+    copies_.clear();
+    for (const ChunkSpec& c : chunks) copies_.emplace_back(c.num_elements);
+    copy_version_.assign(chunks.size(), -1);
+  }
   chunks_ = std::move(chunks);
   shard_of_ = std::move(shard_of);
   declared_ = true;
@@ -351,13 +382,38 @@ void Client::FillHeader(uint32_t id, v1::PushPullRequest* header) const {
   header->set_rollback_id(rollback_id_);
   header->set_step(o.step);
   header->set_chunk_id(id);
-  header->set_encoding(v1::ENCODING_FP32);
+  header->set_encoding(Compressed(id) ? compressor_->encoding()
+                                      : v1::ENCODING_FP32);
   header->set_push_only(o.push_only);
+  if (!o.push_only) header->set_reply_encoding(options_.compression.weights);
   if (o.learning_rate[tensor].has_value()) {
     header->set_learning_rate(*o.learning_rate[tensor]);
   }
   header->set_no_gradient(o.no_gradient[tensor]);
   header->set_initial_values(o.initial_values);
+}
+
+bool Client::Compressed(uint32_t id) const {
+  return compressor_ != nullptr && !open_->initial_values &&
+         !open_->no_gradient[chunks_[id].tensor];
+}
+
+grpc::ByteBuffer Client::ChunkMessage(Stream* lane, uint32_t id,
+                                      v1::PushPullRequest* header) const {
+  const ChunkSpec& c = chunks_[id];
+  FillHeader(id, header);
+  if (open_->no_gradient[c.tensor]) return lane->Message(*header, nullptr, 0);
+  if (Compressed(id)) {
+    const absl::string_view payload = open_->payloads[id];
+    return lane->Message(*header, payload.data(), payload.size());
+  }
+  return lane->Message(*header, open_->gradients[c.tensor].data() + c.offset,
+                       c.bytes());
+}
+
+void Client::set_rollback_id(uint64_t id) {
+  if (id != rollback_id_ && compressor_ != nullptr) compressor_->Reset();
+  rollback_id_ = id;
 }
 
 absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
@@ -367,15 +423,93 @@ absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
     return absl::InternalError(absl::StrCat("bad reply: server sent chunk ", id,
                                             " which was not pushed"));
   }
+  // Acknowledged: what this payload dropped is the chunk's residual now.
+  if (Compressed(id)) compressor_->Commit(id);
   if (open_->push_only) return absl::OkStatus();
   const ChunkSpec& c = chunks_[id];
-  const absl::Status s =
-      CheckPayload(EffectiveEncoding(lane->response.encoding()),
-                   lane->payload.size(), c.num_elements);
-  if (!s.ok())
+  return ReadWeights(lane, c, open_->weights[c.tensor].data() + c.offset);
+}
+
+absl::Status Client::ReadWeights(Stream* lane, const ChunkSpec& c, float* out) {
+  const v1::Encoding got = EffectiveEncoding(lane->response.encoding());
+  const v1::Encoding asked = options_.compression.weights;
+  const bool sparse = asked == v1::ENCODING_TOPK;
+  absl::Status s;
+  if (got == v1::ENCODING_TOPK && sparse) {
+    // k = 0 is fine here: an update that changed nothing.
+    if (lane->payload.size() < 4 || (lane->payload.size() - 4) % 8 != 0 ||
+        (lane->payload.size() - 4) / 8 >
+            static_cast<uint64_t>(c.num_elements)) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("sparse weights of chunk ", c.id, " have ",
+                       lane->payload.size(), " bytes"));
+    }
+  } else {
+    s = CheckPayload(got, lane->payload.size(), c.num_elements);
+    // Sparse weights come whole as FP32 when a reply has no changes.
+    if (s.ok() && got != asked && !(sparse && got == v1::ENCODING_FP32)) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "weights of chunk ", c.id, " came as ", EncodingName(got),
+          ", not the ", EncodingName(asked), " asked for"));
+    }
+  }
+  if (!s.ok()) {
     return absl::InternalError(absl::StrCat("bad reply: ", s.message()));
-  lane->payload.CopyTo(
-      reinterpret_cast<char*>(open_->weights[c.tensor].data() + c.offset));
+  }
+  float* whole = sparse ? copies_[c.id].data() : out;
+  if (got == v1::ENCODING_FP32) {
+    lane->payload.CopyTo(reinterpret_cast<char*>(whole));
+  } else {
+    lane->scratch.resize(lane->payload.size());
+    lane->payload.CopyTo(lane->scratch.data());
+    if (got == v1::ENCODING_BF16) {
+      DecodeBf16(reinterpret_cast<const uint16_t*>(lane->scratch.data()),
+                 c.num_elements, whole);
+    } else {
+      SHARDPS_RETURN_IF_ERROR(ApplyChanges(lane, c, lane->response.version()));
+    }
+  }
+  if (sparse) {
+    copy_version_[c.id] = lane->response.version();
+    std::memcpy(out, whole, c.bytes());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::ApplyChanges(Stream* lane, const ChunkSpec& c,
+                                  int64_t version) {
+  // The changes of the update to `version`: this worker must hold the copy
+  // before it (or already this one: a step redone after a lost reply).
+  if (copy_version_[c.id] == version) return absl::OkStatus();
+  if (copy_version_[c.id] != version - 1) {
+    return absl::InternalError(absl::StrCat(
+        "bad reply: the changes of chunk ", c.id, " to version ", version,
+        " need its weights of version ", version - 1, "; this worker holds ",
+        copy_version_[c.id] < 0 ? std::string("none")
+                                : absl::StrCat("version ", copy_version_[c.id]),
+        " (Pull first)"));
+  }
+  const char* p = lane->scratch.data();
+  uint32_t k;
+  std::memcpy(&k, p, 4);
+  if (lane->scratch.size() != 4 + 8 * static_cast<size_t>(k)) {
+    return absl::InternalError(
+        absl::StrCat("bad reply: sparse weights of chunk ", c.id, " list ", k,
+                     " elements in ", lane->scratch.size(), " bytes"));
+  }
+  float* copy = copies_[c.id].data();
+  int64_t last = -1;
+  for (uint32_t j = 0; j < k; ++j) {
+    uint32_t i;
+    std::memcpy(&i, p + 4 + 4 * static_cast<size_t>(j), 4);
+    if (static_cast<int64_t>(i) <= last || i >= c.num_elements) {
+      return absl::InternalError(
+          absl::StrCat("bad reply: sparse weights of chunk ", c.id,
+                       " list element ", i, " out of order or range"));
+    }
+    last = i;
+    std::memcpy(copy + i, p + 4 + 4 * static_cast<size_t>(k) + 4 * j, 4);
+  }
   return absl::OkStatus();
 }
 
@@ -400,12 +534,7 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     v1::PushPullRequest header;
     bool written = true;
     for (uint32_t id : *pending) {
-      const ChunkSpec& c = chunks_[id];
-      FillHeader(id, &header);
-      const float* data = open_->no_gradient[c.tensor]
-                              ? nullptr
-                              : open_->gradients[c.tensor].data() + c.offset;
-      if (!stream->Write(lane->Message(header, data, c.bytes()))) {
+      if (!stream->Write(ChunkMessage(lane, id, &header))) {
         written = false;  // broken: Finish says why
         break;
       }
@@ -475,12 +604,7 @@ void Client::StreamWrites(Stream* lane) {
       id = lane->ready.front();
       lane->ready.pop_front();
     }
-    const ChunkSpec& c = chunks_[id];
-    FillHeader(id, &header);
-    const float* data = open_->no_gradient[c.tensor]
-                            ? nullptr
-                            : open_->gradients[c.tensor].data() + c.offset;
-    if (!lane->stream->Write(lane->Message(header, data, c.bytes()))) {
+    if (!lane->stream->Write(ChunkMessage(lane, id, &header))) {
       written = false;  // broken: the reader's Finish says why
       break;
     }
@@ -554,6 +678,10 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   o->learning_rate.assign(n, std::nullopt);
   o->pushed.assign(n, false);
   o->no_gradient.assign(n, false);
+  if (compressor_ != nullptr) {
+    o->payloads.assign(chunks_.size(), {});
+    o->encoded.assign(n, false);
+  }
   o->start = absl::Now();
   open_ = std::move(o);
   for (auto& lane : lanes_) {
@@ -612,6 +740,12 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
         absl::StrCat("the learning rate of tensor ", spec.name(),
                      " must be finite and >= 0, got ", *learning_rate));
   }
+  if (compressor_ != nullptr && !no_gradient && !o.initial_values &&
+      !o.encoded[tensor]) {
+    // Encoded before anything of the tensor is queued: a value the
+    // encoding cannot carry sends nothing of it.
+    SHARDPS_RETURN_IF_ERROR(EncodeTensor(tensor, gradient));
+  }
   o.pushed[tensor] = true;
   o.no_gradient[tensor] = no_gradient;
   o.gradients[tensor] = gradient;
@@ -624,6 +758,26 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
     lane->ready.push_back(id);
     --lane->unqueued;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Client::EncodeTensor(int tensor,
+                                  absl::Span<const float> gradient) {
+  OpenStep& o = *open_;
+  for (uint32_t id = first_chunk_[tensor]; id < first_chunk_[tensor + 1];
+       ++id) {
+    const ChunkSpec& c = chunks_[id];
+    absl::StatusOr<absl::string_view> payload =
+        compressor_->Encode(id, gradient.data() + c.offset, o.step);
+    if (!payload.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of tensor ", layout_.tensors(tensor).name(),
+                       " (chunk ", id, ", tensor elements from ", c.offset,
+                       "): ", payload.status().message()));
+    }
+    o.payloads[id] = *payload;
+  }
+  o.encoded[tensor] = true;
   return absl::OkStatus();
 }
 
@@ -718,6 +872,17 @@ absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
                           const Tensors* weights, bool initial_values) {
   SHARDPS_RETURN_IF_ERROR(CheckTensors(gradients, weights));
   SHARDPS_RETURN_IF_ERROR(Open(step, weights, initial_values));
+  if (compressor_ != nullptr && !initial_values) {
+    // Every tensor encoded before any is queued: a gradient the encoding
+    // cannot carry sends nothing of the step.
+    for (int t = 0; t < layout_.tensors_size(); ++t) {
+      const absl::Status encoded = EncodeTensor(t, gradients[t]);
+      if (!encoded.ok()) {
+        AbortStep();
+        return encoded;
+      }
+    }
+  }
   for (int t = 0; t < layout_.tensors_size(); ++t) {
     const absl::Status pushed = PushTensor(t, gradients[t]);
     if (!pushed.ok()) {
@@ -750,7 +915,10 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(options_.rpc_timeout));
     v1::PullRequest req;
-    req.set_encoding(v1::ENCODING_FP32);
+    // Pull sends sparse weights whole.
+    req.set_encoding(options_.compression.weights == v1::ENCODING_TOPK
+                         ? v1::ENCODING_FP32
+                         : options_.compression.weights);
     grpc::ByteBuffer request;
     bool own = false;
     grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &request, &own)
@@ -772,17 +940,14 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
             absl::StrCat("server sent chunk ", id, " which it does not own"));
       }
       if (reply_error.ok()) {
+        const ChunkSpec& c = chunks_[id];
         reply_error =
-            CheckPayload(EffectiveEncoding(lane.response.encoding()),
-                         lane.payload.size(), chunks_[id].num_elements);
+            ReadWeights(&lane, c, weights[c.tensor].data() + c.offset);
       }
       if (!reply_error.ok()) {
         ctx.TryCancel();
         break;
       }
-      const ChunkSpec& c = chunks_[id];
-      lane.payload.CopyTo(
-          reinterpret_cast<char*>(weights[c.tensor].data() + c.offset));
       ++received;
     }
     status = FromGrpcStatus(reader->Finish());

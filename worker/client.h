@@ -40,6 +40,7 @@
 #include "common/security.h"
 #include "common/thread_pool.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
+#include "worker/compression.h"
 
 namespace shardps {
 
@@ -66,6 +67,9 @@ struct ClientOptions {
   int max_attempts = 6;
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(5);
+  // How gradients and weights cross the wire (worker/compression.h): fp32
+  // both ways by default.
+  Compression compression;
 };
 
 // A tensor's values, in layout order; the client reads gradients from and
@@ -114,7 +118,8 @@ class Client {
   // hold its tensor's element count. Retries UNAVAILABLE and
   // DEADLINE_EXCEEDED up to max_attempts times, then returns them.
   //   INVALID_ARGUMENT: a buffer of the wrong size, or a non-finite
-  //     gradient.
+  //     gradient (with compression: a value the encoding cannot carry,
+  //     non-finite or beyond fp16's range; nothing of the step is sent).
   //   FAILED_PRECONDITION: before Declare; a shard without the model (it
   //     restarted empty: declare again); must_join() and no JoinAt yet.
   //   OUT_OF_RANGE: `step` is not the shard's (from the past or the
@@ -159,7 +164,8 @@ class Client {
   absl::Status BeginStep(int64_t step, const Tensors& weights);
   //   INVALID_ARGUMENT (nothing sent): a tensor index out of range, one
   //     pushed twice in the step, a gradient of the wrong size, a learning
-  //     rate that is negative or not finite.
+  //     rate that is negative or not finite, a value the compression cannot
+  //     carry.
   //   FAILED_PRECONDITION: no step is open.
   // `learning_rate` replaces the declared learning rate and schedule for
   // this tensor's update (PushPullRequest.learning_rate); none keeps them.
@@ -215,8 +221,10 @@ class Client {
   const v1::Layout& layout() const { return layout_; }
   const v1::OptimizerSpec& optimizer() const { return optimizer_; }
   uint32_t rank() const { return options_.rank; }
-  // Sets the rollback later pushes say they know of (PushPullRequest).
-  void set_rollback_id(uint64_t id) { rollback_id_ = id; }
+  // Sets the rollback later pushes say they know of (PushPullRequest). A
+  // new one drops the error-feedback residuals: the steps they came from
+  // were undone.
+  void set_rollback_id(uint64_t id);
 
  private:
   struct Stream;    // one (shard, stream) lane and its reusable messages
@@ -230,6 +238,10 @@ class Client {
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             std::optional<float> learning_rate,
                             bool no_gradient);
+  // Compression: encodes the chunks of `tensor` for the open step.
+  // InvalidArgument naming the tensor and element when a value cannot be
+  // encoded.
+  absl::Status EncodeTensor(int tensor, absl::Span<const float> gradient);
   // The whole step at once: every tensor pushed in layout order.
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);
@@ -239,10 +251,23 @@ class Client {
   void StreamReads(Stream* lane);
   // The request of chunk `id` of the open step (payload not set).
   void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
+  // The message of chunk `id` of the open step on `lane`.
+  grpc::ByteBuffer ChunkMessage(Stream* lane, uint32_t id,
+                                v1::PushPullRequest* header) const;
+  // The chunk's gradient goes out compressed (not no_gradient, not
+  // initial values).
+  bool Compressed(uint32_t id) const;
   // Writes a reply's weights into the open step's buffers; InternalError
   // for a reply to a chunk that is not `lane`'s or, when `asked` (by chunk
   // id) is given, was not asked for.
   absl::Status TakeReply(Stream* lane, const std::vector<bool>* asked);
+  // Decodes the weights of the reply on `lane` (chunk `c`) into out[0,
+  // c.num_elements); InternalError for a malformed one or another encoding
+  // than asked.
+  absl::Status ReadWeights(Stream* lane, const ChunkSpec& c, float* out);
+  // Sparse weights: applies the changes on `lane` (chunk `c`, to
+  // `version`) to the chunk's copy.
+  absl::Status ApplyChanges(Stream* lane, const ChunkSpec& c, int64_t version);
   // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
   // answered.
   absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
@@ -272,6 +297,13 @@ class Client {
   std::vector<uint32_t> lane_of_;
   std::vector<uint32_t> first_chunk_;
   std::unique_ptr<OpenStep> open_;
+  // Lossy gradient encodings: each chunk's payload and residual.
+  std::unique_ptr<GradientCompressor> compressor_;
+  // Sparse weights: by chunk id, the copy the shards keep of what this
+  // worker holds, and its version (-1: not received yet). Each chunk is
+  // touched by its lane's reader only.
+  std::vector<std::vector<float>> copies_;
+  std::vector<int64_t> copy_version_;
   // Runs each lane's writer and reader during a step: two threads a lane,
   // started once.
   std::unique_ptr<ThreadPool> lane_pool_;

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   co.streams_per_shard = options.streams_per_shard;
   co.connect_timeout = options.connect_timeout;
   co.rpc_timeout = options.rpc_timeout;
+  co.compression = options.compression;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
   if (!client.ok()) {
     s.Leave().IgnoreError();

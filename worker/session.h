@@ -19,6 +19,7 @@
 #include "common/security.h"
 #include "server/coordinator/coordinator_client.h"
 #include "worker/client.h"
+#include "worker/compression.h"
 #include "worker/recovery.h"
 
 namespace shardps::worker {
@@ -34,6 +35,7 @@ struct SessionOptions {
   std::optional<uint32_t> num_workers;
   SecurityOptions security;
   int streams_per_shard = 2;
+  Compression compression;  // on the wire (ClientOptions)
   // How long to wait for the coordinator, the other members and the
   // servers to come up; and how long one step may take.
   absl::Duration connect_timeout = absl::Seconds(120);

@@ -3,6 +3,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "shardps/v1/parameter_server.pb.h"
 
 ABSL_FLAG(std::string, dataset, "fashion-mnist",
           "Training data: fashion-mnist (/usr/share/datasets/fashion-mnist), "
@@ -37,6 +38,20 @@ ABSL_FLAG(int64_t, test_limit, 0,
 ABSL_FLAG(int64_t, chunk_kib, 256, "Largest parameter chunk, in KiB.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
+ABSL_FLAG(std::string, compression, "none",
+          "Gradient encoding on the wire: none (fp32), bf16, fp16, int8 or "
+          "topk:RATIO (the RATIO largest of each chunk, e.g. topk:0.01).");
+ABSL_FLAG(int64_t, topk_warmup_steps, 0,
+          "--compression=topk:RATIO: over the first N steps the fraction "
+          "sent falls exponentially from 1 to RATIO (0: RATIO from the "
+          "start).");
+ABSL_FLAG(bool, error_feedback, true,
+          "Lossy compression: add what a step's encoding dropped to the next "
+          "step's gradient (per chunk), so nothing is lost over time.");
+ABSL_FLAG(std::string, weight_encoding, "fp32",
+          "Weights sent back by the servers: fp32 (exact), bf16 (rounded; "
+          "the servers keep fp32) or topk:RATIO (sparse: each step sends the "
+          "RATIO of each chunk that changed most; sync mode).");
 
 namespace shardps::worker {
 
@@ -60,7 +75,11 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "train_limit",
                                        "test_limit",
                                        "chunk_kib",
-                                       "streams_per_shard"};
+                                       "streams_per_shard",
+                                       "compression",
+                                       "error_feedback",
+                                       "topk_warmup_steps",
+                                       "weight_encoding"};
   std::vector<std::string> args;
   for (const char* name : kNames) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -69,6 +88,27 @@ std::vector<std::string> TrainingFlagArgs() {
     }
   }
   return args;
+}
+
+absl::StatusOr<Compression> CompressionFromFlags() {
+  Compression c;
+  absl::StatusOr<v1::Encoding> gradients =
+      ParseGradientCompression(absl::GetFlag(FLAGS_compression), &c.topk_ratio);
+  if (!gradients.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compression: ", gradients.status().message()));
+  }
+  c.gradients = *gradients;
+  c.error_feedback = absl::GetFlag(FLAGS_error_feedback);
+  c.topk_warmup_steps = absl::GetFlag(FLAGS_topk_warmup_steps);
+  absl::StatusOr<v1::Encoding> weights = ParseWeightEncoding(
+      absl::GetFlag(FLAGS_weight_encoding), &c.weights_topk_ratio);
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_encoding: ", weights.status().message()));
+  }
+  c.weights = *weights;
+  return c;
 }
 
 }  // namespace shardps::worker

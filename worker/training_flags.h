@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "worker/compression.h"
 
 ABSL_DECLARE_FLAG(std::string, dataset);
 ABSL_DECLARE_FLAG(std::string, model);
@@ -32,11 +34,19 @@ ABSL_DECLARE_FLAG(int64_t, train_limit);
 ABSL_DECLARE_FLAG(int64_t, test_limit);
 ABSL_DECLARE_FLAG(int64_t, chunk_kib);
 ABSL_DECLARE_FLAG(int32_t, streams_per_shard);
+ABSL_DECLARE_FLAG(std::string, compression);
+ABSL_DECLARE_FLAG(bool, error_feedback);
+ABSL_DECLARE_FLAG(int64_t, topk_warmup_steps);
+ABSL_DECLARE_FLAG(std::string, weight_encoding);
 
 namespace shardps::worker {
 
 // Every training flag as "--name=value", for passing on to a worker.
 std::vector<std::string> TrainingFlagArgs();
+
+// --compression, --error_feedback and --weight_encoding; InvalidArgument
+// naming a bad one.
+absl::StatusOr<Compression> CompressionFromFlags();
 
 }  // namespace shardps::worker
 

@@ -137,9 +137,11 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
   co.security = options.security;
   co.streams_per_shard = options.streams_per_shard;
   co.connect_timeout = options.connect_timeout;
-  LogInfo("rank %d of %d, backend %s, %d servers, %s", o.rank, o.num_workers,
-          backend->name(), co.servers.size(),
-          DescribeClientSecurity(options.security));
+  co.compression = options.compression;
+  LogInfo("rank %d of %d, backend %s, %d servers, %s, %s on the wire", o.rank,
+          o.num_workers, backend->name(), co.servers.size(),
+          DescribeClientSecurity(options.security),
+          CompressionName(options.compression));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
   Trainer trainer(o, std::move(model), std::move(data.train),
                   std::move(data.test), std::move(backend), std::move(client),

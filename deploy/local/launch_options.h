@@ -45,6 +45,10 @@ struct LaunchOptions {
   std::vector<std::string> security_args;
   // "--name=value" training flags passed to every worker.
   std::vector<std::string> training_args;
+  // With worker_command: "--name=value" of the wire flags given
+  // (--compression, --error_feedback, --weight_encoding), passed to the
+  // command as SHARDPS_NAME=value.
+  std::vector<std::string> compression_args;
   // Raw arguments appended to every worker's command line, last (so they
   // win): for tests, e.g. --fault_step_delay_ms=5.
   std::vector<std::string> worker_extra_args;

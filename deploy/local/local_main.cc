@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
@@ -116,6 +117,20 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   // bad flag fails before any process starts.
   SHARDPS_RETURN_IF_ERROR(ServerSecurityOptionsFromFlags().status());
   o.security_args = SecurityFlagArgs();
+  // Checked here too: a bad value fails before any process starts.
+  SHARDPS_RETURN_IF_ERROR(worker::CompressionFromFlags().status());
+  if (!o.worker_command.empty()) {
+    // A command after -- reads the ones changed from SHARDPS_COMPRESSION
+    // and the like.
+    for (const char* name : {"compression", "error_feedback",
+                             "topk_warmup_steps", "weight_encoding"}) {
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
+        o.compression_args.push_back(
+            absl::StrCat("--", name, "=", flag->CurrentValue()));
+      }
+    }
+  }
   if (o.worker_command.empty()) {
     o.training_args = worker::TrainingFlagArgs();
     o.worker_extra_args = absl::StrSplit(absl::GetFlag(FLAGS_worker_extra_args),

@@ -146,7 +146,10 @@ std::vector<std::string> WorkerCommandEnv(
   env.push_back(absl::StrCat("SHARDPS_RANK=", rank));
   env.push_back(absl::StrCat("SHARDPS_NUM_WORKERS=", o.num_workers));
   env.push_back(absl::StrCat("SHARDPS_RUN_DIR=", dir.root()));
-  for (const std::string& arg : o.security_args) {
+  std::vector<std::string> flag_args = o.security_args;
+  flag_args.insert(flag_args.end(), o.compression_args.begin(),
+                   o.compression_args.end());
+  for (const std::string& arg : flag_args) {
     absl::string_view flag = arg;
     absl::ConsumePrefix(&flag, "--");
     const size_t eq = flag.find('=');

@@ -42,12 +42,14 @@ std::vector<std::string> TrainingFlags() {
 
 // Trains with `servers` shard processes and `workers` worker processes;
 // returns the model rank 0 wrote.
-absl::StatusOr<std::vector<LoadedTensor>> TrainCluster(int servers,
-                                                       int workers) {
+absl::StatusOr<std::vector<LoadedTensor>> TrainCluster(
+    int servers, int workers, std::vector<std::string> extra_flags = {}) {
   ClusterOptions o;
   o.num_servers = servers;
   o.num_workers = workers;
   o.worker_flags = TrainingFlags();
+  o.worker_flags.insert(o.worker_flags.end(), extra_flags.begin(),
+                        extra_flags.end());
   TestCluster cluster(std::move(o));
   if (!cluster.StartServers() ||
       !cluster.StartWorkers({{cluster.model_out_flag()}})) {
@@ -91,6 +93,27 @@ TEST(WorkerE2ETest, SyncWorkersMatchASingleWorkerOnAnyNumberOfServers) {
   }
 }
 
+TEST(WorkerE2ETest, CompressedRunsDoNotDependOnTheNumberOfServers) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  // Top-k gradients with error feedback, sparse weights: chunks are the
+  // same on any number of shards, so every codec's choices are too.
+  const std::vector<std::string> flags = {"--compression=topk:0.05",
+                                          "--weight_encoding=topk:0.2"};
+  absl::StatusOr<std::vector<LoadedTensor>> one = TrainCluster(1, 2, flags);
+  SHARDPS_ASSERT_OK(one);
+  absl::StatusOr<std::vector<LoadedTensor>> three = TrainCluster(3, 2, flags);
+  SHARDPS_ASSERT_OK(three);
+  absl::StatusOr<std::vector<LoadedTensor>> fp32 = TrainCluster(3, 2);
+  SHARDPS_ASSERT_OK(fp32);
+  ASSERT_EQ(one->size(), three->size());
+  bool differs_from_fp32 = false;
+  for (size_t t = 0; t < one->size(); ++t) {
+    EXPECT_EQ((*one)[t].data, (*three)[t].data) << (*one)[t].name;
+    differs_from_fp32 |= (*one)[t].data != (*fp32)[t].data;
+  }
+  EXPECT_TRUE(differs_from_fp32);
+}
+
 // Runs a worker that must fail before training; returns its exit code and
 // log.
 std::pair<int, std::string> RunFailingWorker(std::vector<std::string> args) {
@@ -126,6 +149,9 @@ TEST(WorkerE2ETest, BadInputIsAClearErrorNotACrash) {
       {{"--rank=2", "--num_workers=2"}, "--rank=2"},
       {{"--optimizer=rmsprop"}, "--optimizer=rmsprop"},
       {{"--backend=tpu"}, "--backend=tpu"},
+      {{"--compression=zstd"}, "unknown compression \"zstd\""},
+      {{"--compression=topk:0"}, "topk:0 needs a ratio in (0, 1]"},
+      {{"--weight_encoding=int8"}, "--weight_encoding"},
   };
   if (testing::HaveFashionMnist()) {
     cases.push_back({{"--model=mlp:100-10"}, "100"});

@@ -102,8 +102,22 @@ def _env(name, default=None):
     return default if value in (None, "") else value
 
 
+def _env_flag(name, default):
+    value = _env(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise _errors.InvalidArgument(
+        "%s=%s is not a boolean (true/false, 1/0)" % (name, value))
+
+
 def init(coordinator=None, servers=None, rank=None, num_workers=None,
-         job_id=None, connect_timeout_s=None, rpc_timeout_s=None):
+         job_id=None, connect_timeout_s=None, rpc_timeout_s=None,
+         compression=None, error_feedback=None, topk_warmup_steps=None,
+         weight_encoding=None):
     """Joins the shardps job this process is a worker of.
 
     Arguments default to the environment that shardps-local, Compose and
@@ -113,8 +127,25 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     SHARDPS_TLS_CERT, SHARDPS_TLS_KEY, SHARDPS_TLS_CA,
     SHARDPS_AUTH_TOKEN_FILE, SHARDPS_TLS_SERVER_NAME,
     SHARDPS_CONNECT_TIMEOUT_S (default 120: how long to wait for the
-    coordinator, the other members and the servers) and
-    SHARDPS_RPC_TIMEOUT_S (default 300: the longest one step may take).
+    coordinator, the other members and the servers),
+    SHARDPS_RPC_TIMEOUT_S (default 300: the longest one step may take),
+    SHARDPS_COMPRESSION (default "none"), SHARDPS_ERROR_FEEDBACK (default
+    1), SHARDPS_TOPK_WARMUP_STEPS (default 0) and SHARDPS_WEIGHT_ENCODING
+    (default "fp32").
+
+    `compression` is how gradients cross the wire: "none" (fp32, exact),
+    "bf16", "fp16", "int8" (a scale per chunk) or "topk:RATIO" (the RATIO
+    largest of each chunk, e.g. "topk:0.01"). With `error_feedback` (the
+    default) what a step's encoding dropped is added to the next step's
+    gradient, so nothing is lost over time. With "topk:RATIO",
+    `topk_warmup_steps=N` starts dense and lowers the fraction sent
+    exponentially to RATIO over the first N steps. `weight_encoding="bf16"`
+    has the
+    servers send the weights rounded to bf16 (they keep fp32 master weights
+    and optimizer state; the model then trains on the rounded copy);
+    "topk:RATIO" sends, each step, only the RATIO of each chunk's weights
+    that changed most (sync mode; every worker holds the same copy, which
+    the servers keep, and the rest of each change follows in later steps).
 
     Returns the Context (also kept for DistributedOptimizer and
     DistributedSampler). Raises shardps.DeadlineExceeded when the job's
@@ -151,7 +182,15 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
         connect_timeout_s=float(connect_timeout_s or _env(
             "SHARDPS_CONNECT_TIMEOUT_S", "120")),
         rpc_timeout_s=float(rpc_timeout_s or _env("SHARDPS_RPC_TIMEOUT_S",
-                                                  "300")))
+                                                  "300")),
+        compression=compression or _env("SHARDPS_COMPRESSION", "none"),
+        error_feedback=_env_flag("SHARDPS_ERROR_FEEDBACK", True)
+        if error_feedback is None else bool(error_feedback),
+        topk_warmup_steps=int(topk_warmup_steps if topk_warmup_steps
+                              is not None else _env(
+                                  "SHARDPS_TOPK_WARMUP_STEPS", "0")),
+        weight_encoding=weight_encoding or _env("SHARDPS_WEIGHT_ENCODING",
+                                                "fp32"))
     _context = Context(session)
     _watch_exit(_context)
     return _context

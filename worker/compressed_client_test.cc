@@ -1,0 +1,405 @@
+// The Client with compression against real in-process shards: error feedback
+// gets every coordinate of a top-k gradient applied over time (and without it
+// the dropped ones never move), BF16 weights are the rounding of the shards'
+// fp32 weights, sparse weights are the copy the shards move, a gradient the
+// encoding cannot carry sends nothing, and a rollback drops the residuals.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/status_matchers.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "worker/client.h"
+
+namespace shardps {
+namespace {
+
+constexpr int64_t kElements = 64;
+
+// Two shards of a one-worker job holding "a" (40) and "b" (24) in chunks of
+// at most 16 floats, SGD lr 1 without momentum: each step w -= decoded
+// gradient.
+class CompressedClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (uint32_t s = 0; s < 2; ++s) {
+      server::ShardServerOptions so;
+      so.store.shard_index = s;
+      so.store.num_shards = 2;
+      absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+          server::ShardServer::Start(so);
+      SHARDPS_ASSERT_OK(shard);
+      addresses_.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
+      shards_.push_back(*std::move(shard));
+    }
+    layout_.set_chunk_bytes(64);
+    for (const auto& [name, size] :
+         std::vector<std::pair<std::string, int64_t>>{{"a", 40}, {"b", 24}}) {
+      v1::TensorSpec* t = layout_.add_tensors();
+      t->set_name(name);
+      t->add_shape(size);
+      t->mutable_init()->set_kind(v1::InitSpec::KIND_CONSTANT);
+      t->mutable_init()->set_value(1.0f);
+    }
+    sgd_.set_kind(v1::OptimizerSpec::KIND_SGD);
+    sgd_.set_learning_rate(1.0f);
+    // Distinct magnitudes, so the top-k of a chunk is clear.
+    for (int64_t i = 0; i < kElements; ++i) {
+      grad_.push_back((i % 2 == 0 ? 1.0f : -1.0f) * 0.001f *
+                      static_cast<float>(1 + (i * 7) % 16));
+    }
+  }
+  void TearDown() override {
+    for (auto& shard : shards_) shard->Shutdown(absl::Seconds(1));
+  }
+
+  std::unique_ptr<Client> NewClient(const Compression& c) {
+    ClientOptions co;
+    co.servers = addresses_;
+    co.connect_timeout = absl::Seconds(30);
+    co.compression = c;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+    EXPECT_TRUE(client.ok()) << client.status();
+    EXPECT_TRUE((*client)->Declare(layout_, sgd_).ok());
+    return *std::move(client);
+  }
+  // One step of the constant gradient; the weights the client got.
+  absl::Status Step(Client* client, int64_t step, std::vector<float>* w) {
+    w->assign(kElements, 0.0f);
+    return client->PushPull(
+        step,
+        {absl::MakeConstSpan(grad_).subspan(0, 40),
+         absl::MakeConstSpan(grad_).subspan(40)},
+        {absl::MakeSpan(*w).subspan(0, 40), absl::MakeSpan(*w).subspan(40)});
+  }
+  // The shards' fp32 weights.
+  std::vector<float> ShardWeights() {
+    std::unique_ptr<Client> reader = NewClient(Compression());
+    std::vector<float> w(kElements);
+    EXPECT_TRUE(reader
+                    ->Pull({absl::MakeSpan(w).subspan(0, 40),
+                            absl::MakeSpan(w).subspan(40)})
+                    .ok());
+    return w;
+  }
+
+  std::vector<std::unique_ptr<server::ShardServer>> shards_;
+  std::vector<std::string> addresses_;
+  v1::Layout layout_;
+  v1::OptimizerSpec sgd_;
+  std::vector<float> grad_;
+};
+
+Compression Topk(double ratio, bool error_feedback) {
+  Compression c;
+  c.gradients = v1::ENCODING_TOPK;
+  c.topk_ratio = ratio;
+  c.error_feedback = error_feedback;
+  return c;
+}
+
+TEST_F(CompressedClientTest, ErrorFeedbackAppliesEveryCoordinateOverTime) {
+  std::unique_ptr<Client> client = NewClient(Topk(0.25, true));
+  constexpr int kSteps = 200;
+  std::vector<float> w;
+  for (int s = 0; s < kSteps; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &w));
+  EXPECT_EQ(w, ShardWeights());
+  // What was not applied yet is the residual: less than a few steps' worth
+  // of each coordinate, while every one of them moved a lot.
+  for (int64_t i = 0; i < kElements; ++i) {
+    const float full = 1.0f - kSteps * grad_[i];
+    EXPECT_LE(std::fabs(w[i] - full), 5 * 0.016f) << i;
+    EXPECT_GT(std::fabs(w[i] - 1.0f), 0.5f * kSteps * std::fabs(grad_[i])) << i;
+  }
+}
+
+TEST_F(CompressedClientTest, WithoutErrorFeedbackTheDroppedCoordinatesStay) {
+  std::unique_ptr<Client> client = NewClient(Topk(0.25, false));
+  std::vector<float> w;
+  for (int s = 0; s < 10; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &w));
+  // Each chunk sends its largest quarter every time; the rest never move.
+  int64_t want_moved = 0;
+  for (const ChunkSpec& chunk : client->chunks()) {
+    want_moved += TopkCount(chunk.num_elements, 0.25);
+  }
+  int64_t moved = 0;
+  for (int64_t i = 0; i < kElements; ++i) {
+    if (w[i] != 1.0f) {
+      ++moved;
+      float want = 1.0f;  // ten exact steps of this coordinate
+      for (int s = 0; s < 10; ++s) want -= grad_[i];
+      EXPECT_EQ(w[i], want) << i;
+    }
+  }
+  EXPECT_EQ(moved, want_moved);
+}
+
+TEST_F(CompressedClientTest, Bf16WeightsAreTheRoundedShardWeights) {
+  Compression c;
+  c.gradients = v1::ENCODING_INT8;
+  c.weights = v1::ENCODING_BF16;
+  std::unique_ptr<Client> client = NewClient(c);
+  std::vector<float> w;
+  for (int s = 0; s < 3; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &w));
+  const std::vector<float> exact = ShardWeights();
+  std::vector<uint16_t> bf16(kElements);
+  EncodeBf16(exact.data(), kElements, bf16.data());
+  std::vector<float> rounded(kElements);
+  DecodeBf16(bf16.data(), kElements, rounded.data());
+  EXPECT_EQ(w, rounded);
+  EXPECT_NE(w, exact);  // the shards kept what bf16 cannot hold
+}
+
+TEST_F(CompressedClientTest, AGradientTheEncodingCannotCarrySendsNothing) {
+  Compression c;
+  c.gradients = v1::ENCODING_FP16;
+  std::unique_ptr<Client> client = NewClient(c);
+  grad_[45] = 1e6f;  // tensor "b", element 5
+  std::vector<float> w;
+  const absl::Status s = Step(client.get(), 0, &w);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor b"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("65504"), std::string::npos) << s;
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      client->ShardStatus();
+  SHARDPS_ASSERT_OK(status);
+  for (const v1::GetStatusResponse& shard : *status) {
+    EXPECT_EQ(shard.updates_total(), 0u);
+  }
+}
+
+TEST_F(CompressedClientTest, ARollbackDropsTheResiduals) {
+  std::unique_ptr<Client> client = NewClient(Topk(0.25, true));
+  std::vector<float> w0, w1, w2, w3;
+  SHARDPS_ASSERT_OK(Step(client.get(), 0, &w0));
+  SHARDPS_ASSERT_OK(Step(client.get(), 1, &w1));
+  // Step 1 sent other coordinates than step 0 (the residual grew them).
+  std::vector<float> d0(kElements), d1(kElements);
+  for (int64_t i = 0; i < kElements; ++i) {
+    d0[i] = 1.0f - w0[i];
+    d1[i] = w0[i] - w1[i];
+  }
+  EXPECT_NE(d0, d1);
+  client->set_rollback_id(1);
+  SHARDPS_ASSERT_OK(Step(client.get(), 2, &w2));
+  std::vector<float> d2(kElements);
+  for (int64_t i = 0; i < kElements; ++i) d2[i] = w1[i] - w2[i];
+  // From zero residuals again: the same coordinates as step 0.
+  for (int64_t i = 0; i < kElements; ++i) {
+    EXPECT_EQ(d2[i] != 0.0f, d0[i] != 0.0f) << i;
+  }
+}
+
+TEST_F(CompressedClientTest, SparseWeightsAreTheCopyTheShardsMove) {
+  Compression c;
+  c.weights = v1::ENCODING_TOPK;
+  c.weights_topk_ratio = 0.25;
+  std::unique_ptr<Client> client = NewClient(c);
+  // Replies carry changes to the copy a worker holds: it pulls it first.
+  std::vector<float> got(kElements);
+  SHARDPS_ASSERT_OK(client->Pull(
+      {absl::MakeSpan(got).subspan(0, 40), absl::MakeSpan(got).subspan(40)}));
+  // The shards' side, by hand: fp32 weights w (SGD lr 1), and the copy that
+  // takes, per chunk, the quarter of elements where it differs most from w
+  // (the lower index first among equals).
+  std::vector<float> w(kElements, 1.0f), copy(kElements, 1.0f);
+  int64_t replies_bytes = 0;
+  for (int s = 0; s < 30; ++s) {
+    SHARDPS_ASSERT_OK(Step(client.get(), s, &got));
+    for (int64_t i = 0; i < kElements; ++i) w[i] -= grad_[i];
+    for (const ChunkSpec& chunk : client->chunks()) {
+      const int64_t base = chunk.tensor == 0 ? chunk.offset : 40 + chunk.offset;
+      std::vector<int64_t> order(chunk.num_elements);
+      for (int64_t i = 0; i < chunk.num_elements; ++i) order[i] = base + i;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return std::fabs(w[a] - copy[a]) > std::fabs(w[b] - copy[b]);
+      });
+      const int64_t k = TopkCount(chunk.num_elements, 0.25);
+      for (int64_t j = 0; j < k; ++j) copy[order[j]] = w[order[j]];
+      replies_bytes += 4 + 8 * k;
+    }
+    ASSERT_EQ(got, copy) << "step " << s;
+  }
+  // The copy lags the weights, by at most a few steps of each element.
+  EXPECT_NE(copy, w);
+  for (int64_t i = 0; i < kElements; ++i) {
+    EXPECT_LE(std::fabs(copy[i] - w[i]), 5 * 0.016f) << i;
+  }
+  // Pull sends the copy whole; the shards sent the sparse replies.
+  std::vector<float> pulled(kElements);
+  SHARDPS_ASSERT_OK(client->Pull({absl::MakeSpan(pulled).subspan(0, 40),
+                                  absl::MakeSpan(pulled).subspan(40)}));
+  EXPECT_EQ(pulled, copy);
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      client->ShardStatus();
+  SHARDPS_ASSERT_OK(status);
+  int64_t sent = 0;
+  for (const v1::GetStatusResponse& shard : *status) {
+    sent += shard.bytes_out_total();
+  }
+  // The replies, plus the two Pulls of the copy whole.
+  EXPECT_EQ(sent, replies_bytes + 2 * 4 * kElements);
+}
+
+TEST_F(CompressedClientTest, SparseWeightsAreTheModelsAllWorkersDeclare) {
+  Compression c;
+  c.weights = v1::ENCODING_TOPK;
+  c.weights_topk_ratio = 0.25;
+  std::unique_ptr<Client> client = NewClient(c);
+  // A worker with another ratio declares another model.
+  c.weights_topk_ratio = 0.5;
+  ClientOptions co;
+  co.servers = addresses_;
+  co.connect_timeout = absl::Seconds(5);
+  co.compression = c;
+  absl::StatusOr<std::unique_ptr<Client>> other = Client::Create(co);
+  SHARDPS_ASSERT_OK(other);
+  EXPECT_EQ((*other)->Declare(layout_, sgd_).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A two-worker sync job on `num_shards` shards, 12 steps of gradients that
+// differ by rank and step, SGD with momentum; rank 0's final weights.
+std::vector<float> RunJob(uint32_t num_shards, const Compression& c) {
+  std::vector<std::unique_ptr<server::ShardServer>> shards;
+  std::vector<std::string> addresses;
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    server::ShardServerOptions so;
+    so.store.shard_index = s;
+    so.store.num_shards = num_shards;
+    so.store.num_workers = 2;
+    absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+        server::ShardServer::Start(so);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    addresses.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
+    shards.push_back(*std::move(shard));
+  }
+  v1::Layout layout;
+  layout.set_chunk_bytes(256);
+  for (const auto& [name, size] :
+       std::vector<std::pair<std::string, int64_t>>{{"a", 300}, {"b", 77}}) {
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name(name);
+    t->add_shape(size);
+    t->mutable_init()->set_kind(v1::InitSpec::KIND_NORMAL);
+    t->mutable_init()->set_value(0.1f);
+    t->mutable_init()->set_seed(3);
+  }
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  sgd.set_learning_rate(0.1f);
+  sgd.set_momentum(0.9f);
+  std::vector<std::vector<float>> weights(2);
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      ClientOptions co;
+      co.servers = addresses;
+      co.rank = r;
+      co.connect_timeout = absl::Seconds(30);
+      co.compression = c;
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+      ASSERT_TRUE(client.ok()) << client.status();
+      SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+      std::vector<float>& w = weights[r];
+      w.assign(377, 0.0f);
+      const Tensors views = {absl::MakeSpan(w).subspan(0, 300),
+                             absl::MakeSpan(w).subspan(300)};
+      SHARDPS_ASSERT_OK((*client)->Pull(views));
+      std::vector<float> g(377);
+      for (int64_t step = 0; step < 12; ++step) {
+        for (int64_t i = 0; i < 377; ++i) {
+          g[i] = w[i] * 0.5f +
+                 0.01f * std::sin(static_cast<float>(i * (r + 1) + step));
+        }
+        SHARDPS_ASSERT_OK(
+            (*client)->PushPull(step,
+                                {absl::MakeConstSpan(g).subspan(0, 300),
+                                 absl::MakeConstSpan(g).subspan(300)},
+                                views));
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(weights[0], weights[1]);  // every worker holds the same
+  for (auto& shard : shards) shard->Shutdown(absl::Seconds(1));
+  return weights[0];
+}
+
+TEST(CompressedJobTest, RunsAreBitwiseRepeatableAndIndependentOfShards) {
+  Compression int8;
+  int8.gradients = v1::ENCODING_INT8;
+  int8.weights = v1::ENCODING_BF16;
+  Compression sparse = Topk(0.1, true);
+  sparse.weights = v1::ENCODING_TOPK;
+  sparse.weights_topk_ratio = 0.2;
+  for (const Compression& c : {int8, sparse}) {
+    SCOPED_TRACE(CompressionName(c));
+    const std::vector<float> two = RunJob(2, c);
+    EXPECT_EQ(RunJob(2, c), two);
+    EXPECT_EQ(RunJob(1, c), two);
+    EXPECT_EQ(RunJob(3, c), two);
+    EXPECT_NE(RunJob(2, Compression()), two);  // compression made a change
+  }
+}
+
+TEST(GradientCompressorTest, TopkWarmupFallsFromDenseToTheRatio) {
+  Compression c = Topk(0.01, true);
+  c.topk_warmup_steps = 100;
+  ChunkSpec chunk;
+  chunk.num_elements = 1000;
+  GradientCompressor compressor(c, {chunk});
+  std::vector<float> g(1000);
+  for (int i = 0; i < 1000; ++i) g[i] = std::sin(0.1f * i);
+  // The count kept, from the payload's header.
+  auto kept = [&](int64_t step) {
+    absl::StatusOr<absl::string_view> payload =
+        compressor.Encode(0, g.data(), step);
+    EXPECT_TRUE(payload.ok()) << payload.status();
+    uint32_t k = 0;
+    std::memcpy(&k, payload->data(), 4);
+    return static_cast<int64_t>(k);
+  };
+  EXPECT_EQ(kept(0), TopkCount(1000, std::pow(0.01, 1.0 / 100)));  // 955
+  EXPECT_EQ(kept(49), TopkCount(1000, 0.1));
+  EXPECT_EQ(kept(98), TopkCount(1000, std::pow(0.01, 99.0 / 100)));
+  EXPECT_EQ(kept(99), 10);
+  EXPECT_EQ(kept(5000), 10);
+  EXPECT_GT(kept(0), 900);
+}
+
+TEST_F(CompressedClientTest, BadCompressionOptionsAreRefused) {
+  ClientOptions co;
+  co.servers = addresses_;
+  co.compression = Topk(0, true);
+  EXPECT_EQ(Client::Create(co).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  co.compression = Compression();
+  co.compression.weights = v1::ENCODING_INT8;
+  EXPECT_EQ(Client::Create(co).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  co.compression = Topk(0.1, true);
+  co.compression.topk_warmup_steps = -1;
+  EXPECT_EQ(Client::Create(co).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  double ratio = 0;
+  EXPECT_EQ(ParseGradientCompression("topk:2", &ratio).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseGradientCompression("zstd", &ratio).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::Encoding> topk =
+      ParseGradientCompression("topk:0.01", &ratio);
+  SHARDPS_ASSERT_OK(topk);
+  EXPECT_EQ(*topk, v1::ENCODING_TOPK);
+  EXPECT_EQ(ratio, 0.01);
+}
+
+}  // namespace
+}  // namespace shardps
