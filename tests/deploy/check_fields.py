@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Checks the fields of deploy/ that schemas cannot: ranks and shard
 indices, probes, ports, volumes, images, flags, security settings, the
-torch workers' environment, and that the Compose file, its overrides, the
-kustomize base, its GPU and torch overlays and the Dockerfiles agree with
-each other.
+torch workers' environment, the compression settings, and that the Compose
+file, its overrides, the kustomize base, its GPU, torch and compression
+overlays and the Dockerfiles agree with each other.
 
   tests/deploy/check_fields.py [--bin_dir=BUILD]
-      [--base=R.yaml --gpu=R.yaml --torch=R.yaml]
+      [--base=R.yaml --gpu=R.yaml --torch=R.yaml --compression=R.yaml]
 
---base/--gpu/--torch: manifests rendered by `kubectl kustomize` (rendered here when
-kubectl exists, else the k8s checks are skipped with a message). --bin_dir:
+--base/--gpu/--torch/--compression: manifests rendered by `kubectl
+kustomize` (rendered here when kubectl exists, else the k8s checks are
+skipped with a message). --bin_dir:
 a build tree (or folder) holding the daemons; every flag the files use must
 be in the `--helpfull` of the binary it is given to.
 Ends with 'check_fields: N passed, M failed'; exit 0 only when none failed.
@@ -35,6 +36,14 @@ JOB_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-inde
 # Flags each pod gets in its args, not from the shared settings.
 PER_MEMBER_FLAGS = {"rank", "shard_index", "coordinator", "advertise_host",
                     "host", "port", "metrics_port"}
+# What docker-compose.compression.yml appends to each worker's command, in
+# this order, as --FLAG=${VARIABLE:-default}; overlays/compression appends
+# the same flags with those defaults.
+COMPRESSION_FLAGS = (("compression", "SHARDPS_COMPRESSION"),
+                     ("error_feedback", "SHARDPS_ERROR_FEEDBACK"),
+                     ("weight_encoding", "SHARDPS_WEIGHT_ENCODING"))
+# The same settings of the torch workers (shardps.torch.init() reads them).
+TORCH_COMPRESSION_ENV = tuple(var for _, var in COMPRESSION_FLAGS)
 
 
 class Checker:
@@ -207,11 +216,84 @@ def check_compose(c):
                     and d.get("count") == 1 for d in devices),
                 f"compose gpu override {name}: reserves 1 nvidia GPU")
     check_compose_torch(c, base, coord_addr, job_id, num_workers)
+    compression = check_compose_compression(c, base)
     return {"job_id": job_id, "num_servers": num_servers,
-            "num_workers": num_workers,
+            "num_workers": num_workers, "compression": compression,
             "server_settings": shared[0] if shared else [],
             "worker_settings": [a for a in workers[0][1:]
                                 if df.split_flag(a)[0] not in PER_MEMBER_FLAGS]}
+
+
+def check_compression_values(c, where, values, servers):
+    """`values` ({flag: value} of the three compression flags) are values
+    shardps-worker takes, and `servers` (each server's {flag: value}) accept
+    the gradient encoding and can send the weight encoding."""
+    compression = values.get("compression", "")
+    encoding = df.gradient_encoding(compression)
+    c.check(encoding is not None,
+            f"{where}: --compression={compression} is none, bf16, fp16, int8 "
+            f"or topk:RATIO (0 < RATIO <= 1)")
+    feedback = values.get("error_feedback", "")
+    c.check(df.error_feedback_valid(feedback),
+            f"{where}: --error_feedback={feedback} is true/false (1/0)")
+    weights = values.get("weight_encoding", "")
+    c.check(df.weight_encoding_valid(weights),
+            f"{where}: --weight_encoding={weights} is fp32, bf16 or topk:RATIO")
+    for i, flags in enumerate(servers if encoding else []):
+        accepted = df.accepted_encodings(flags.get("encodings"))
+        c.check(accepted is not None and encoding in accepted,
+                f"{where}: server {i} (--encodings="
+                f"{flags.get('encodings', 'all')}) accepts {encoding}")
+        if weights.startswith("topk:"):
+            c.equal(flags.get("mode", "sync"), "sync",
+                    f"{where}: server {i} in sync mode (sparse weights)")
+
+
+def check_compose_compression(c, base):
+    """Compression override: workers only; each runs the base command with
+    the three flags appended, their values from the shell's variables (the
+    same for every worker) with valid defaults. Returns the defaults."""
+    comp = df.compose_file("docker-compose.compression.yml")
+    services = base["services"]
+    workers = sorted(n for n in services if n.startswith("worker-"))
+    c.equal(sorted(comp.get("services") or {}), workers,
+            "compose compression override: services")
+    c.check(all(k == "services" or k.startswith("x-") for k in comp),
+            "compose compression override: services only (no networks, "
+            "volumes or secrets)")
+    defaults = []
+    for name in workers:
+        svc = (comp.get("services") or {}).get(name) or {}
+        where = f"compose compression override {name}"
+        c.equal(sorted(svc), ["command"], f"{where}: changes only the command")
+        cmd = svc.get("command") or []
+        base_cmd = services[name]["command"]
+        c.equal(cmd[:len(base_cmd)], base_cmd, f"{where}: the base command")
+        extra = cmd[len(base_cmd):]
+        c.equal([df.split_flag(a)[0] for a in extra],
+                [f for f, _ in COMPRESSION_FLAGS],
+                f"{where}: then --compression, --error_feedback, "
+                "--weight_encoding")
+        values = {}
+        for arg, (flag, var) in zip(extra, COMPRESSION_FLAGS):
+            m = re.fullmatch(rf"--{flag}=\$\{{{var}:-([^}}]+)\}}", arg)
+            if c.check(m is not None,
+                       f"{where}: {arg} reads ${var} with a default"):
+                values[flag] = m.group(1)
+        defaults.append(values)
+        note_flags("shardps-worker", df.flags_of(cmd),
+                   f"compose compression {name}")
+    values = defaults[0] if defaults else {}
+    c.check(len(values) == len(COMPRESSION_FLAGS) and
+            all(d == values for d in defaults),
+            "compose compression override: every worker reads the same "
+            f"variables with the same defaults {values} (one "
+            "--weight_encoding for the job)")
+    servers = [df.flag_dict(services[n]["command"]) for n in sorted(services)
+               if n.startswith("server-")]
+    check_compression_values(c, "compose compression override defaults",
+                             values, servers)
+    return values
 
 
 def check_torch_env(c, where, env, coordinator, job_id, rank, num_workers):
@@ -227,6 +309,23 @@ def check_torch_env(c, where, env, coordinator, job_id, rank, num_workers):
             f"{where}: SHARDPS_RUN_DIR in the volume")
     c.check("SHARDPS_SERVERS" not in env,
             f"{where}: no SHARDPS_SERVERS (the coordinator tells the servers)")
+    # Compression, as shardps.torch.init() reads it.
+    values = {flag: env.get(var) for (flag, _), var in
+              zip(COMPRESSION_FLAGS, TORCH_COMPRESSION_ENV)}
+    c.check(all(v is not None for v in values.values()),
+            f"{where}: sets {', '.join(TORCH_COMPRESSION_ENV)}")
+    if values["compression"] is not None:
+        c.check(df.gradient_encoding(values["compression"]) is not None,
+                f"{where}: SHARDPS_COMPRESSION={values['compression']} is "
+                "none, bf16, fp16, int8 or topk:RATIO")
+    if values["error_feedback"] is not None:
+        c.check(df.error_feedback_valid(values["error_feedback"]),
+                f"{where}: SHARDPS_ERROR_FEEDBACK="
+                f"{values['error_feedback']} is 1/0 (true/false)")
+    if values["weight_encoding"] is not None:
+        c.check(df.weight_encoding_valid(values["weight_encoding"]),
+                f"{where}: SHARDPS_WEIGHT_ENCODING="
+                f"{values['weight_encoding']} is fp32, bf16 or topk:RATIO")
 
 
 def check_compose_torch(c, base, coord_addr, job_id, num_workers):
@@ -242,7 +341,14 @@ def check_compose_torch(c, base, coord_addr, job_id, num_workers):
         c.equal(svc.get("build", {}).get("dockerfile"),
                 "deploy/docker/Dockerfile.torch", f"{where}: built from")
         c.equal(svc.get("command"), TORCH_COMMAND, f"{where}: command")
-        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        raw = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        for var in TORCH_COMPRESSION_ENV:
+            c.check(re.fullmatch(rf"\$\{{{var}:-[^}}]+\}}",
+                                 raw.get(var, "")) is not None,
+                    f"{where}: {var} passes ${var} through, with a default "
+                    f"({raw.get(var)!r})")
+        # What the container sees with none of the variables set.
+        env = {k: df.interpolate(v, {}) for k, v in raw.items()}
         check_torch_env(c, where, env, coord_addr, job_id,
                         name.split("-")[1], num_workers)
         # What the base gives every worker still holds.
@@ -536,6 +642,46 @@ def check_k8s_torch(c, objs, torch_objs):
                 f"k8s torch: Job {job} unchanged")
 
 
+def check_k8s_compression(c, objs, comp_objs, compose):
+    """Compression overlay: only the worker's args change, by the three
+    flags, with the values docker-compose.compression.yml defaults to."""
+    base_job = df.find(objs, "Job", "worker")
+    job = df.find(comp_objs, "Job", "worker")
+    base_args = container(base_job).get("args", [])
+    args = container(job).get("args", [])
+    c.equal(args[:len(base_args)], base_args,
+            "k8s compression: worker args start with the base's")
+    extra = df.flags_of(args[len(base_args):])
+    c.equal([f for f, _ in extra], [f for f, _ in COMPRESSION_FLAGS],
+            "k8s compression: then --compression, --error_feedback, "
+            "--weight_encoding")
+    values = dict(extra)
+    if compose and compose.get("compression"):
+        c.equal(values, compose["compression"],
+                "k8s compression: the values docker-compose.compression.yml "
+                "defaults to")
+    note_flags("shardps-worker", df.flags_of(args), "k8s compression worker")
+
+    def without_args(j):
+        j = {**j, "spec": {**j["spec"], "template": {
+            **j["spec"]["template"], "spec": dict(df.pod_spec(j))}}}
+        ctrs = [dict(x) for x in df.pod_spec(j)["containers"]]
+        ctrs[0].pop("args", None)
+        j["spec"]["template"]["spec"]["containers"] = ctrs
+        return j
+    c.check(without_args(job) == without_args(base_job),
+            "k8s compression: Job worker otherwise unchanged")
+    for kind, name in (("Job", "coordinator"), ("Job", "server"),
+                       ("ConfigMap", "shardps-job")):
+        c.check(df.find(comp_objs, kind, name) == df.find(objs, kind, name),
+                f"k8s compression: {kind} {name} unchanged")
+    cm = df.find(comp_objs, "ConfigMap", "shardps-job")["data"]
+    sjob = df.find(comp_objs, "Job", "server")
+    server = df.flag_dict(df.flagfile_lines(cm.get("server.flags", "")) +
+                          container(sjob).get("args", []))
+    check_compression_values(c, "k8s compression", values, [server])
+
+
 # --- Dockerfiles -------------------------------------------------------------
 def check_torch_dockerfile(c):
     with open(os.path.join(df.DOCKER_DIR, "Dockerfile.torch")) as f:
@@ -600,19 +746,24 @@ def main():
     ap.add_argument("--base", help="rendered deploy/k8s/base")
     ap.add_argument("--gpu", help="rendered deploy/k8s/overlays/gpu")
     ap.add_argument("--torch", help="rendered deploy/k8s/overlays/torch")
+    ap.add_argument("--compression",
+                    help="rendered deploy/k8s/overlays/compression")
     a = ap.parse_args()
     c = Checker()
     compose = check_compose(c)
-    base_text = gpu_text = torch_text = None
+    base_text = gpu_text = torch_text = comp_text = None
     if a.base:
         base_text = open(a.base).read()
         gpu_text = open(a.gpu).read() if a.gpu else None
         torch_text = open(a.torch).read() if a.torch else None
+        comp_text = open(a.compression).read() if a.compression else None
     else:
         base_text = df.render_kustomize(os.path.join(df.K8S_DIR, "base"))
         gpu_text = df.render_kustomize(os.path.join(df.K8S_DIR, "overlays", "gpu"))
         torch_text = df.render_kustomize(
             os.path.join(df.K8S_DIR, "overlays", "torch"))
+        comp_text = df.render_kustomize(
+            os.path.join(df.K8S_DIR, "overlays", "compression"))
     if base_text is None:
         print("SKIP k8s checks: kubectl is not installed (tests/deploy/setup.sh)")
     else:
@@ -621,6 +772,9 @@ def main():
                   df.k8s_objects(gpu_text) if gpu_text else None, compose)
         if torch_text:
             check_k8s_torch(c, base_objs, df.k8s_objects(torch_text))
+        if comp_text:
+            check_k8s_compression(c, base_objs, df.k8s_objects(comp_text),
+                                  compose)
     check_dockerfiles(c, compose)
     if a.bin_dir:
         check_binaries(c, a.bin_dir)

@@ -60,6 +60,99 @@ def merge_compose(base, override):
     return merged
 
 
+_COMPOSE_VAR = re.compile(
+    r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value, env):
+    """Compose's variable substitution in one string: ${VAR}, $VAR,
+    ${VAR:-default} (default when unset or empty), ${VAR-default} (when
+    unset) and $$ (a literal $). Unset without a default is empty."""
+    def sub(m):
+        dollar, name, op, default, bare = m.groups()
+        if dollar:
+            return "$"
+        if bare:
+            return env.get(bare, "")
+        got = env.get(name)
+        if op == ":-" and not got:
+            return default
+        if op == "-" and got is None:
+            return default
+        return got or ""
+    return _COMPOSE_VAR.sub(sub, value)
+
+
+def interpolate_compose(obj, env):
+    """interpolate() over every string value of a loaded Compose file."""
+    if isinstance(obj, dict):
+        return {k: interpolate_compose(v, env) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [interpolate_compose(v, env) for v in obj]
+    if isinstance(obj, str):
+        return interpolate(obj, env)
+    return obj
+
+
+def compose_files(*overrides, env=None):
+    """docker-compose.yml merged with `overrides` (file names in
+    deploy/compose, in order) and interpolated with `env` (default: none
+    set, so every ${VAR:-default} is its default)."""
+    merged = compose_file()
+    for name in overrides:
+        merged = merge_compose(merged, compose_file(name))
+    return interpolate_compose(merged, env or {})
+
+
+# Wire compression: the values shardps-worker's --compression and
+# --weight_encoding (and shardps.torch's SHARDPS_COMPRESSION and
+# SHARDPS_WEIGHT_ENCODING) take, and the names shardps-server's --encodings
+# gives the gradient encodings (worker/compression.cc,
+# server/gradient_decode.cc).
+GRADIENT_ENCODINGS = ("fp32", "bf16", "fp16", "int8", "topk")
+
+
+def _topk_ratio(value):
+    try:
+        ratio = float(value[len("topk:"):])
+    except ValueError:
+        return None
+    return ratio if 0 < ratio <= 1 else None
+
+
+def gradient_encoding(compression):
+    """--compression=VALUE -> the --encodings name a server must accept
+    ('fp32' for none), or None when shardps-worker rejects VALUE."""
+    if compression in ("none", "fp32"):
+        return "fp32"
+    if compression in ("bf16", "fp16", "int8"):
+        return compression
+    if compression.startswith("topk:") and _topk_ratio(compression):
+        return "topk"
+    return None
+
+
+def weight_encoding_valid(value):
+    return value in ("fp32", "bf16") or (
+        value.startswith("topk:") and _topk_ratio(value) is not None)
+
+
+def error_feedback_valid(value):
+    """A value both shardps-worker's --error_feedback (an Abseil bool) and
+    shardps.torch's SHARDPS_ERROR_FEEDBACK read, so one variable can feed
+    both."""
+    return str(value).lower() in ("1", "0", "true", "false", "yes", "no")
+
+
+def accepted_encodings(value):
+    """shardps-server --encodings=VALUE -> the set it accepts, or None when
+    the server rejects VALUE."""
+    if value in (None, "all"):
+        return set(GRADIENT_ENCODINGS)
+    names = value.split(",")
+    return set(names) if all(n in GRADIENT_ENCODINGS for n in names) else None
+
+
 def split_flag(arg):
     """'--name=value' -> ('name', 'value'); '--name' -> ('name', None)."""
     if not arg.startswith("--"):

@@ -3,9 +3,14 @@
 deploy/compose/docker-compose.yml and deploy/k8s/base (the ConfigMap's flag
 files plus each container's args) give them, and trains the main job to the
 end; then the same for deploy/k8s/overlays/tls (mutual TLS and the bearer
-token, the Secret made by deploy/tls/make-certs.sh, exec probes).
+token, the Secret made by deploy/tls/make-certs.sh, exec probes), and for
+deploy/compose/docker-compose.compression.yml with its defaults (no
+SHARDPS_* variable set): every worker says it compresses, every server
+received fewer gradient bytes than their fp32 size, and the job still
+trains to the end with the same checks.
 
-  tests/deploy/run_local.py --bin_dir=build [--only=compose|k8s|k8s-tls]
+  tests/deploy/run_local.py --bin_dir=build
+      [--only=compose|k8s|k8s-tls|compose-compression]
 
 Only what a container or pod changes is changed: every fixed port becomes a
 free port on 127.0.0.1 (--host=0.0.0.0 becomes --host=127.0.0.1), the
@@ -137,8 +142,10 @@ class Rewriter:
 
 
 # --- the two sources ---------------------------------------------------------
-def members_from_compose(tmp, rw):
-    compose = df.compose_file()
+def members_from_compose(tmp, rw, overrides=()):
+    """The members of docker-compose.yml with `overrides` (file names in
+    deploy/compose) merged in and every ${VAR:-default} at its default."""
+    compose = df.compose_files(*overrides)
     services = compose["services"]
     hostnames = set(services)
     # Every service's own --port first, so --coordinator=... can map.
@@ -474,6 +481,47 @@ def check_metrics(c, members):
                     f"{m.name}: promtool check metrics{': ' + r.stdout + r.stderr if r.returncode else ''}")
 
 
+def metric_value(exposition, name):
+    """The value of the unlabelled sample `name`, or None."""
+    for line in exposition.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def check_compression(c, members):
+    """Every worker logs the encoding its --compression asks for, and every
+    server's last /metrics shows fewer gradient bytes received on the wire
+    than the same gradients as fp32 (none: as many)."""
+    encodings = set()
+    for m in members:
+        if m.argv[0] != "shardps-worker":
+            continue
+        want = member_flags(m).get("compression", "none")
+        encoding = df.gradient_encoding(want)  # as the log names it
+        encodings.add(encoding)
+        line = next((l for l in m.log().splitlines() if " on the wire" in l), "")
+        shown = line[line.find("rank "):] if "rank " in line else line
+        c.check(encoding is not None and f", {encoding}" in line,
+                f"{m.name}: --compression={want}: {shown or 'no on-the-wire line'}")
+    for m in members:
+        if m.argv[0] != "shardps-server":
+            continue
+        wire = metric_value(m.scraped, "shardps_server_received_bytes_total")
+        fp32 = metric_value(m.scraped,
+                            "shardps_server_received_fp32_bytes_total")
+        if not c.check(bool(wire) and bool(fp32),
+                       f"{m.name}: /metrics has received_bytes_total and "
+                       f"received_fp32_bytes_total ({wire}, {fp32})"):
+            continue
+        ratio = wire / fp32
+        if encodings == {"fp32"}:
+            c.equal(wire, fp32, f"{m.name}: uncompressed gradients")
+        else:
+            c.check(wire < fp32, f"{m.name}: gradients on the wire "
+                    f"{ratio:.3f} of their fp32 bytes ({sorted(encodings)})")
+
+
 def committed_steps(members):
     """The committed checkpoint steps in the servers' --checkpoint_dir."""
     dirs = {member_flags(m).get("checkpoint_dir") for m in members
@@ -522,7 +570,8 @@ def check_restore(c, name, bin_dir, builder, tmp, members, timeout_s):
             f"{done[-1][done[-1].find('done:'):] if done else 'no done: line'}")
 
 
-def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True):
+def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True,
+             extra_check=None):
     print(f"== {name}")
     tmp = tempfile.mkdtemp(prefix=f"shardps-deploy-{name}-")
     rw = Rewriter(tmp)
@@ -542,6 +591,8 @@ def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True):
         run.run(timeout_s)
         check_outputs(c, members)
         check_metrics(c, members)
+        if extra_check:
+            extra_check(c, members)
     finally:
         for m in members:
             Run.stop(m)
@@ -559,7 +610,8 @@ def scenario(c, name, bin_dir, builder, timeout_s, keep, restore=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin_dir", required=True)
-    ap.add_argument("--only", choices=["compose", "k8s", "k8s-tls"])
+    ap.add_argument("--only", choices=["compose", "k8s", "k8s-tls",
+                                       "compose-compression"])
     ap.add_argument("--timeout_s", type=int, default=300)
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs")
     a = ap.parse_args()
@@ -574,6 +626,14 @@ def main():
         scenario(c, "k8s-tls", a.bin_dir,
                  lambda tmp, rw: members_from_k8s(tmp, rw, "overlays/tls"),
                  a.timeout_s, a.keep, restore=False)
+    if a.only in (None, "compose-compression"):
+        # Compressed gradients (the override's defaults): the same job, the
+        # same accuracy, fewer bytes (the restore is the base's business).
+        scenario(c, "compose-compression", a.bin_dir,
+                 lambda tmp, rw: members_from_compose(
+                     tmp, rw, ["docker-compose.compression.yml"]),
+                 a.timeout_s, a.keep, restore=False,
+                 extra_check=check_compression)
     print(f"run_local: {c.passed} passed, {c.failed} failed")
     return 0 if c.failed == 0 and c.passed > 0 else 1
 

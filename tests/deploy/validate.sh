@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline, then runs the real daemons with its flags:
 #   1. docker-compose config -q: the Compose file alone and with each override
-#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu, overlays/tls and
-#      overlays/torch render
+#   2. kubectl kustomize: deploy/k8s/base, overlays/gpu, overlays/tls,
+#      overlays/torch and overlays/compression render
 #   3. the rendered manifests against the Kubernetes schemas of the npm
 #      package kubernetes-models (validate_k8s.mjs)
 #   4. npx dockerfile-utils lint: every Dockerfile
 #   5. check_fields.py: ranks, probes, ports, volumes, images, flags (every
-#      flag against the binaries' --helpfull when a build is given), and the
+#      flag against the binaries' --helpfull when a build is given), the
 #      torch workers' environment (docker-compose.torch.yml, overlays/torch)
+#      and the compression settings (docker-compose.compression.yml,
+#      overlays/compression)
 #   6. run_local.py: the daemons started with the flags of the Compose file
 #      and of the ConfigMap train the main job to the end (build needed);
-#      then with overlays/tls: mutual TLS, the token and exec probes
+#      then with overlays/tls: mutual TLS, the token and exec probes; then
+#      with docker-compose.compression.yml: compressed gradients
 #   tests/deploy/validate.sh [BUILD_DIR]
 # A step whose tool is missing is skipped with a SKIP line (install them with
 # tests/deploy/setup.sh). SHARDPS_DEPLOY_RUN=0 skips step 6.
@@ -52,7 +55,10 @@ compose_config() {
       "$c/docker-compose.tls.yml" \
       "$c/docker-compose.host.yml $c/docker-compose.tls.yml" \
       "$c/docker-compose.torch.yml" \
-      "$c/docker-compose.host.yml $c/docker-compose.torch.yml"; do
+      "$c/docker-compose.host.yml $c/docker-compose.torch.yml" \
+      "$c/docker-compose.compression.yml" \
+      "$c/docker-compose.host.yml $c/docker-compose.compression.yml" \
+      "$c/docker-compose.tls.yml $c/docker-compose.compression.yml"; do
     local args=(-f "$c/docker-compose.yml")
     for f in $extra; do args+=(-f "$f"); done
     echo "docker-compose ${args[*]} config -q"
@@ -73,7 +79,8 @@ render() {
     kubectl kustomize deploy/k8s/overlays/gpu > "$tmp/gpu.yaml" &&
     kubectl kustomize deploy/k8s/overlays/tls > "$tmp/tls.yaml" &&
     kubectl kustomize deploy/k8s/overlays/torch > "$tmp/torch.yaml" &&
-    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects, torch $(grep -c '^kind:' "$tmp/torch.yaml") objects"
+    kubectl kustomize deploy/k8s/overlays/compression > "$tmp/compression.yaml" &&
+    echo "rendered: base $(grep -c '^kind:' "$tmp/base.yaml") objects, gpu $(grep -c '^kind:' "$tmp/gpu.yaml") objects, tls $(grep -c '^kind:' "$tmp/tls.yaml") objects, torch $(grep -c '^kind:' "$tmp/torch.yaml") objects, compression $(grep -c '^kind:' "$tmp/compression.yaml") objects"
 }
 if command -v kubectl >/dev/null 2>&1; then
   kver=$(kubectl version --client 2>/dev/null | tr '\n' ' ')
@@ -88,7 +95,7 @@ have_npm=0
 [ -f "$here/node_modules/.package-lock.json" ] && command -v node >/dev/null 2>&1 &&
   have_npm=1
 if [ $have_npm = 1 ] && [ $have_k8s = 1 ]; then
-  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml" "$tmp/torch.yaml"
+  step "kubernetes-models schemas" node "$here/validate_k8s.mjs" "$tmp/base.yaml" "$tmp/gpu.yaml" "$tmp/tls.yaml" "$tmp/torch.yaml" "$tmp/compression.yaml"
 else
   skip "kubernetes-models schemas" "needs kubectl and tests/deploy/node_modules (setup.sh)"
 fi
@@ -110,7 +117,7 @@ fi
 # 5, 6. Our own checks.
 if python3 -c 'import yaml' 2>/dev/null; then
   fields_args=()
-  [ $have_k8s = 1 ] && fields_args+=(--base="$tmp/base.yaml" --gpu="$tmp/gpu.yaml" --torch="$tmp/torch.yaml")
+  [ $have_k8s = 1 ] && fields_args+=(--base="$tmp/base.yaml" --gpu="$tmp/gpu.yaml" --torch="$tmp/torch.yaml" --compression="$tmp/compression.yaml")
   [ -n "$build_dir" ] && fields_args+=(--bin_dir="$build_dir")
   step "check_fields.py" python3 "$here/check_fields.py" "${fields_args[@]}"
   if [ -z "$build_dir" ]; then
