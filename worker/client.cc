@@ -395,7 +395,7 @@ void Client::FillHeader(uint32_t id, v1::PushPullRequest* header) const {
 
 bool Client::Compressed(uint32_t id) const {
   return compressor_ != nullptr && !open_->initial_values &&
-         !open_->no_gradient[chunks_[id].tensor];
+         !open_->no_gradient[chunks_[id].tensor] && compressor_->compresses(id);
 }
 
 grpc::ByteBuffer Client::ChunkMessage(Stream* lane, uint32_t id,
@@ -767,6 +767,7 @@ absl::Status Client::EncodeTensor(int tensor,
   for (uint32_t id = first_chunk_[tensor]; id < first_chunk_[tensor + 1];
        ++id) {
     const ChunkSpec& c = chunks_[id];
+    if (!compressor_->compresses(id)) continue;
     absl::StatusOr<absl::string_view> payload =
         compressor_->Encode(id, gradient.data() + c.offset, o.step);
     if (!payload.ok()) {

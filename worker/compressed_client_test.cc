@@ -141,6 +141,28 @@ TEST_F(CompressedClientTest, WithoutErrorFeedbackTheDroppedCoordinatesStay) {
   EXPECT_EQ(moved, want_moved);
 }
 
+TEST_F(CompressedClientTest, ChunksBelowTheSmallestToCompressGoAsFp32) {
+  Compression c = Topk(0.25, false);
+  c.min_elements = 14;  // "a"'s first chunk only (chunks of 14, 13, 13, 12, 12)
+  std::unique_ptr<Client> client = NewClient(c);
+  std::vector<float> w;
+  for (int s = 0; s < 4; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &w));
+  int64_t moved_in_first = 0;
+  for (const ChunkSpec& chunk : client->chunks()) {
+    const int64_t base = chunk.tensor == 0 ? chunk.offset : 40 + chunk.offset;
+    for (int64_t i = base; i < base + chunk.num_elements; ++i) {
+      if (chunk.id == 0) {
+        moved_in_first += w[i] != 1.0f;
+        continue;
+      }
+      float want = 1.0f;
+      for (int s = 0; s < 4; ++s) want -= grad_[i];
+      EXPECT_EQ(w[i], want) << i;  // sent whole every step
+    }
+  }
+  EXPECT_EQ(moved_in_first, TopkCount(14, 0.25));
+}
+
 TEST_F(CompressedClientTest, Bf16WeightsAreTheRoundedShardWeights) {
   Compression c;
   c.gradients = v1::ENCODING_INT8;

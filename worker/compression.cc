@@ -63,6 +63,11 @@ absl::Status ValidateCompression(const Compression& c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "gradients cannot be sent as ", v1::Encoding_Name(c.gradients)));
   }
+  if (c.min_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the smallest chunk to compress, ", c.min_elements,
+                     " elements, is negative"));
+  }
   if (c.topk_warmup_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "top-k warmup of ", c.topk_warmup_steps, " steps is negative"));

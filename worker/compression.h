@@ -26,6 +26,9 @@ struct Compression {
   // topk_ratio (topk_ratio^((step + 1) / warmup) at step < warmup), as
   // sparse training recipes warm up; 0: topk_ratio from the start.
   int64_t topk_warmup_steps = 0;
+  // Chunks of fewer elements go as FP32: small tensors (biases, norms, an
+  // output layer) cost little on the wire and matter much to accuracy.
+  int64_t min_elements = 0;
   // Lossy encodings: what a chunk's encoding dropped is added to the next
   // step's gradient of that chunk, so nothing is lost over time.
   bool error_feedback = true;
@@ -78,6 +81,10 @@ class GradientCompressor {
   void Reset();
 
   v1::Encoding encoding() const { return c_.gradients; }
+  // Chunk `id` is encoded (else it goes as FP32, without a residual).
+  bool compresses(uint32_t id) const {
+    return chunks_[id].num_elements >= c_.min_elements;
+  }
 
  private:
   struct ChunkCodec {

@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, topk_warmup_steps, 0,
           "--compression=topk:RATIO: over the first N steps the fraction "
           "sent falls exponentially from 1 to RATIO (0: RATIO from the "
           "start).");
+ABSL_FLAG(int64_t, compression_min_elements, 0,
+          "With --compression: chunks of fewer elements go as fp32 (small "
+          "tensors: biases, norms, an output layer).");
 ABSL_FLAG(bool, error_feedback, true,
           "Lossy compression: add what a step's encoding dropped to the next "
           "step's gradient (per chunk), so nothing is lost over time.");
@@ -79,6 +82,7 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "compression",
                                        "error_feedback",
                                        "topk_warmup_steps",
+                                       "compression_min_elements",
                                        "weight_encoding"};
   std::vector<std::string> args;
   for (const char* name : kNames) {
@@ -101,6 +105,7 @@ absl::StatusOr<Compression> CompressionFromFlags() {
   c.gradients = *gradients;
   c.error_feedback = absl::GetFlag(FLAGS_error_feedback);
   c.topk_warmup_steps = absl::GetFlag(FLAGS_topk_warmup_steps);
+  c.min_elements = absl::GetFlag(FLAGS_compression_min_elements);
   absl::StatusOr<v1::Encoding> weights = ParseWeightEncoding(
       absl::GetFlag(FLAGS_weight_encoding), &c.weights_topk_ratio);
   if (!weights.ok()) {

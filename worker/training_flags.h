@@ -37,6 +37,7 @@ ABSL_DECLARE_FLAG(int32_t, streams_per_shard);
 ABSL_DECLARE_FLAG(std::string, compression);
 ABSL_DECLARE_FLAG(bool, error_feedback);
 ABSL_DECLARE_FLAG(int64_t, topk_warmup_steps);
+ABSL_DECLARE_FLAG(int64_t, compression_min_elements);
 ABSL_DECLARE_FLAG(std::string, weight_encoding);
 
 namespace shardps::worker {

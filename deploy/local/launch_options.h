@@ -46,7 +46,7 @@ struct LaunchOptions {
   // "--name=value" training flags passed to every worker.
   std::vector<std::string> training_args;
   // With worker_command: "--name=value" of the wire flags given
-  // (--compression, --error_feedback, --weight_encoding), passed to the
+  // (--compression, --error_feedback, --weight_encoding, ...), passed to the
   // command as SHARDPS_NAME=value.
   std::vector<std::string> compression_args;
   // Raw arguments appended to every worker's command line, last (so they

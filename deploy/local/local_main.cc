@@ -122,8 +122,9 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   if (!o.worker_command.empty()) {
     // A command after -- reads the ones changed from SHARDPS_COMPRESSION
     // and the like.
-    for (const char* name : {"compression", "error_feedback",
-                             "topk_warmup_steps", "weight_encoding"}) {
+    for (const char* name :
+         {"compression", "error_feedback", "topk_warmup_steps",
+          "compression_min_elements", "weight_encoding"}) {
       const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
       if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
         o.compression_args.push_back(

@@ -269,43 +269,44 @@ void DefineModule(py::module_& m) {
 
   py::class_<PySession>(m, "Session")
       .def(
-          py::init([](const std::string& coordinator,
-                      const std::vector<std::string>& servers, int rank,
-                      std::optional<uint32_t> num_workers,
-                      const std::string& job_id, const std::string& tls_cert,
-                      const std::string& tls_key, const std::string& tls_ca,
-                      const std::string& auth_token_file,
-                      const std::string& tls_server_name,
-                      double connect_timeout_s, double rpc_timeout_s,
-                      int streams_per_shard, const std::string& compression,
-                      bool error_feedback, int64_t topk_warmup_steps,
-                      const std::string& weight_encoding) {
-            worker::SessionOptions o;
-            o.coordinator = coordinator;
-            o.servers = servers;
-            o.rank = rank;
-            o.num_workers = num_workers;
-            o.job_id = job_id;
-            o.security = LoadSecurity(tls_cert, tls_key, tls_ca,
-                                      auth_token_file, tls_server_name);
-            o.connect_timeout = absl::Seconds(connect_timeout_s);
-            o.rpc_timeout = absl::Seconds(rpc_timeout_s);
-            o.recovery.rollback_timeout =
-                std::max(o.recovery.rollback_timeout, o.connect_timeout);
-            o.streams_per_shard = streams_per_shard;
-            o.compression.gradients = Check(ParseGradientCompression(
-                compression, &o.compression.topk_ratio));
-            o.compression.error_feedback = error_feedback;
-            o.compression.topk_warmup_steps = topk_warmup_steps;
-            o.compression.weights = Check(ParseWeightEncoding(
-                weight_encoding, &o.compression.weights_topk_ratio));
-            absl::StatusOr<std::unique_ptr<worker::Session>> session;
-            {
-              py::gil_scoped_release release;
-              session = worker::Session::Start(std::move(o));
-            }
-            return std::make_unique<PySession>(Check(std::move(session)));
-          }),
+          py::init(
+              [](const std::string& coordinator,
+                 const std::vector<std::string>& servers, int rank,
+                 std::optional<uint32_t> num_workers, const std::string& job_id,
+                 const std::string& tls_cert, const std::string& tls_key,
+                 const std::string& tls_ca, const std::string& auth_token_file,
+                 const std::string& tls_server_name, double connect_timeout_s,
+                 double rpc_timeout_s, int streams_per_shard,
+                 const std::string& compression, bool error_feedback,
+                 int64_t topk_warmup_steps, int64_t compression_min_elements,
+                 const std::string& weight_encoding) {
+                worker::SessionOptions o;
+                o.coordinator = coordinator;
+                o.servers = servers;
+                o.rank = rank;
+                o.num_workers = num_workers;
+                o.job_id = job_id;
+                o.security = LoadSecurity(tls_cert, tls_key, tls_ca,
+                                          auth_token_file, tls_server_name);
+                o.connect_timeout = absl::Seconds(connect_timeout_s);
+                o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+                o.recovery.rollback_timeout =
+                    std::max(o.recovery.rollback_timeout, o.connect_timeout);
+                o.streams_per_shard = streams_per_shard;
+                o.compression.gradients = Check(ParseGradientCompression(
+                    compression, &o.compression.topk_ratio));
+                o.compression.error_feedback = error_feedback;
+                o.compression.topk_warmup_steps = topk_warmup_steps;
+                o.compression.min_elements = compression_min_elements;
+                o.compression.weights = Check(ParseWeightEncoding(
+                    weight_encoding, &o.compression.weights_topk_ratio));
+                absl::StatusOr<std::unique_ptr<worker::Session>> session;
+                {
+                  py::gil_scoped_release release;
+                  session = worker::Session::Start(std::move(o));
+                }
+                return std::make_unique<PySession>(Check(std::move(session)));
+              }),
           py::arg("coordinator") = "",
           py::arg("servers") = std::vector<std::string>{}, py::arg("rank") = -1,
           py::arg("num_workers") = py::none(), py::arg("job_id") = "default",
@@ -314,7 +315,9 @@ void DefineModule(py::module_& m) {
           py::arg("tls_server_name") = "", py::arg("connect_timeout_s") = 120.0,
           py::arg("rpc_timeout_s") = 300.0, py::arg("streams_per_shard") = 2,
           py::arg("compression") = "none", py::arg("error_feedback") = true,
-          py::arg("topk_warmup_steps") = 0, py::arg("weight_encoding") = "fp32",
+          py::arg("topk_warmup_steps") = 0,
+          py::arg("compression_min_elements") = 0,
+          py::arg("weight_encoding") = "fp32",
           "Joins the job (coordinator) or connects to `servers` (static) and "
           "waits until the job can take this worker. `compression` is the "
           "gradients' encoding on the wire (none, bf16, fp16, int8, "

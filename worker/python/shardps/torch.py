@@ -117,7 +117,7 @@ def _env_flag(name, default):
 def init(coordinator=None, servers=None, rank=None, num_workers=None,
          job_id=None, connect_timeout_s=None, rpc_timeout_s=None,
          compression=None, error_feedback=None, topk_warmup_steps=None,
-         weight_encoding=None):
+         compression_min_elements=None, weight_encoding=None):
     """Joins the shardps job this process is a worker of.
 
     Arguments default to the environment that shardps-local, Compose and
@@ -130,8 +130,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     coordinator, the other members and the servers),
     SHARDPS_RPC_TIMEOUT_S (default 300: the longest one step may take),
     SHARDPS_COMPRESSION (default "none"), SHARDPS_ERROR_FEEDBACK (default
-    1), SHARDPS_TOPK_WARMUP_STEPS (default 0) and SHARDPS_WEIGHT_ENCODING
-    (default "fp32").
+    1), SHARDPS_TOPK_WARMUP_STEPS (default 0),
+    SHARDPS_COMPRESSION_MIN_ELEMENTS (default 0) and
+    SHARDPS_WEIGHT_ENCODING (default "fp32").
 
     `compression` is how gradients cross the wire: "none" (fp32, exact),
     "bf16", "fp16", "int8" (a scale per chunk) or "topk:RATIO" (the RATIO
@@ -139,7 +140,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     default) what a step's encoding dropped is added to the next step's
     gradient, so nothing is lost over time. With "topk:RATIO",
     `topk_warmup_steps=N` starts dense and lowers the fraction sent
-    exponentially to RATIO over the first N steps. `weight_encoding="bf16"`
+    exponentially to RATIO over the first N steps. Chunks of fewer than
+    `compression_min_elements` elements (small tensors: biases, norms, an
+    output layer) go as fp32. `weight_encoding="bf16"`
     has the
     servers send the weights rounded to bf16 (they keep fp32 master weights
     and optimizer state; the model then trains on the rounded copy);
@@ -189,6 +192,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
         topk_warmup_steps=int(topk_warmup_steps if topk_warmup_steps
                               is not None else _env(
                                   "SHARDPS_TOPK_WARMUP_STEPS", "0")),
+        compression_min_elements=int(
+            compression_min_elements if compression_min_elements is not None
+            else _env("SHARDPS_COMPRESSION_MIN_ELEMENTS", "0")),
         weight_encoding=weight_encoding or _env("SHARDPS_WEIGHT_ENCODING",
                                                 "fp32"))
     _context = Context(session)
