@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -14,7 +15,9 @@
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "tests/bench/aggregate_bench.h"
+#include "tests/bench/codec_bench.h"
 #include "tests/bench/gpu_bench.h"
+#include "tests/bench/netns_link.h"
 #include "tests/bench/torch_bench.h"
 #include "tests/bench/train_bench.h"
 #include "tests/bench/transport_bench.h"
@@ -35,6 +38,12 @@ ABSL_FLAG(bool, raw_baseline, true,
           "Measure the raw TCP baseline (off only to profile shardps alone).");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to run (transport).");
 ABSL_FLAG(std::string, workers, "1,2", "Worker counts to run (transport).");
+ABSL_FLAG(std::string, link, "",
+          "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
+          "between a servers' and a workers' network namespace, shaped with "
+          "tbf each way (needs root, ip and tc); empty: loopback. Unless "
+          "given, --steps is 5 and --model_mib about 0.5 s of the rate (16 "
+          "to 256).");
 
 namespace shardps::bench {
 namespace {
@@ -48,6 +57,21 @@ std::string SiblingBinary(const std::string& path) {
   const size_t pos = self.rfind("/tests/");
   return pos == std::string::npos ? path.substr(path.rfind('/') + 1)
                                   : self.substr(0, pos) + "/" + path;
+}
+
+// This program's path, for running it again (readlink /proc/self/exe).
+std::string SelfBinary() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "shardps-bench";
+}
+
+// The flag differs from its default (Abseil 20220623 keeps whether it was
+// on the command line private, so giving the default counts as not given).
+template <typename T>
+bool Given(const absl::Flag<T>& flag) {
+  const absl::CommandLineFlag& f = absl::GetFlagReflectionHandle(flag);
+  return f.CurrentValue() != f.DefaultValue();
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParseCounts(const std::string& flag,
@@ -69,6 +93,7 @@ absl::Status Run(const std::string& command) {
   absl::PrintF("WARNING: assertions are enabled; figures are not meaningful\n");
 #endif
   if (command == "aggregate") return RunAggregateBench(AggregateOptions());
+  if (command == "codec") return RunCodecBench(CodecOptions());
   if (command == "transport") {
     TransportOptions o;
     o.server_binary = absl::GetFlag(FLAGS_server_binary);
@@ -79,6 +104,15 @@ absl::Status Run(const std::string& command) {
     o.raw_baseline = absl::GetFlag(FLAGS_raw_baseline);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
     o.model_bytes = absl::GetFlag(FLAGS_model_mib) << 20;
+    if (const std::string link = absl::GetFlag(FLAGS_link); !link.empty()) {
+      absl::StatusOr<int64_t> rate = ParseLinkRate(link);
+      if (!rate.ok()) return rate.status();
+      o.link_bits_per_second = *rate;
+      o.self_binary = SelfBinary();
+      // A step of a slow link takes long enough to be steady after fewer.
+      if (!Given(FLAGS_steps)) o.steps = 5;
+      if (!Given(FLAGS_model_mib)) o.model_bytes = DefaultLinkModelBytes(*rate);
+    }
     o.chunk_bytes = absl::GetFlag(FLAGS_chunk_mib) << 20;
     absl::StatusOr<std::vector<uint32_t>> shards =
         ParseCounts("shards", absl::GetFlag(FLAGS_shards));
@@ -91,6 +125,14 @@ absl::Status Run(const std::string& command) {
     return RunTransportBench(o);
   }
   if (command == "gpu") return RunGpuBench();
+  // Not listed: the raw TCP peer a --link run starts in its servers'
+  // namespace.
+  if (command == "raw_tcp_peer") {
+    return ServeRawTcpPeer(
+        absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port), [](int port) {
+          return WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+        });
+  }
   if (command == "train") {
     TrainOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
@@ -108,9 +150,9 @@ absl::Status Run(const std::string& command) {
     o.rounds = absl::GetFlag(FLAGS_torch_rounds);
     return RunTorchBench(o);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown benchmark \"", command,
-                   "\"; one of: transport, aggregate, train, gpu, torch"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown benchmark \"", command,
+      "\"; one of: transport, aggregate, codec, train, gpu, torch"));
 }
 
 }  // namespace
@@ -120,10 +162,14 @@ int main(int argc, char** argv) {
   std::vector<char*> args = shardps::ParseDaemonFlags(
       argc, argv,
       "runs a benchmark against a baseline measured in the same run.\n"
-      "  shardps-bench transport | aggregate | train | gpu | torch [flags]");
+      "  shardps-bench transport | aggregate | codec | train | gpu | torch "
+      "[flags]\n"
+      "  shardps-bench transport --link=1gbit  (as root: across a "
+      "tbf-shaped veth link between two network namespaces)");
   if (args.size() != 2) {
     shardps::LogError(
-        "give one benchmark: transport, aggregate, train, gpu or torch");
+        "give one benchmark: transport, aggregate, codec, train, gpu or "
+        "torch");
     return 1;
   }
   return shardps::ExitCode(shardps::bench::Run(args[1]));

@@ -1,9 +1,18 @@
 // shardps-bench transport: full PushPull steps, Push-only and Pull-only of a
 // 64 MiB fp32 model over real shardps-server processes on loopback, each
-// against a raw TCP exchange of the same bytes in the same pattern.
+// against a raw TCP exchange of the same bytes in the same pattern. With a
+// link, the servers and the raw peer run in one network namespace and the
+// workers in another, and the traffic crosses a tbf-shaped veth pair.
 #include "tests/bench/transport_bench.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -15,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "common/partitioner.h"
 #include "common/status.h"
+#include "tests/bench/netns_link.h"
 #include "tests/bench/raw_tcp.h"
 #include "tests/testing/daemon.h"
 #include "worker/client.h"
@@ -83,27 +93,169 @@ std::vector<RawExchange> RawPattern(Kind kind, uint32_t workers,
   return pattern;
 }
 
+// The link's raw TCP exchange. The socket loops are raw_tcp.cc's (1 MiB
+// reads and writes); its class serves on 127.0.0.1 in its own process, so
+// it cannot put the two ends in two namespaces.
+constexpr int64_t kIoBytes = 1 << 20;
+
+bool WriteAll(int fd, const char* p, int64_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, std::min(n, kIoBytes));
+    if (w <= 0) return false;
+    p += w;
+    n -= w;
+  }
+  return true;
+}
+
+bool ReadAll(int fd, char* p, int64_t n) {
+  while (n > 0) {
+    const ssize_t r = read(fd, p, std::min(n, kIoBytes));
+    if (r <= 0) return false;
+    p += r;
+    n -= r;
+  }
+  return true;
+}
+
+bool SendBytes(int fd, int64_t n) {
+  std::vector<char> buf(std::min(n, kIoBytes), 1);
+  for (int64_t k; n > 0; n -= k) {
+    k = std::min(n, kIoBytes);
+    if (!WriteAll(fd, buf.data(), k)) return false;
+  }
+  return true;
+}
+
+bool RecvBytes(int fd, int64_t n) {
+  std::vector<char> buf(std::min(n, kIoBytes));
+  for (int64_t k; n > 0; n -= k) {
+    k = std::min(n, kIoBytes);
+    if (!ReadAll(fd, buf.data(), k)) return false;
+  }
+  return true;
+}
+
+// The peer's half of an exchange: all but the last byte of the reply go
+// out while the request comes in; the last one after the whole request was
+// read, so the client's step ends only when both directions have arrived.
+bool AnswerExchange(int fd) {
+  int64_t header[2];
+  if (!ReadAll(fd, reinterpret_cast<char*>(header), sizeof(header)) ||
+      header[0] < 0 || header[1] < 1) {
+    return false;
+  }
+  bool sent = false;
+  std::thread sender([&] { sent = SendBytes(fd, header[1] - 1); });
+  const bool read = RecvBytes(fd, header[0]);
+  sender.join();
+  return sent && read && SendBytes(fd, 1);
+}
+
+// Client connections in the workers' namespace to ServeRawTcpPeer across
+// the link, one per element of the pattern.
+class LinkRawTcp {
+ public:
+  static absl::StatusOr<std::unique_ptr<LinkRawTcp>> Create(
+      int port, std::vector<RawExchange> pattern) {
+    std::unique_ptr<LinkRawTcp> b(new LinkRawTcp());
+    b->pattern_ = std::move(pattern);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    inet_pton(AF_INET, NetnsLink::kServerHost, &addr.sin_addr);
+    for (size_t i = 0; i < b->pattern_.size(); ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (fd >= 0) b->fds_.push_back(fd);
+      if (fd < 0 ||
+          connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot connect to the raw TCP peer at ",
+                         NetnsLink::kServerHost, ":", port));
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    return b;
+  }
+  ~LinkRawTcp() {
+    for (int fd : fds_) close(fd);  // the peer sees EOF and lets go
+  }
+
+  // Runs one step on every connection in parallel; returns its wall time.
+  absl::StatusOr<absl::Duration> Step() {
+    std::vector<std::thread> threads;
+    std::vector<char> ok(pattern_.size() * 2, 0);
+    const absl::Time start = absl::Now();
+    for (size_t i = 0; i < pattern_.size(); ++i) {
+      const RawExchange& e = pattern_[i];
+      const int fd = fds_[i];
+      threads.emplace_back([&ok, i, e, fd] {
+        int64_t header[2] = {e.request_bytes, e.reply_bytes};
+        ok[2 * i] =
+            WriteAll(fd, reinterpret_cast<char*>(header), sizeof(header)) &&
+            SendBytes(fd, e.request_bytes);
+      });
+      threads.emplace_back(
+          [&ok, i, e, fd] { ok[2 * i + 1] = RecvBytes(fd, e.reply_bytes); });
+    }
+    for (std::thread& t : threads) t.join();
+    const absl::Duration elapsed = absl::Now() - start;
+    if (std::count(ok.begin(), ok.end(), 0) > 0) {
+      return absl::UnavailableError("raw TCP exchange over the link failed");
+    }
+    return elapsed;
+  }
+
+ private:
+  LinkRawTcp() = default;
+  std::vector<RawExchange> pattern_;
+  std::vector<int> fds_;
+};
+
 struct Row {
   uint32_t shards, workers;
   Kind kind;
   double payload_gb;
   absl::Duration shardps, raw;
+  // With a link: the model bytes of one direction (both carry as much in
+  // a PushPull), and the mean bytes per measured shardps step that the
+  // workers' veth end sent and received.
+  int64_t direction_bytes = 0;
+  double to_servers = 0, to_workers = 0;
 };
 
-absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
-                       uint32_t workers, std::vector<Row>* rows,
+// Where the run's servers and raw peer are: a link (or null: loopback).
+struct Network {
+  NetnsLink* link = nullptr;
+  int raw_peer_port = 0;
+};
+
+absl::Status RunConfig(const TransportOptions& o, const Network& net,
+                       uint32_t shards, uint32_t workers,
+                       std::vector<Row>* rows,
                        std::vector<std::string>* rss_lines) {
+  NetnsLink* link = net.link;
   std::vector<std::unique_ptr<Daemon>> servers;
   std::vector<std::string> addresses;
   for (uint32_t s = 0; s < shards; ++s) {
-    SHARDPS_ASSIGN_OR_RETURN(
-        std::unique_ptr<Daemon> d,
-        Daemon::Start(absl::StrCat("bench-server-", s), o.server_binary,
-                      {absl::StrCat("--shard_index=", s),
-                       absl::StrCat("--num_shards=", shards),
-                       absl::StrCat("--num_workers=", workers),
-                       absl::StrCat("--update_threads=", o.update_threads)}));
-    addresses.push_back(d->address());
+    const std::string name = absl::StrCat("bench-server-", s);
+    std::vector<std::string> args = {
+        absl::StrCat("--shard_index=", s),
+        absl::StrCat("--num_shards=", shards),
+        absl::StrCat("--num_workers=", workers),
+        absl::StrCat("--update_threads=", o.update_threads)};
+    std::unique_ptr<Daemon> d;
+    if (link != nullptr) {
+      args.push_back(absl::StrCat("--host=", NetnsLink::kServerHost));
+      SHARDPS_ASSIGN_OR_RETURN(
+          d, Daemon::Start(name, link->ip_binary(),
+                           link->ServerArgs(o.server_binary, args)));
+      addresses.push_back(absl::StrCat(NetnsLink::kServerHost, ":", d->port()));
+    } else {
+      SHARDPS_ASSIGN_OR_RETURN(d, Daemon::Start(name, o.server_binary, args));
+      addresses.push_back(d->address());
+    }
     servers.push_back(std::move(d));
   }
   const int64_t elements = o.model_bytes / 4;
@@ -153,29 +305,63 @@ absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
       }
       return absl::OkStatus();
     };
-    SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<RawTcpBench> raw,
-                             RawTcpBench::Create(RawPattern(
-                                 kind, workers, shard_bytes,
-                                 o.streams_per_shard, chunks_per_stream)));
+    std::vector<RawExchange> pattern = RawPattern(
+        kind, workers, shard_bytes, o.streams_per_shard, chunks_per_stream);
+    std::function<absl::StatusOr<absl::Duration>()> raw_step;
+    std::unique_ptr<RawTcpBench> loopback_raw;
+    std::unique_ptr<LinkRawTcp> link_raw;
+    if (!o.raw_baseline) {
+      raw_step = [] { return absl::ZeroDuration(); };
+    } else if (link != nullptr) {
+      SHARDPS_ASSIGN_OR_RETURN(
+          link_raw, LinkRawTcp::Create(net.raw_peer_port, std::move(pattern)));
+      raw_step = [&] { return link_raw->Step(); };
+    } else {
+      SHARDPS_ASSIGN_OR_RETURN(loopback_raw,
+                               RawTcpBench::Create(std::move(pattern)));
+      raw_step = [&] { return loopback_raw->Step(); };
+    }
     // Alternate the two so both see the same machine load.
     std::vector<absl::Duration> times, raw_times;
+    LinkBytes crossed;
     for (int i = 0; i < o.warmup_steps + o.steps; ++i) {
-      SHARDPS_ASSIGN_OR_RETURN(absl::Duration d, Parallel(workers, one_step));
-      if (kind != Kind::kPull) ++step;
-      absl::Duration r = absl::ZeroDuration();
-      if (o.raw_baseline) {
-        SHARDPS_ASSIGN_OR_RETURN(r, raw->Step());
+      LinkBytes before, after;
+      if (link != nullptr) {
+        SHARDPS_ASSIGN_OR_RETURN(before, link->Bytes());
       }
+      SHARDPS_ASSIGN_OR_RETURN(absl::Duration d, Parallel(workers, one_step));
+      if (link != nullptr) {
+        SHARDPS_ASSIGN_OR_RETURN(after, link->Bytes());
+      }
+      if (kind != Kind::kPull) ++step;
+      SHARDPS_ASSIGN_OR_RETURN(absl::Duration r, raw_step());
       if (i >= o.warmup_steps) {
         times.push_back(d);
         raw_times.push_back(r);
+        crossed.to_servers += after.to_servers - before.to_servers;
+        crossed.to_workers += after.to_workers - before.to_workers;
       }
     }
     if (!o.raw_baseline) raw_times = times;  // profiling runs only
     const double directions = kind == Kind::kPushPull ? 2.0 : 1.0;
-    rows->push_back({shards, workers, kind,
-                     directions * workers * o.model_bytes / 1e9, Median(times),
-                     Median(raw_times)});
+    Row row = {shards,        workers,
+               kind,          directions * workers * o.model_bytes / 1e9,
+               Median(times), Median(raw_times)};
+    if (link != nullptr) {
+      row.direction_bytes = int64_t{workers} * o.model_bytes;
+      row.to_servers = static_cast<double>(crossed.to_servers) / o.steps;
+      row.to_workers = static_cast<double>(crossed.to_workers) / o.steps;
+      const double carried =
+          kind == Kind::kPull ? row.to_workers : row.to_servers;
+      if (carried < row.direction_bytes) {
+        return absl::InternalError(absl::StrFormat(
+            "shards=%d workers=%d %s: %.0f bytes a step crossed the link, "
+            "less than the %d bytes of payload; the traffic took another "
+            "path",
+            shards, workers, KindName(kind), carried, row.direction_bytes));
+      }
+    }
+    rows->push_back(row);
   }
   SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
                            clients[0]->ShardStatus());
@@ -199,21 +385,7 @@ absl::Status RunConfig(const TransportOptions& o, uint32_t shards,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status RunTransportBench(const TransportOptions& o) {
-  absl::PrintF(
-      "transport: %.0f MiB fp32 model in %.0f MiB chunks, %d stream(s) per "
-      "shard, median of %d steps after %d warmup, loopback\n",
-      o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
-      o.steps, o.warmup_steps);
-  std::vector<Row> rows;
-  std::vector<std::string> rss;
-  for (uint32_t shards : o.shards) {
-    for (uint32_t workers : o.workers) {
-      SHARDPS_RETURN_IF_ERROR(RunConfig(o, shards, workers, &rows, &rss));
-    }
-  }
+void PrintLoopbackTable(const std::vector<Row>& rows) {
   absl::PrintF("%-8s %-7s %-9s %10s %10s %10s %10s  %s\n", "shards", "workers",
                "op", "payload", "shardps", "raw tcp", "shardps", "ratio");
   absl::PrintF("%-8s %-7s %-9s %10s %10s %10s %10s  %s\n", "", "", "", "GB",
@@ -226,8 +398,153 @@ absl::Status RunTransportBench(const TransportOptions& o) {
                  r.payload_gb / absl::ToDoubleSeconds(r.shardps),
                  absl::FDivDuration(r.raw, r.shardps));
   }
+}
+
+// "of link" is the time the link needs for the payload, at its rate, over
+// the time taken: a PushPull's push and pull go opposite ways of the
+// full-duplex link, so its bound is one direction's bytes, as for Push and
+// Pull. Wire overhead (headers: 1448 payload bytes per 1514-byte frame at
+// MTU 1500) caps it near 0.956.
+void PrintLinkTable(const std::vector<Row>& rows, const TransportOptions& o,
+                    const NetnsLink& link) {
+  // First: it logs the tc commands it runs.
+  const std::string qdisc_stats = link.QdiscStats();
+  absl::PrintF("%-6s %-7s %-9s %8s %9s %9s %9s %8s %8s %8s  %s\n", "shards",
+               "workers", "op", "payload", "bound", "shardps", "raw tcp",
+               "shardps", "shardps", "raw tcp", "ratio");
+  absl::PrintF("%-6s %-7s %-9s %8s %9s %9s %9s %8s %8s %8s  %s\n", "", "", "",
+               "GB", "ms", "ms", "ms", "GB/s", "of link", "of link",
+               "(raw time / shardps time)");
+  for (const Row& r : rows) {
+    const double bound_s =
+        r.direction_bytes * 8.0 / static_cast<double>(link.bits_per_second());
+    const double raw_s = absl::ToDoubleSeconds(r.raw);
+    absl::PrintF(
+        "%-6d %-7d %-9s %8.3f %9.1f %9.1f %9.1f %8.3f %8.3f %8s  ratio = "
+        "%s\n",
+        r.shards, r.workers, KindName(r.kind), r.payload_gb, bound_s * 1e3,
+        absl::ToDoubleMilliseconds(r.shardps), raw_s * 1e3,
+        r.payload_gb / absl::ToDoubleSeconds(r.shardps),
+        bound_s / absl::ToDoubleSeconds(r.shardps),
+        o.raw_baseline ? absl::StrFormat("%.3f", bound_s / raw_s) : "-",
+        o.raw_baseline
+            ? absl::StrFormat("%.2f", absl::FDivDuration(r.raw, r.shardps))
+            : "-");
+  }
+  absl::PrintF(
+      "link bytes a shardps step, counted by %s's veth (to servers = its tx, "
+      "to workers = its rx), against the payload of one direction:\n",
+      link.worker_namespace());
+  for (const Row& r : rows) {
+    absl::PrintF(
+        "  shards=%d workers=%d %-8s to servers %8.2f MB, to workers %8.2f "
+        "MB, payload %.2f MB\n",
+        r.shards, r.workers, KindName(r.kind), r.to_servers / 1e6,
+        r.to_workers / 1e6, r.direction_bytes / 1e6);
+  }
+  absl::PrintF("tc after the run:\n%s\n", qdisc_stats);
+}
+
+}  // namespace
+
+int64_t DefaultLinkModelBytes(int64_t link_bits_per_second) {
+  const int64_t half_second = link_bits_per_second / 16;
+  int64_t mib = 16;
+  while (mib < 256 && (mib << 20) * 3 / 2 < half_second) mib *= 2;
+  return mib << 20;
+}
+
+absl::Status ServeRawTcpPeer(const std::string& host, int port,
+                             const std::function<absl::Status(int)>& bound) {
+  const int listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  socklen_t len = sizeof(addr);
+  if (listen_fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+      bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(listen_fd, 128) != 0 ||
+      getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("raw TCP peer: cannot listen on ", host, ":", port));
+  }
+  SHARDPS_RETURN_IF_ERROR(bound(ntohs(addr.sin_port)));
+  while (true) {
+    const int fd = accept(listen_fd, nullptr, nullptr);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::thread([fd] {
+      while (AnswerExchange(fd)) {
+      }
+      close(fd);
+    }).detach();
+  }
+}
+
+absl::Status RunTransportBench(const TransportOptions& o) {
+  // Declared first, so that it outlives the processes inside it.
+  std::unique_ptr<NetnsLink> link;
+  std::unique_ptr<Daemon> raw_peer;
+  Network net;
+  std::string where = "loopback";
+  if (o.link_bits_per_second > 0) {
+    SHARDPS_ASSIGN_OR_RETURN(link, NetnsLink::Create(o.link_bits_per_second));
+    net.link = link.get();
+    // Before any gRPC channel exists: the client threads it starts later,
+    // and their sockets, are then in the workers' namespace.
+    SHARDPS_RETURN_IF_ERROR(link->EnterWorkerNamespace());
+    if (o.raw_baseline) {
+      SHARDPS_ASSIGN_OR_RETURN(
+          raw_peer,
+          Daemon::Start(
+              "bench-raw-peer", link->ip_binary(),
+              link->ServerArgs(
+                  o.self_binary,
+                  {"raw_tcp_peer",
+                   absl::StrCat("--host=", NetnsLink::kServerHost)})));
+      net.raw_peer_port = raw_peer->port();
+    }
+    where = absl::StrFormat(
+        "across a %s link each way (tbf burst %d B, latency %d ms) from %s "
+        "(servers, %s) to %s (workers, %s)",
+        FormatLinkRate(link->bits_per_second()), link->burst_bytes(),
+        link->latency_ms(), link->server_namespace(), NetnsLink::kServerHost,
+        link->worker_namespace(), NetnsLink::kWorkerHost);
+  }
+  absl::PrintF(
+      "transport: %.0f MiB fp32 model in %.0f MiB chunks, %d stream(s) per "
+      "shard, median of %d steps after %d warmup, %s\n",
+      o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
+      o.steps, o.warmup_steps, where);
+  if (link != nullptr) {
+    absl::PrintF(
+        "raw tcp: the same bytes and connections; over the link the peer "
+        "sends a reply while it reads the request (full duplex)\n");
+    // veth and tbf run in softirq, which a busy machine defers (ksoftirqd):
+    // other load slows the link itself, not only shardps.
+    std::ifstream loadavg("/proc/loadavg");
+    double load = -1;
+    loadavg >> load;
+    absl::PrintF("machine: %d CPUs, load average %.2f at the start\n",
+                 std::thread::hardware_concurrency(), load);
+  }
+  std::vector<Row> rows;
+  std::vector<std::string> rss;
+  for (uint32_t shards : o.shards) {
+    for (uint32_t workers : o.workers) {
+      SHARDPS_RETURN_IF_ERROR(RunConfig(o, net, shards, workers, &rows, &rss));
+    }
+  }
+  if (link != nullptr) {
+    PrintLinkTable(rows, o, *link);
+  } else {
+    PrintLoopbackTable(rows);
+  }
   absl::PrintF("server memory:\n");
   for (const std::string& line : rss) absl::PrintF("%s\n", line);
+  // Before the link's teardown logs its commands to stderr.
+  std::fflush(stdout);
   return absl::OkStatus();
 }
 

@@ -1,9 +1,11 @@
 // The transport benchmark of shardps-bench: PushPull, Push and Pull of a model
-// through real server processes, each as a ratio to raw TCP in the same run.
+// through real server processes, each as a ratio to raw TCP in the same run,
+// on loopback or across a rate-limited veth link (netns_link.h).
 #ifndef SHARDPS_TESTS_BENCH_TRANSPORT_BENCH_H_
 #define SHARDPS_TESTS_BENCH_TRANSPORT_BENCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,9 +25,35 @@ struct TransportOptions {
   bool raw_baseline = true;
   std::vector<uint32_t> shards = {1, 2};
   std::vector<uint32_t> workers = {1, 2};
+  // Nonzero: servers and workers run in two network namespaces joined by a
+  // veth pair shaped to this many bits per second each way (NetnsLink, so
+  // root), and each row also gives the fraction of the link it achieved.
+  // Zero: loopback.
+  int64_t link_bits_per_second = 0;
+  // This program: with a link, run in the servers' namespace as
+  // `<self_binary> raw_tcp_peer --host=...` for the raw TCP baseline.
+  std::string self_binary;
 };
 
+// Prints the table. With a link: FailedPrecondition when not root or
+// without ip/tc, Internal when fewer bytes than the payload crossed the
+// link (the traffic took another path).
 absl::Status RunTransportBench(const TransportOptions& options);
+
+// The model size of a link run unless told otherwise: about half a second
+// per direction for one worker, a power of two from 16 to 256 MiB. Shorter
+// steps would flatter the link: tbf's bucket refills between steps, and
+// each step starts with burst_bytes (4 ms of the rate) above it.
+int64_t DefaultLinkModelBytes(int64_t link_bits_per_second);
+
+// The raw TCP peer of a link run (shardps-bench raw_tcp_peer): listens on
+// host:port (0: any free port), calls `bound` with the port, then answers
+// every connection until killed. Each exchange is a 16-byte header (request
+// and reply sizes), the request, and the reply, which it sends while it
+// still reads the request (full duplex, as shardps streams a PushPull's
+// replies back during the push). Returns only on errors.
+absl::Status ServeRawTcpPeer(const std::string& host, int port,
+                             const std::function<absl::Status(int)>& bound);
 
 }  // namespace shardps::bench
 
