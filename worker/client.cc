@@ -81,6 +81,8 @@ struct Client::Stream {
       stream;                      // set by the writer before stream_open
   std::vector<uint32_t> answered;  // by the reader
   absl::Status status;             // of the attempt, set by the reader
+  // A chunk the writer could not encode: the attempt fails with it.
+  absl::Status write_error ABSL_GUARDED_BY(mu);
 
   // Waits until the writer and the reader are done, then drops the call's
   // context.
@@ -246,6 +248,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
           " is not this client's weight encoding topk:", ratio));
     }
     layout_.set_sparse_weights_ratio(ratio);
+    layout_.set_sparse_weights_min_elements(options_.compression.min_elements);
   }
   optimizer_ = optimizer;
   std::vector<v1::DeclareResponse> declared(num_shards);
@@ -398,13 +401,26 @@ bool Client::Compressed(uint32_t id) const {
          !open_->no_gradient[chunks_[id].tensor] && compressor_->compresses(id);
 }
 
-grpc::ByteBuffer Client::ChunkMessage(Stream* lane, uint32_t id,
-                                      v1::PushPullRequest* header) const {
+absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
+    Stream* lane, uint32_t id, v1::PushPullRequest* header) {
   const ChunkSpec& c = chunks_[id];
   FillHeader(id, header);
   if (open_->no_gradient[c.tensor]) return lane->Message(*header, nullptr, 0);
   if (Compressed(id)) {
-    const absl::string_view payload = open_->payloads[id];
+    absl::string_view& payload = open_->payloads[id];
+    if (payload.data() == nullptr) {
+      // Encoded here, on the lane's thread, as the lane gets to it: lanes
+      // encode in parallel, and while earlier chunks are on the wire.
+      absl::StatusOr<absl::string_view> encoded = compressor_->Encode(
+          id, open_->gradients[c.tensor].data() + c.offset, open_->step);
+      if (!encoded.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient of tensor ", layout_.tensors(c.tensor).name(),
+            " (chunk ", id, ", tensor elements from ", c.offset,
+            "): ", encoded.status().message()));
+      }
+      payload = *encoded;
+    }
     return lane->Message(*header, payload.data(), payload.size());
   }
   return lane->Message(*header, open_->gradients[c.tensor].data() + c.offset,
@@ -534,7 +550,15 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     v1::PushPullRequest header;
     bool written = true;
     for (uint32_t id : *pending) {
-      if (!stream->Write(ChunkMessage(lane, id, &header))) {
+      absl::StatusOr<grpc::ByteBuffer> message =
+          ChunkMessage(lane, id, &header);
+      if (!message.ok()) {
+        reply_error = message.status();
+        ctx.TryCancel();
+        written = false;
+        break;
+      }
+      if (!stream->Write(*message)) {
         written = false;  // broken: Finish says why
         break;
       }
@@ -604,7 +628,16 @@ void Client::StreamWrites(Stream* lane) {
       id = lane->ready.front();
       lane->ready.pop_front();
     }
-    if (!lane->stream->Write(ChunkMessage(lane, id, &header))) {
+    absl::StatusOr<grpc::ByteBuffer> message = ChunkMessage(lane, id, &header);
+    if (!message.ok()) {
+      // The reader's Finish sees the cancel; the step fails with this.
+      absl::MutexLock lock(&lane->mu);
+      lane->write_error = message.status();
+      ctx->TryCancel();
+      written = false;
+      break;
+    }
+    if (!lane->stream->Write(*message)) {
       written = false;  // broken: the reader's Finish says why
       break;
     }
@@ -645,6 +678,10 @@ void Client::StreamReads(Stream* lane) {
   absl::Status status = FromGrpcStatus(lane->stream->Finish());
   lane->stream.reset();
   if (!reply_error.ok()) status = reply_error;
+  {
+    absl::MutexLock lock(&lane->mu);
+    if (!lane->write_error.ok()) status = lane->write_error;
+  }
   if (status.ok() && lane->answered.size() != lane->chunk_ids.size()) {
     status = absl::InternalError(absl::StrCat(
         "stream ended without replies for ",
@@ -695,6 +732,7 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
     lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
     lane->stream_open = false;
     lane->broken = false;
+    lane->write_error = absl::OkStatus();
     lane->writer_done = false;
     lane->tasks_running = lane->chunk_ids.empty() ? 0 : 2;
   }
@@ -768,15 +806,14 @@ absl::Status Client::EncodeTensor(int tensor,
        ++id) {
     const ChunkSpec& c = chunks_[id];
     if (!compressor_->compresses(id)) continue;
-    absl::StatusOr<absl::string_view> payload =
-        compressor_->Encode(id, gradient.data() + c.offset, o.step);
-    if (!payload.ok()) {
+    const absl::Status s =
+        compressor_->CheckValues(gradient.data() + c.offset, c.num_elements);
+    if (!s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("gradient of tensor ", layout_.tensors(tensor).name(),
                        " (chunk ", id, ", tensor elements from ", c.offset,
-                       "): ", payload.status().message()));
+                       "): ", s.message()));
     }
-    o.payloads[id] = *payload;
   }
   o.encoded[tensor] = true;
   return absl::OkStatus();

@@ -238,9 +238,9 @@ class Client {
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             std::optional<float> learning_rate,
                             bool no_gradient);
-  // Compression: encodes the chunks of `tensor` for the open step.
-  // InvalidArgument naming the tensor and element when a value cannot be
-  // encoded.
+  // Compression: checks that the chunks of `tensor` can be encoded (each
+  // is encoded when its lane sends it). InvalidArgument naming the tensor
+  // and element when a value cannot be.
   absl::Status EncodeTensor(int tensor, absl::Span<const float> gradient);
   // The whole step at once: every tensor pushed in layout order.
   absl::Status Step(int64_t step, const ConstTensors& gradients,
@@ -251,9 +251,11 @@ class Client {
   void StreamReads(Stream* lane);
   // The request of chunk `id` of the open step (payload not set).
   void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
-  // The message of chunk `id` of the open step on `lane`.
-  grpc::ByteBuffer ChunkMessage(Stream* lane, uint32_t id,
-                                v1::PushPullRequest* header) const;
+  // The message of chunk `id` of the open step on `lane`, its gradient
+  // encoded first when compressed (InvalidArgument naming the tensor and
+  // element for a value the encoding cannot carry).
+  absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
+                                                v1::PushPullRequest* header);
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;

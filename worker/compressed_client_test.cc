@@ -197,6 +197,21 @@ TEST_F(CompressedClientTest, AGradientTheEncodingCannotCarrySendsNothing) {
   }
 }
 
+TEST_F(CompressedClientTest, AResidualPushedBeyondFp16FailsTheStep) {
+  Compression c;
+  c.gradients = v1::ENCODING_FP16;
+  std::unique_ptr<Client> client = NewClient(c);
+  // 65519 rounds down to 65504 and leaves 15 behind; next time the sum is
+  // beyond fp16's range, though the gradient itself is not.
+  grad_[3] = 65519.0f;
+  std::vector<float> w;
+  SHARDPS_ASSERT_OK(Step(client.get(), 0, &w));
+  const absl::Status s = Step(client.get(), 1, &w);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("tensor a (chunk 0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("65504"), std::string::npos) << s;
+}
+
 TEST_F(CompressedClientTest, ARollbackDropsTheResiduals) {
   std::unique_ptr<Client> client = NewClient(Topk(0.25, true));
   std::vector<float> w0, w1, w2, w3;
@@ -268,6 +283,29 @@ TEST_F(CompressedClientTest, SparseWeightsAreTheCopyTheShardsMove) {
   }
   // The replies, plus the two Pulls of the copy whole.
   EXPECT_EQ(sent, replies_bytes + 2 * 4 * kElements);
+}
+
+TEST_F(CompressedClientTest, SparseWeightsSendChunksBelowTheSmallestWhole) {
+  Compression c;
+  c.weights = v1::ENCODING_TOPK;
+  c.weights_topk_ratio = 0.25;
+  c.min_elements = 14;  // only "a"'s first chunk is sparse
+  std::unique_ptr<Client> client = NewClient(c);
+  std::vector<float> got(kElements);
+  SHARDPS_ASSERT_OK(client->Pull(
+      {absl::MakeSpan(got).subspan(0, 40), absl::MakeSpan(got).subspan(40)}));
+  for (int s = 0; s < 3; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &got));
+  int64_t lagging = 0;
+  for (int64_t i = 0; i < kElements; ++i) {
+    float exact = 1.0f;
+    for (int s = 0; s < 3; ++s) exact -= grad_[i];
+    if (i >= 14) {
+      EXPECT_EQ(got[i], exact) << i;  // whole every step
+    } else {
+      lagging += got[i] != exact;
+    }
+  }
+  EXPECT_GT(lagging, 0);
 }
 
 TEST_F(CompressedClientTest, SparseWeightsAreTheModelsAllWorkersDeclare) {

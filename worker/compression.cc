@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/codec.h"
+#include "common/encoding.h"
 
 namespace shardps {
 
@@ -120,6 +121,25 @@ std::string CompressionName(const Compression& c) {
 GradientCompressor::GradientCompressor(const Compression& c,
                                        std::vector<ChunkSpec> chunks)
     : c_(c), chunks_(std::move(chunks)), codecs_(chunks_.size()) {}
+
+absl::Status GradientCompressor::CheckValues(const float* gradient,
+                                            int64_t n) const {
+  const int64_t bad = FirstNonFinite(gradient, n);
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("element ", bad, " is ", gradient[bad]));
+  }
+  if (c_.gradients == v1::ENCODING_FP16) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::fabs(gradient[i]) >= 65520.0f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("element ", i, " is ", gradient[i],
+                         ", beyond binary16's largest finite value 65504"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 double GradientCompressor::TopkRatioAt(int64_t step) const {
   const int64_t w = c_.topk_warmup_steps;

@@ -26,8 +26,9 @@ struct Compression {
   // topk_ratio (topk_ratio^((step + 1) / warmup) at step < warmup), as
   // sparse training recipes warm up; 0: topk_ratio from the start.
   int64_t topk_warmup_steps = 0;
-  // Chunks of fewer elements go as FP32: small tensors (biases, norms, an
-  // output layer) cost little on the wire and matter much to accuracy.
+  // Chunks of fewer elements go as FP32 (gradients) and whole (sparse
+  // weights): small tensors (biases, norms, an output layer) cost little on
+  // the wire and matter much to accuracy.
   int64_t min_elements = 0;
   // Lossy encodings: what a chunk's encoding dropped is added to the next
   // step's gradient of that chunk, so nothing is lost over time.
@@ -63,6 +64,12 @@ class GradientCompressor {
  public:
   // REQUIRES: ValidateCompression(c).ok() and c.gradients != FP32.
   GradientCompressor(const Compression& c, std::vector<ChunkSpec> chunks);
+
+  // InvalidArgument naming the element when a gradient value of a chunk
+  // cannot be encoded (non-finite; beyond fp16's range for FP16), so that
+  // a step can be refused before anything of it is sent. (Encode can still
+  // refuse a value the residual pushed beyond fp16's range.)
+  absl::Status CheckValues(const float* gradient, int64_t n) const;
 
   // The fraction of each chunk TOPK sends at `step`.
   double TopkRatioAt(int64_t step) const;

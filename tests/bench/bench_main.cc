@@ -33,6 +33,14 @@ ABSL_FLAG(int32_t, torch_rounds, 2,
           "(a noisy machine only ever slows a run down).");
 ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
+ABSL_FLAG(std::string, compressions, "",
+          "transport: instead of the table, PushPull step times of these "
+          "codecs against the first, each GRADIENTS[/WEIGHTS] as "
+          "--compression and --weight_encoding spell them, e.g. "
+          "none,bf16/bf16,topk:0.01/topk:0.05.");
+ABSL_FLAG(std::string, model, "w",
+          "transport codec runs: w (one tensor of --model_mib) or mlp (the "
+          "main job's model).");
 ABSL_FLAG(int64_t, chunk_mib, 4, "Chunk size in MiB (transport).");
 ABSL_FLAG(bool, raw_baseline, true,
           "Measure the raw TCP baseline (off only to profile shardps alone).");
@@ -122,6 +130,15 @@ absl::Status Run(const std::string& command) {
     if (!workers.ok()) return workers.status();
     o.shards = *shards;
     o.workers = *workers;
+    if (const std::string c = absl::GetFlag(FLAGS_compressions); !c.empty()) {
+      o.compressions = absl::StrSplit(c, ',');
+    }
+    o.main_job_model = absl::GetFlag(FLAGS_model) == "mlp";
+    if (absl::GetFlag(FLAGS_model) != "mlp" &&
+        absl::GetFlag(FLAGS_model) != "w") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model=", absl::GetFlag(FLAGS_model), " is not w or mlp"));
+    }
     return RunTransportBench(o);
   }
   if (command == "gpu") return RunGpuBench();

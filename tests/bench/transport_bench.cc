@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "tests/bench/raw_tcp.h"
 #include "tests/testing/daemon.h"
 #include "worker/client.h"
+#include "worker/compression.h"
 
 namespace shardps::bench {
 namespace {
@@ -231,15 +233,15 @@ struct Network {
   int raw_peer_port = 0;
 };
 
-absl::Status RunConfig(const TransportOptions& o, const Network& net,
-                       uint32_t shards, uint32_t workers,
-                       std::vector<Row>* rows,
-                       std::vector<std::string>* rss_lines) {
+// Starts the `shards` servers of a `workers`-worker job (in the link's
+// servers' namespace when there is one) and appends their addresses.
+absl::Status StartServers(const TransportOptions& o, const Network& net,
+                          uint32_t shards, uint32_t workers,
+                          std::vector<std::unique_ptr<Daemon>>* servers,
+                          std::vector<std::string>* addresses) {
   NetnsLink* link = net.link;
-  std::vector<std::unique_ptr<Daemon>> servers;
-  std::vector<std::string> addresses;
   for (uint32_t s = 0; s < shards; ++s) {
-    const std::string name = absl::StrCat("bench-server-", s);
+    const std::string name = absl::StrCat("bench-server-", servers->size());
     std::vector<std::string> args = {
         absl::StrCat("--shard_index=", s),
         absl::StrCat("--num_shards=", shards),
@@ -251,13 +253,26 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
       SHARDPS_ASSIGN_OR_RETURN(
           d, Daemon::Start(name, link->ip_binary(),
                            link->ServerArgs(o.server_binary, args)));
-      addresses.push_back(absl::StrCat(NetnsLink::kServerHost, ":", d->port()));
+      addresses->push_back(
+          absl::StrCat(NetnsLink::kServerHost, ":", d->port()));
     } else {
       SHARDPS_ASSIGN_OR_RETURN(d, Daemon::Start(name, o.server_binary, args));
-      addresses.push_back(d->address());
+      addresses->push_back(d->address());
     }
-    servers.push_back(std::move(d));
+    servers->push_back(std::move(d));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunConfig(const TransportOptions& o, const Network& net,
+                       uint32_t shards, uint32_t workers,
+                       std::vector<Row>* rows,
+                       std::vector<std::string>* rss_lines) {
+  NetnsLink* link = net.link;
+  std::vector<std::unique_ptr<Daemon>> servers;
+  std::vector<std::string> addresses;
+  SHARDPS_RETURN_IF_ERROR(
+      StartServers(o, net, shards, workers, &servers, &addresses));
   const int64_t elements = o.model_bytes / 4;
   v1::Layout layout;
   layout.set_chunk_bytes(o.chunk_bytes);
@@ -381,6 +396,179 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
         bound / 1048576.0, (3 + workers) * shard_bytes[s] / 1048576.0,
         rss <= bound ? "ok" : "OVER", status[s].weight_copies_total(),
         status[s].updates_total()));
+  }
+  return absl::OkStatus();
+}
+
+// The model of a codec run: one tensor of model_bytes in chunk_bytes, or the
+// main job's MLP (784-512-256-10 with biases, 256 KiB chunks).
+v1::Layout CodecLayout(const TransportOptions& o) {
+  v1::Layout layout;
+  if (!o.main_job_model) {
+    layout.set_chunk_bytes(o.chunk_bytes);
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name("w");
+    t->add_shape(o.model_bytes / 4);
+    return layout;
+  }
+  layout.set_chunk_bytes(256 << 10);
+  const int sizes[] = {784, 512, 256, 10};
+  for (int l = 0; l < 3; ++l) {
+    v1::TensorSpec* w = layout.add_tensors();
+    w->set_name(absl::StrCat("fc", l + 1, ".weight"));
+    w->add_shape(sizes[l + 1]);
+    w->add_shape(sizes[l]);
+    v1::TensorSpec* b = layout.add_tensors();
+    b->set_name(absl::StrCat("fc", l + 1, ".bias"));
+    b->add_shape(sizes[l + 1]);
+  }
+  return layout;
+}
+
+// One codec of a codec run: its servers and clients.
+struct CodecRun {
+  std::string spec;
+  Compression compression;
+  std::vector<std::unique_ptr<Daemon>> servers;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<absl::Duration> times;
+  LinkBytes crossed;
+  // The shards' byte counters over the steps (GetStatus, summed).
+  int64_t wire_in = 0, wire_out = 0, fp32_in = 0, fp32_out = 0;
+  absl::Status Count(int sign) {
+    SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
+                             clients[0]->ShardStatus());
+    for (const v1::GetStatusResponse& shard : status) {
+      wire_in += sign * static_cast<int64_t>(shard.bytes_in_total());
+      fp32_in += sign * static_cast<int64_t>(shard.bytes_in_fp32_total());
+      wire_out += sign * static_cast<int64_t>(shard.bytes_out_total());
+      fp32_out += sign * static_cast<int64_t>(shard.bytes_out_fp32_total());
+    }
+    return absl::OkStatus();
+  }
+};
+
+// "GRADIENTS[/WEIGHTS]" as --compression and --weight_encoding spell them.
+absl::StatusOr<Compression> ParseCodecSpec(const std::string& spec) {
+  Compression c;
+  const size_t slash = spec.find('/');
+  SHARDPS_ASSIGN_OR_RETURN(
+      c.gradients, ParseGradientCompression(spec.substr(0, slash),
+                                            &c.topk_ratio));
+  if (slash != std::string::npos) {
+    SHARDPS_ASSIGN_OR_RETURN(c.weights,
+                             ParseWeightEncoding(spec.substr(slash + 1),
+                                                 &c.weights_topk_ratio));
+  }
+  // Small chunks (the MLP's biases and output layer) go whole, as the
+  // top-k recipe of the README's accuracy table has it.
+  c.min_elements = kCodecMinElements;
+  return c;
+}
+
+// PushPull steps of every codec in o.compressions on its own servers, one
+// step of each in turn so that all see the same machine load; the first is
+// the baseline of the speed-ups.
+absl::Status RunCodecConfig(const TransportOptions& o, const Network& net,
+                            uint32_t shards, uint32_t workers) {
+  const v1::Layout layout = CodecLayout(o);
+  v1::OptimizerSpec opt;
+  opt.set_kind(v1::OptimizerSpec::KIND_SGD);
+  opt.set_learning_rate(1e-6f);
+  int64_t elements = 0;
+  std::vector<int64_t> sizes;
+  for (const v1::TensorSpec& t : layout.tensors()) {
+    sizes.push_back(NumElements(t));
+    elements += sizes.back();
+  }
+  // Gradients that look like gradients (not constant: top-k must choose).
+  std::vector<std::vector<float>> grads(workers), weights(workers);
+  for (uint32_t r = 0; r < workers; ++r) {
+    grads[r].resize(elements);
+    for (int64_t i = 0; i < elements; ++i) {
+      grads[r][i] = 1e-3f * std::sin(0.37f * static_cast<float>(i) + r);
+    }
+    weights[r].assign(elements, 0.0f);
+  }
+  auto spans = [&](uint32_t r) {
+    std::pair<ConstTensors, Tensors> v;
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+      v.first.push_back(absl::MakeConstSpan(grads[r]).subspan(at, n));
+      v.second.push_back(absl::MakeSpan(weights[r]).subspan(at, n));
+      at += n;
+    }
+    return v;
+  };
+  std::vector<CodecRun> runs(o.compressions.size());
+  for (size_t c = 0; c < runs.size(); ++c) {
+    CodecRun& run = runs[c];
+    run.spec = o.compressions[c];
+    SHARDPS_ASSIGN_OR_RETURN(run.compression, ParseCodecSpec(run.spec));
+    std::vector<std::string> addresses;
+    SHARDPS_RETURN_IF_ERROR(
+        StartServers(o, net, shards, workers, &run.servers, &addresses));
+    for (uint32_t r = 0; r < workers; ++r) {
+      ClientOptions co;
+      co.servers = addresses;
+      co.rank = r;
+      co.streams_per_shard = o.streams_per_shard;
+      co.compression = run.compression;
+      SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                               Client::Create(co));
+      SHARDPS_RETURN_IF_ERROR(client->Declare(layout, opt));
+      // Sparse weights are changes to the copy a worker holds.
+      SHARDPS_RETURN_IF_ERROR(client->Pull(spans(r).second));
+      run.clients.push_back(std::move(client));
+    }
+    SHARDPS_RETURN_IF_ERROR(run.Count(-1));  // not the Pulls above
+  }
+  for (int i = 0; i < o.warmup_steps + o.steps; ++i) {
+    for (CodecRun& run : runs) {
+      LinkBytes before, after;
+      if (net.link != nullptr) {
+        SHARDPS_ASSIGN_OR_RETURN(before, net.link->Bytes());
+      }
+      SHARDPS_ASSIGN_OR_RETURN(
+          absl::Duration d, Parallel(workers, [&](uint32_t r) {
+            const auto [g, w] = spans(r);
+            return run.clients[r]->PushPull(i, g, w);
+          }));
+      if (net.link != nullptr) {
+        SHARDPS_ASSIGN_OR_RETURN(after, net.link->Bytes());
+      }
+      if (i >= o.warmup_steps) {
+        run.times.push_back(d);
+        run.crossed.to_servers += after.to_servers - before.to_servers;
+        run.crossed.to_workers += after.to_workers - before.to_workers;
+      }
+    }
+  }
+  absl::PrintF(
+      "shards=%d workers=%d, %s: PushPull step, median of %d after %d "
+      "warmup, one step of each codec in turn\n",
+      shards, workers,
+      o.main_job_model ? "the main job's MLP 784-512-256-10 (2.0 MiB)"
+                       : absl::StrFormat("%.0f MiB model",
+                                         o.model_bytes / 1048576.0),
+      o.steps, o.warmup_steps);
+  absl::PrintF("  %-24s %10s %9s %12s %12s %12s\n", "gradients/weights",
+               "step ms", "speed-up", "in / fp32", "out / fp32",
+               net.link != nullptr ? "link MB/step" : "");
+  const absl::Duration base = Median(runs[0].times);
+  for (CodecRun& run : runs) {
+    SHARDPS_RETURN_IF_ERROR(run.Count(1));
+    const absl::Duration t = Median(run.times);
+    absl::PrintF(
+        "  %-24s %10.1f %8.2fx %12.4f %12.4f %s\n", run.spec,
+        absl::ToDoubleMilliseconds(t), absl::FDivDuration(base, t),
+        static_cast<double>(run.wire_in) / run.fp32_in,
+        static_cast<double>(run.wire_out) / run.fp32_out,
+        net.link != nullptr
+            ? absl::StrFormat("%6.2f up, %6.2f down",
+                              run.crossed.to_servers / 1e6 / o.steps,
+                              run.crossed.to_workers / 1e6 / o.steps)
+            : "");
   }
   return absl::OkStatus();
 }
@@ -528,6 +716,20 @@ absl::Status RunTransportBench(const TransportOptions& o) {
     loadavg >> load;
     absl::PrintF("machine: %d CPUs, load average %.2f at the start\n",
                  std::thread::hardware_concurrency(), load);
+  }
+  if (!o.compressions.empty()) {
+    absl::PrintF(
+        "codecs: chunks under %d elements go as fp32; in / out: payload "
+        "bytes the shards took and sent in the steps over what they stand "
+        "for as fp32\n",
+        kCodecMinElements);
+    for (uint32_t shards : o.shards) {
+      for (uint32_t workers : o.workers) {
+        SHARDPS_RETURN_IF_ERROR(RunCodecConfig(o, net, shards, workers));
+      }
+    }
+    std::fflush(stdout);
+    return absl::OkStatus();
   }
   std::vector<Row> rows;
   std::vector<std::string> rss;

@@ -13,6 +13,9 @@
 
 namespace shardps::bench {
 
+// Codec runs send chunks of fewer elements as fp32.
+inline constexpr int64_t kCodecMinElements = 4096;
+
 struct TransportOptions {
   std::string server_binary;
   int64_t model_bytes = int64_t{64} << 20;
@@ -30,6 +33,12 @@ struct TransportOptions {
   // root), and each row also gives the fraction of the link it achieved.
   // Zero: loopback.
   int64_t link_bits_per_second = 0;
+  // Non-empty: instead of the table, PushPull step times of each codec,
+  // "GRADIENTS[/WEIGHTS]" as --compression and --weight_encoding spell
+  // them ("none", "bf16/bf16", "topk:0.01/topk:0.05"), against the first.
+  std::vector<std::string> compressions;
+  // Codec runs: the main job's MLP instead of one tensor of model_bytes.
+  bool main_job_model = false;
   // This program: with a link, run in the servers' namespace as
   // `<self_binary> raw_tcp_peer --host=...` for the raw TCP baseline.
   std::string self_binary;
