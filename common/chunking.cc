@@ -71,6 +71,11 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse_weights_ratio ", sparse, " is not in [0, 1]"));
   }
+  if (layout.sparse_weights_min_elements() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse_weights_min_elements ",
+                     layout.sparse_weights_min_elements(), " is negative"));
+  }
   absl::flat_hash_set<std::string> names;
   int64_t total = 0;
   int64_t num_chunks = 0;

@@ -39,7 +39,8 @@ int64_t NumElements(const v1::TensorSpec& tensor);
 // InvalidArgument naming the problem: no tensors, empty or duplicate names,
 // dimensions < 1, chunk_bytes not a multiple of 4 or over kMaxChunkBytes,
 // a model over kMaxModelElements or over kMaxChunks chunks, or a bad init
-// spec, or a sparse_weights_ratio outside [0, 1].
+// spec, a sparse_weights_ratio outside [0, 1] or a negative
+// sparse_weights_min_elements.
 absl::Status ValidateLayout(const v1::Layout& layout);
 
 // The layout's chunk size in bytes (chunk_bytes, or the default for 0).

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/encoding.h"
+#include "common/multiversion.h"
 
 namespace shardps {
 namespace {
@@ -118,15 +119,6 @@ constexpr float kRoundMagic = 12582912.0f;
 // Loops. Each multiversioned function takes `residual` possibly null and
 // dispatches once to an always-inline template, so that both variants are
 // vectorised.
-
-// ThreadSanitizer's runtime is not up yet when the loader runs ifunc
-// resolvers, so its builds use the baseline version only.
-#if defined(__SANITIZE_THREAD__)
-#define SHARDPS_MULTIVERSIONED
-#else
-#define SHARDPS_MULTIVERSIONED \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 
 // y = x + residual (or x), the value an encoder compresses.
 template <bool kResidual>

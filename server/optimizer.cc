@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/multiversion.h"
 #include "server/lr_schedule.h"
 #include "shardps/v1/parameter_server.pb.h"
 
@@ -351,15 +352,6 @@ template <typename Len>
 }
 
 constexpr int kMaxSlots = 2;
-
-// ThreadSanitizer's runtime is not up yet when the loader runs ifunc
-// resolvers, so its builds use the baseline version only.
-#if defined(__SANITIZE_THREAD__)
-#define SHARDPS_MULTIVERSIONED
-#else
-#define SHARDPS_MULTIVERSIONED \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 
 // The whole update (every helper above is forced inline into it), compiled
 // for AVX-512, AVX2 and baseline x86-64 and picked at load time: Adam and

@@ -67,7 +67,9 @@ absl::StatusOr<std::unique_ptr<ShardModel>> BuildShardModel(
       FillInit(tensor.init(), spec.tensor, spec.offset, chunk->weights->data(),
                spec.num_elements);
     }
-    chunk->sparse_ratio = req.layout().sparse_weights_ratio();
+    if (spec.num_elements >= req.layout().sparse_weights_min_elements()) {
+      chunk->sparse_ratio = req.layout().sparse_weights_ratio();
+    }
     ResetWorkerCopy(chunk.get());
     chunk->slots.assign(chunk->optimizer->num_slots(),
                         std::vector<float>(spec.num_elements));

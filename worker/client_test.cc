@@ -9,6 +9,7 @@
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
+#include "server/shard_server_testing.h"
 
 namespace shardps {
 namespace {
@@ -19,17 +20,9 @@ namespace {
 class ClientStepTest : public ::testing::Test {
  protected:
   void Start(uint32_t num_workers, v1::InitSpec::Kind init) {
-    for (uint32_t s = 0; s < 2; ++s) {
-      server::ShardServerOptions so;
-      so.store.shard_index = s;
-      so.store.num_shards = 2;
-      so.store.num_workers = num_workers;
-      absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
-          server::ShardServer::Start(so);
-      SHARDPS_ASSERT_OK(shard);
-      addresses_.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
-      shards_.push_back(*std::move(shard));
-    }
+    shards_ = std::make_unique<server::TestShards>(2, num_workers);
+    SHARDPS_ASSERT_OK(shards_->status());
+    addresses_ = shards_->addresses();
     layout_.set_chunk_bytes(64);  // 16 floats a chunk
     const std::vector<std::pair<std::string, int64_t>> tensors = {
         {"embed", 70}, {"fc.weight", 33}, {"fc.bias", 5}};
@@ -62,7 +55,7 @@ class ClientStepTest : public ::testing::Test {
   }
   void TearDown() override {
     clients_.clear();
-    for (auto& shard : shards_) shard->Shutdown(absl::Seconds(1));
+    shards_.reset();
   }
   Tensors Weights() {
     Tensors v;
@@ -75,7 +68,7 @@ class ClientStepTest : public ::testing::Test {
     return v;
   }
 
-  std::vector<std::unique_ptr<server::ShardServer>> shards_;
+  std::unique_ptr<server::TestShards> shards_;
   std::vector<std::string> addresses_;
   v1::Layout layout_;
   v1::OptimizerSpec sgd_;

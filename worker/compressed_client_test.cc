@@ -15,7 +15,7 @@
 #include "common/codec.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
-#include "server/shard_server.h"
+#include "server/shard_server_testing.h"
 #include "worker/client.h"
 
 namespace shardps {
@@ -29,16 +29,9 @@ constexpr int64_t kElements = 64;
 class CompressedClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (uint32_t s = 0; s < 2; ++s) {
-      server::ShardServerOptions so;
-      so.store.shard_index = s;
-      so.store.num_shards = 2;
-      absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
-          server::ShardServer::Start(so);
-      SHARDPS_ASSERT_OK(shard);
-      addresses_.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
-      shards_.push_back(*std::move(shard));
-    }
+    shards_ = std::make_unique<server::TestShards>(2, 1);
+    SHARDPS_ASSERT_OK(shards_->status());
+    addresses_ = shards_->addresses();
     layout_.set_chunk_bytes(64);
     for (const auto& [name, size] :
          std::vector<std::pair<std::string, int64_t>>{{"a", 40}, {"b", 24}}) {
@@ -56,10 +49,6 @@ class CompressedClientTest : public ::testing::Test {
                       static_cast<float>(1 + (i * 7) % 16));
     }
   }
-  void TearDown() override {
-    for (auto& shard : shards_) shard->Shutdown(absl::Seconds(1));
-  }
-
   std::unique_ptr<Client> NewClient(const Compression& c) {
     ClientOptions co;
     co.servers = addresses_;
@@ -90,7 +79,7 @@ class CompressedClientTest : public ::testing::Test {
     return w;
   }
 
-  std::vector<std::unique_ptr<server::ShardServer>> shards_;
+  std::unique_ptr<server::TestShards> shards_;
   std::vector<std::string> addresses_;
   v1::Layout layout_;
   v1::OptimizerSpec sgd_;
@@ -328,19 +317,9 @@ TEST_F(CompressedClientTest, SparseWeightsAreTheModelsAllWorkersDeclare) {
 // A two-worker sync job on `num_shards` shards, 12 steps of gradients that
 // differ by rank and step, SGD with momentum; rank 0's final weights.
 std::vector<float> RunJob(uint32_t num_shards, const Compression& c) {
-  std::vector<std::unique_ptr<server::ShardServer>> shards;
-  std::vector<std::string> addresses;
-  for (uint32_t s = 0; s < num_shards; ++s) {
-    server::ShardServerOptions so;
-    so.store.shard_index = s;
-    so.store.num_shards = num_shards;
-    so.store.num_workers = 2;
-    absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
-        server::ShardServer::Start(so);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    addresses.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
-    shards.push_back(*std::move(shard));
-  }
+  server::TestShards shards(num_shards, 2);
+  EXPECT_TRUE(shards.status().ok()) << shards.status();
+  const std::vector<std::string>& addresses = shards.addresses();
   v1::Layout layout;
   layout.set_chunk_bytes(256);
   for (const auto& [name, size] :
@@ -389,7 +368,6 @@ std::vector<float> RunJob(uint32_t num_shards, const Compression& c) {
   }
   for (std::thread& t : ranks) t.join();
   EXPECT_EQ(weights[0], weights[1]);  // every worker holds the same
-  for (auto& shard : shards) shard->Shutdown(absl::Seconds(1));
   return weights[0];
 }
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
-#include "server/shard_server.h"
+#include "server/shard_server_testing.h"
 
 namespace shardps::worker {
 namespace {
@@ -18,17 +18,9 @@ namespace {
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (uint32_t s = 0; s < 2; ++s) {
-      server::ShardServerOptions so;
-      so.store.shard_index = s;
-      so.store.num_shards = 2;
-      so.store.num_workers = 2;
-      absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
-          server::ShardServer::Start(so);
-      SHARDPS_ASSERT_OK(shard);
-      servers_.push_back(absl::StrCat("127.0.0.1:", (*shard)->port()));
-      shards_.push_back(*std::move(shard));
-    }
+    shards_ = std::make_unique<server::TestShards>(2, 2);
+    SHARDPS_ASSERT_OK(shards_->status());
+    servers_ = shards_->addresses();
     layout_.set_chunk_bytes(32);
     for (const auto& [name, size] :
          std::vector<std::pair<std::string, int64_t>>{{"w", 20}, {"b", 3}}) {
@@ -40,9 +32,7 @@ class SessionTest : public ::testing::Test {
     sgd_.set_kind(v1::OptimizerSpec::KIND_SGD);
     sgd_.set_learning_rate(0.5f);
   }
-  void TearDown() override {
-    for (auto& shard : shards_) shard->Shutdown(absl::Seconds(1));
-  }
+  void TearDown() override { shards_.reset(); }
   std::unique_ptr<Session> Start(int rank) {
     SessionOptions o;
     o.servers = servers_;
@@ -54,7 +44,7 @@ class SessionTest : public ::testing::Test {
     return s.ok() ? *std::move(s) : nullptr;
   }
 
-  std::vector<std::unique_ptr<server::ShardServer>> shards_;
+  std::unique_ptr<server::TestShards> shards_;
   std::vector<std::string> servers_;
   v1::Layout layout_;
   v1::OptimizerSpec sgd_;

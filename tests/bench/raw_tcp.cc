@@ -14,9 +14,6 @@
 #include "absl/time/clock.h"
 
 namespace shardps::bench {
-namespace {
-
-constexpr int64_t kIoBytes = 1 << 20;  // 1 MiB writes and reads
 
 bool WriteAll(int fd, const char* p, int64_t n) {
   while (n > 0) {
@@ -37,6 +34,8 @@ bool ReadAll(int fd, char* p, int64_t n) {
   }
   return true;
 }
+
+namespace {
 
 // Sends `n` bytes from a reusable 1 MiB buffer.
 bool SendBytes(int fd, int64_t n, std::vector<char>& buf) {

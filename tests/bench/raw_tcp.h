@@ -14,6 +14,12 @@
 
 namespace shardps::bench {
 
+// Reads and writes of the raw baselines: 1 MiB at a time.
+inline constexpr int64_t kIoBytes = 1 << 20;
+// Writes (reads) exactly n bytes; false when the connection fails first.
+bool WriteAll(int fd, const char* p, int64_t n);
+bool ReadAll(int fd, char* p, int64_t n);
+
 // One connection's share of a step.
 struct RawExchange {
   int64_t request_bytes = 0;

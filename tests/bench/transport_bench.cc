@@ -95,31 +95,9 @@ std::vector<RawExchange> RawPattern(Kind kind, uint32_t workers,
   return pattern;
 }
 
-// The link's raw TCP exchange. The socket loops are raw_tcp.cc's (1 MiB
-// reads and writes); its class serves on 127.0.0.1 in its own process, so
-// it cannot put the two ends in two namespaces.
-constexpr int64_t kIoBytes = 1 << 20;
-
-bool WriteAll(int fd, const char* p, int64_t n) {
-  while (n > 0) {
-    const ssize_t w = write(fd, p, std::min(n, kIoBytes));
-    if (w <= 0) return false;
-    p += w;
-    n -= w;
-  }
-  return true;
-}
-
-bool ReadAll(int fd, char* p, int64_t n) {
-  while (n > 0) {
-    const ssize_t r = read(fd, p, std::min(n, kIoBytes));
-    if (r <= 0) return false;
-    p += r;
-    n -= r;
-  }
-  return true;
-}
-
+// The link's raw TCP exchange, with raw_tcp.h's socket loops; RawTcpBench
+// serves on 127.0.0.1 in its own process, so it cannot put the two ends in
+// two namespaces.
 bool SendBytes(int fd, int64_t n) {
   std::vector<char> buf(std::min(n, kIoBytes), 1);
   for (int64_t k; n > 0; n -= k) {
@@ -453,12 +431,12 @@ absl::StatusOr<Compression> ParseCodecSpec(const std::string& spec) {
   Compression c;
   const size_t slash = spec.find('/');
   SHARDPS_ASSIGN_OR_RETURN(
-      c.gradients, ParseGradientCompression(spec.substr(0, slash),
-                                            &c.topk_ratio));
+      c.gradients,
+      ParseGradientCompression(spec.substr(0, slash), &c.topk_ratio));
   if (slash != std::string::npos) {
-    SHARDPS_ASSIGN_OR_RETURN(c.weights,
-                             ParseWeightEncoding(spec.substr(slash + 1),
-                                                 &c.weights_topk_ratio));
+    SHARDPS_ASSIGN_OR_RETURN(
+        c.weights,
+        ParseWeightEncoding(spec.substr(slash + 1), &c.weights_topk_ratio));
   }
   // Small chunks (the MLP's biases and output layer) go whole, as the
   // top-k recipe of the README's accuracy table has it.
@@ -529,11 +507,11 @@ absl::Status RunCodecConfig(const TransportOptions& o, const Network& net,
       if (net.link != nullptr) {
         SHARDPS_ASSIGN_OR_RETURN(before, net.link->Bytes());
       }
-      SHARDPS_ASSIGN_OR_RETURN(
-          absl::Duration d, Parallel(workers, [&](uint32_t r) {
-            const auto [g, w] = spans(r);
-            return run.clients[r]->PushPull(i, g, w);
-          }));
+      SHARDPS_ASSIGN_OR_RETURN(absl::Duration d,
+                               Parallel(workers, [&](uint32_t r) {
+                                 const auto [g, w] = spans(r);
+                                 return run.clients[r]->PushPull(i, g, w);
+                               }));
       if (net.link != nullptr) {
         SHARDPS_ASSIGN_OR_RETURN(after, net.link->Bytes());
       }
@@ -548,9 +526,9 @@ absl::Status RunCodecConfig(const TransportOptions& o, const Network& net,
       "shards=%d workers=%d, %s: PushPull step, median of %d after %d "
       "warmup, one step of each codec in turn\n",
       shards, workers,
-      o.main_job_model ? "the main job's MLP 784-512-256-10 (2.0 MiB)"
-                       : absl::StrFormat("%.0f MiB model",
-                                         o.model_bytes / 1048576.0),
+      o.main_job_model
+          ? "the main job's MLP 784-512-256-10 (2.0 MiB)"
+          : absl::StrFormat("%.0f MiB model", o.model_bytes / 1048576.0),
       o.steps, o.warmup_steps);
   absl::PrintF("  %-24s %10s %9s %12s %12s %12s\n", "gradients/weights",
                "step ms", "speed-up", "in / fp32", "out / fp32",
@@ -559,16 +537,15 @@ absl::Status RunCodecConfig(const TransportOptions& o, const Network& net,
   for (CodecRun& run : runs) {
     SHARDPS_RETURN_IF_ERROR(run.Count(1));
     const absl::Duration t = Median(run.times);
-    absl::PrintF(
-        "  %-24s %10.1f %8.2fx %12.4f %12.4f %s\n", run.spec,
-        absl::ToDoubleMilliseconds(t), absl::FDivDuration(base, t),
-        static_cast<double>(run.wire_in) / run.fp32_in,
-        static_cast<double>(run.wire_out) / run.fp32_out,
-        net.link != nullptr
-            ? absl::StrFormat("%6.2f up, %6.2f down",
-                              run.crossed.to_servers / 1e6 / o.steps,
-                              run.crossed.to_workers / 1e6 / o.steps)
-            : "");
+    absl::PrintF("  %-24s %10.1f %8.2fx %12.4f %12.4f %s\n", run.spec,
+                 absl::ToDoubleMilliseconds(t), absl::FDivDuration(base, t),
+                 static_cast<double>(run.wire_in) / run.fp32_in,
+                 static_cast<double>(run.wire_out) / run.fp32_out,
+                 net.link != nullptr
+                     ? absl::StrFormat("%6.2f up, %6.2f down",
+                                       run.crossed.to_servers / 1e6 / o.steps,
+                                       run.crossed.to_workers / 1e6 / o.steps)
+                     : "");
   }
   return absl::OkStatus();
 }
