@@ -41,8 +41,11 @@ namespace {
 void MoveWorkerCopy(Chunk* chunk, ShardCounters* counters)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu) {
   const int64_t n = chunk->spec.num_elements;
-  if (chunk->copy.use_count() > 1) {
-    std::atomic_thread_fence(std::memory_order_acquire);
+  const bool shared = chunk->copy.use_count() > 1;
+  // As for the weights (Apply): order the senders' reads of the copy
+  // (before they dropped it) before the writes below.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (shared) {
     chunk->copy = std::make_shared<std::vector<float>>(*chunk->copy);
     counters->weight_copies.fetch_add(1, std::memory_order_relaxed);
   }

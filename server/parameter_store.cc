@@ -357,8 +357,9 @@ absl::Status ParameterStore::SetInitialValues(const State& state,
       state.model->StopAwaiting(chunk);
     }
     // Set now or before (then these values are ignored): either way the
-    // pusher gets the weights every worker starts from.
+    // pusher gets the weights every worker starts from, whole.
     reply = CurrentReply(*chunk, args.push_only);
+    reply.changes.reset();
   }
   state.updater->Deliver(sink.get(), std::move(reply));
   return absl::OkStatus();

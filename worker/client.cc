@@ -112,7 +112,9 @@ struct Client::OpenStep {
   ConstTensors gradients;                           // by tensor, as pushed
   std::vector<std::optional<float>> learning_rate;  // by tensor
   std::vector<bool> pushed;                         // by tensor
-  std::vector<bool> no_gradient;                    // by tensor
+  // By tensor; bytes, not bits: lane threads read it while the caller
+  // writes other tensors' entries.
+  std::vector<char> no_gradient;
   // Compressed gradients: by chunk id, the payload sent (owned by the
   // GradientCompressor, valid for the step).
   std::vector<absl::string_view> payloads;
@@ -334,12 +336,16 @@ absl::Status Client::Declare(const v1::Layout& layout,
   }
   // A model declared again keeps its residuals only if it is the same.
   if (options_.compression.gradients != v1::ENCODING_FP32 &&
-      (compressor_ == nullptr || chunks_.size() != chunks.size())) {
+      (compressor_ == nullptr || !compressor_->SameChunks(chunks))) {
     compressor_ =
         std::make_unique<GradientCompressor>(options_.compression, chunks);
   }
-  if (options_.compression.weights == v1::ENCODING_TOPK &&
-      copies_.size() != chunks.size()) {
+  bool same_chunks = copies_.size() == chunks.size();
+  for (size_t i = 0; same_chunks && i < chunks.size(); ++i) {
+    same_chunks =
+        copies_[i].size() == static_cast<size_t>(chunks[i].num_elements);
+  }
+  if (options_.compression.weights == v1::ENCODING_TOPK && !same_chunks) {
     copies_.clear();
     for (const ChunkSpec& c : chunks) copies_.emplace_back(c.num_elements);
     copy_version_.assign(chunks.size(), -1);
@@ -415,8 +421,8 @@ absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
           id, open_->gradients[c.tensor].data() + c.offset, open_->step);
       if (!encoded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "gradient of tensor ", layout_.tensors(c.tensor).name(),
-            " (chunk ", id, ", tensor elements from ", c.offset,
+            "gradient of tensor ", layout_.tensors(c.tensor).name(), " (chunk ",
+            id, ", tensor elements from ", c.offset,
             "): ", encoded.status().message()));
       }
       payload = *encoded;
@@ -441,7 +447,12 @@ absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
   }
   // Acknowledged: what this payload dropped is the chunk's residual now.
   if (Compressed(id)) compressor_->Commit(id);
-  if (open_->push_only) return absl::OkStatus();
+  if (open_->push_only) {
+    // The shard moved its copy of what workers hold without telling this
+    // one: a Pull must fetch it again before sparse replies can follow.
+    if (!copy_version_.empty()) copy_version_[id] = -1;
+    return absl::OkStatus();
+  }
   const ChunkSpec& c = chunks_[id];
   return ReadWeights(lane, c, open_->weights[c.tensor].data() + c.offset);
 }
@@ -513,7 +524,7 @@ absl::Status Client::ApplyChanges(Stream* lane, const ChunkSpec& c,
         absl::StrCat("bad reply: sparse weights of chunk ", c.id, " list ", k,
                      " elements in ", lane->scratch.size(), " bytes"));
   }
-  float* copy = copies_[c.id].data();
+  // Checked whole before the copy changes.
   int64_t last = -1;
   for (uint32_t j = 0; j < k; ++j) {
     uint32_t i;
@@ -524,6 +535,11 @@ absl::Status Client::ApplyChanges(Stream* lane, const ChunkSpec& c,
                        " list element ", i, " out of order or range"));
     }
     last = i;
+  }
+  float* copy = copies_[c.id].data();
+  for (uint32_t j = 0; j < k; ++j) {
+    uint32_t i;
+    std::memcpy(&i, p + 4 + 4 * static_cast<size_t>(j), 4);
     std::memcpy(copy + i, p + 4 + 4 * static_cast<size_t>(k) + 4 * j, 4);
   }
   return absl::OkStatus();
@@ -631,8 +647,12 @@ void Client::StreamWrites(Stream* lane) {
     absl::StatusOr<grpc::ByteBuffer> message = ChunkMessage(lane, id, &header);
     if (!message.ok()) {
       // The reader's Finish sees the cancel; the step fails with this.
-      absl::MutexLock lock(&lane->mu);
-      lane->write_error = message.status();
+      {
+        absl::MutexLock lock(&lane->mu);
+        lane->write_error = message.status();
+      }
+      // Outside the lock: a cancel may release gradient slices
+      // (ReleaseSlice takes mu).
       ctx->TryCancel();
       written = false;
       break;
@@ -807,12 +827,11 @@ absl::Status Client::EncodeTensor(int tensor,
     const ChunkSpec& c = chunks_[id];
     if (!compressor_->compresses(id)) continue;
     const absl::Status s =
-        compressor_->CheckValues(gradient.data() + c.offset, c.num_elements);
+        compressor_->CheckValues(id, gradient.data() + c.offset, o.step);
     if (!s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of tensor ", layout_.tensors(tensor).name(),
-                       " (chunk ", id, ", tensor elements from ", c.offset,
-                       "): ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of tensor ", layout_.tensors(tensor).name(), " (chunk ", id,
+          ", tensor elements from ", c.offset, "): ", s.message()));
     }
   }
   o.encoded[tensor] = true;
@@ -1006,6 +1025,11 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
 }
 
 absl::Status Client::Pull(const Tensors& weights) {
+  if (open_ != nullptr) {
+    // Its lanes' readers use the same reply buffers (and sparse copies).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Pull while step ", open_->step, " is open: FinishStep first"));
+  }
   ConstTensors shapes(weights.begin(), weights.end());
   SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
   return RunParallel(options_.servers.size(), [&](size_t shard) {

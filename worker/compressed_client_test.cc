@@ -201,6 +201,45 @@ TEST_F(CompressedClientTest, AResidualPushedBeyondFp16FailsTheStep) {
   EXPECT_NE(s.message().find("65504"), std::string::npos) << s;
 }
 
+TEST_F(CompressedClientTest, AStepPushedAgainResendsItsPayload) {
+  // The same job twice; in the second, step 3 is pushed again after it was
+  // acknowledged (as after a failure elsewhere in the step): the shards
+  // ignore the second push, so its residual must stay the first one's.
+  const Compression c = Topk(0.25, true);
+  std::vector<float> once, twice;
+  {
+    std::unique_ptr<Client> client = NewClient(c);
+    for (int s = 0; s < 8; ++s) SHARDPS_ASSERT_OK(Step(client.get(), s, &once));
+  }
+  server::TestShards again(2, 1);
+  SHARDPS_ASSERT_OK(again.status());
+  addresses_ = again.addresses();
+  std::unique_ptr<Client> client = NewClient(c);
+  for (int s = 0; s < 8; ++s) {
+    SHARDPS_ASSERT_OK(Step(client.get(), s, &twice));
+    if (s == 3) SHARDPS_ASSERT_OK(Step(client.get(), s, &twice));
+  }
+  EXPECT_EQ(twice, once);
+}
+
+TEST_F(CompressedClientTest, APushOnlyStepNeedsAPullBeforeSparseWeights) {
+  Compression c;
+  c.weights = v1::ENCODING_TOPK;
+  c.weights_topk_ratio = 0.25;
+  std::unique_ptr<Client> client = NewClient(c);
+  std::vector<float> w(kElements);
+  const Tensors views = {absl::MakeSpan(w).subspan(0, 40),
+                         absl::MakeSpan(w).subspan(40)};
+  SHARDPS_ASSERT_OK(client->Pull(views));
+  SHARDPS_ASSERT_OK(client->Push(0, {absl::MakeConstSpan(grad_).subspan(0, 40),
+                                     absl::MakeConstSpan(grad_).subspan(40)}));
+  const absl::Status s = Step(client.get(), 1, &w);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("Pull first"), std::string::npos) << s;
+  SHARDPS_ASSERT_OK(client->Pull(views));
+  SHARDPS_ASSERT_OK(Step(client.get(), 1, &w));
+}
+
 TEST_F(CompressedClientTest, ARollbackDropsTheResiduals) {
   std::unique_ptr<Client> client = NewClient(Topk(0.25, true));
   std::vector<float> w0, w1, w2, w3;

@@ -122,20 +122,37 @@ GradientCompressor::GradientCompressor(const Compression& c,
                                        std::vector<ChunkSpec> chunks)
     : c_(c), chunks_(std::move(chunks)), codecs_(chunks_.size()) {}
 
-absl::Status GradientCompressor::CheckValues(const float* gradient,
-                                            int64_t n) const {
+absl::Status GradientCompressor::CheckValues(uint32_t id, const float* gradient,
+                                             int64_t step) const {
+  const ChunkCodec& codec = codecs_[id];
+  const int64_t n = chunks_[id].num_elements;
   const int64_t bad = FirstNonFinite(gradient, n);
   if (bad >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("element ", bad, " is ", gradient[bad]));
   }
-  if (c_.gradients == v1::ENCODING_FP16) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::fabs(gradient[i]) >= 65520.0f) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("element ", i, " is ", gradient[i],
-                         ", beyond binary16's largest finite value 65504"));
-      }
+  // What Encode will encode: the gradient plus the committed residual (a
+  // step pushed again resends its payload as it is).
+  if (codec.step == step || codec.residual.empty()) {
+    if (c_.gradients != v1::ENCODING_FP16) return absl::OkStatus();
+  }
+  const float* r = codec.step == step || codec.residual.empty()
+                       ? nullptr
+                       : codec.residual.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = r == nullptr ? gradient[i] : gradient[i] + r[i];
+    if (!std::isfinite(y)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element ", i, " is ", gradient[i], ", and with what earlier steps ",
+          "left (error feedback) ", y));
+    }
+    if (c_.gradients == v1::ENCODING_FP16 && std::fabs(y) >= 65520.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element ", i, " is ", gradient[i],
+          r == nullptr
+              ? ""
+              : absl::StrCat(" (", y, " with what earlier ", "steps left)"),
+          ", beyond binary16's largest finite value 65504"));
     }
   }
   return absl::OkStatus();
@@ -150,6 +167,10 @@ double GradientCompressor::TopkRatioAt(int64_t step) const {
 absl::StatusOr<absl::string_view> GradientCompressor::Encode(
     uint32_t id, const float* gradient, int64_t step) {
   ChunkCodec& codec = codecs_[id];
+  // The step pushed again (a retry, or the step redone after a failure):
+  // the shard may hold its first payload, and ignores another, so the same
+  // bytes go again and the residual stays the one of that payload.
+  if (codec.step == step) return absl::string_view(codec.payload);
   const int64_t n = chunks_[id].num_elements;
   float* residual = nullptr;
   if (c_.error_feedback) {
@@ -160,19 +181,30 @@ absl::StatusOr<absl::string_view> GradientCompressor::Encode(
   // On error neither the payload nor the residual changed.
   absl::Status s = EncodePayload(c_.gradients, gradient, n, TopkRatioAt(step),
                                  residual, &codec.payload);
-  if (!s.ok()) {
-    codec.encoded = false;
-    return s;
-  }
+  if (!s.ok()) return s;
+  codec.step = step;
   codec.encoded = true;
   return absl::string_view(codec.payload);
 }
 
 void GradientCompressor::Commit(uint32_t id) {
   ChunkCodec& codec = codecs_[id];
-  if (!codec.encoded) return;
+  if (!codec.encoded) return;  // committed already (a repeated reply)
   codec.encoded = false;
   if (c_.error_feedback) std::swap(codec.residual, codec.pending);
+}
+
+bool GradientCompressor::SameChunks(
+    const std::vector<ChunkSpec>& chunks) const {
+  if (chunks.size() != chunks_.size()) return false;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].tensor != chunks_[i].tensor ||
+        chunks[i].offset != chunks_[i].offset ||
+        chunks[i].num_elements != chunks_[i].num_elements) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void GradientCompressor::Reset() {
@@ -180,6 +212,7 @@ void GradientCompressor::Reset() {
     codec.residual.clear();
     codec.pending.clear();
     codec.encoded = false;
+    codec.step = -1;
   }
 }
 

@@ -65,19 +65,23 @@ class GradientCompressor {
   // REQUIRES: ValidateCompression(c).ok() and c.gradients != FP32.
   GradientCompressor(const Compression& c, std::vector<ChunkSpec> chunks);
 
-  // InvalidArgument naming the element when a gradient value of a chunk
-  // cannot be encoded (non-finite; beyond fp16's range for FP16), so that
-  // a step can be refused before anything of it is sent. (Encode can still
-  // refuse a value the residual pushed beyond fp16's range.)
-  absl::Status CheckValues(const float* gradient, int64_t n) const;
+  // InvalidArgument naming the element when chunk `id`'s gradient of
+  // `step` cannot be encoded: non-finite, or (with the residual Encode will
+  // add) non-finite or beyond fp16's range for FP16. Run before anything of
+  // a step is sent, so that a refused step sends nothing.
+  absl::Status CheckValues(uint32_t id, const float* gradient,
+                           int64_t step) const;
 
   // The fraction of each chunk TOPK sends at `step`.
   double TopkRatioAt(int64_t step) const;
 
   // Encodes chunk `id`'s gradient of `step` (chunk-length, at `gradient`)
-  // plus its residual. The payload stays valid until the chunk's next Encode; a
-  // retry sends it again as it is. InvalidArgument naming the element for
-  // a value the encoding cannot carry (non-finite, beyond fp16's range).
+  // plus its residual. The same step again (a retry, or the step redone
+  // after a failure) gets the payload first encoded for it, whatever the
+  // gradient: the shard may hold that one and ignores another. The payload
+  // stays valid until the chunk's next Encode; a retry sends it again as it is.
+  // InvalidArgument naming the element for a value the encoding cannot carry
+  // (non-finite, beyond fp16's range).
   absl::StatusOr<absl::string_view> Encode(uint32_t id, const float* gradient,
                                            int64_t step);
   // The shard acknowledged chunk `id`'s last payload: its residual becomes
@@ -86,6 +90,8 @@ class GradientCompressor {
   void Commit(uint32_t id);
   // Drops every residual (a rollback undid the steps they came from).
   void Reset();
+  // `chunks` are the ones this compressor was made for.
+  bool SameChunks(const std::vector<ChunkSpec>& chunks) const;
 
   v1::Encoding encoding() const { return c_.gradients; }
   // Chunk `id` is encoded (else it goes as FP32, without a residual).
@@ -98,7 +104,8 @@ class GradientCompressor {
     std::string payload;
     std::vector<float> residual;  // committed; empty until first used
     std::vector<float> pending;   // after the last Encode
-    bool encoded = false;
+    bool encoded = false;         // pending not committed yet
+    int64_t step = -1;            // of `payload`
   };
   const Compression c_;
   const std::vector<ChunkSpec> chunks_;

@@ -127,13 +127,27 @@ std::vector<std::string> WorkerCommandEnv(
     const LaunchOptions& o, const RunDir& dir, int rank,
     const std::string& coordinator, const std::vector<std::string>& servers,
     const std::vector<std::string>& inherited) {
+  std::vector<std::string> flag_args = o.security_args;
+  flag_args.insert(flag_args.end(), o.compression_args.begin(),
+                   o.compression_args.end());
+  // SHARDPS_NAME of each flag passed on: an inherited one must not win.
+  std::vector<std::string> flag_variables;
+  for (const std::string& arg : flag_args) {
+    absl::string_view flag = arg;
+    absl::ConsumePrefix(&flag, "--");
+    flag_variables.push_back(absl::StrCat(
+        "SHARDPS_", absl::AsciiStrToUpper(flag.substr(0, flag.find('=')))));
+  }
   std::vector<std::string> env;
   for (const std::string& entry : inherited) {
     const absl::string_view name = VariableName(entry);
-    const bool ours = name == "PYTHONPATH" ||
-                      std::any_of(std::begin(kLauncherVariables),
-                                  std::end(kLauncherVariables),
-                                  [name](const char* v) { return name == v; });
+    const bool ours =
+        name == "PYTHONPATH" ||
+        std::any_of(std::begin(kLauncherVariables),
+                    std::end(kLauncherVariables),
+                    [name](const char* v) { return name == v; }) ||
+        std::find(flag_variables.begin(), flag_variables.end(), name) !=
+            flag_variables.end();
     if (!ours) env.push_back(entry);
   }
   if (coordinator.empty()) {
@@ -146,9 +160,6 @@ std::vector<std::string> WorkerCommandEnv(
   env.push_back(absl::StrCat("SHARDPS_RANK=", rank));
   env.push_back(absl::StrCat("SHARDPS_NUM_WORKERS=", o.num_workers));
   env.push_back(absl::StrCat("SHARDPS_RUN_DIR=", dir.root()));
-  std::vector<std::string> flag_args = o.security_args;
-  flag_args.insert(flag_args.end(), o.compression_args.begin(),
-                   o.compression_args.end());
   for (const std::string& arg : flag_args) {
     absl::string_view flag = arg;
     absl::ConsumePrefix(&flag, "--");
