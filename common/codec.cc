@@ -631,6 +631,23 @@ int64_t TopkCount(int64_t n, double ratio) {
   return std::clamp(static_cast<int64_t>(k), int64_t{1}, n);
 }
 
+namespace {
+
+// The |y| bits from which `encoding` cannot carry a value.
+uint32_t OverflowLimit(v1::Encoding encoding) {
+  if (encoding == v1::ENCODING_BF16) return kBf16OverflowBits;
+  if (encoding == v1::ENCODING_FP16) return kFp16OverflowBits;
+  return kInfBits;
+}
+
+}  // namespace
+
+absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
+                            const float* residual, int64_t n) {
+  return RefuseFirst(encoding, x, residual, n, MaxAbsBits(x, residual, n),
+                     OverflowLimit(encoding));
+}
+
 absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
                            double topk_ratio, float* residual,
                            std::string* out) {
@@ -638,17 +655,13 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
     return absl::InvalidArgumentError(
         absl::StrCat("cannot encode ", n, " elements"));
   }
-  uint32_t limit = kInfBits;
+  const uint32_t limit = OverflowLimit(encoding);
   int64_t k = 0;
   switch (encoding) {
     case v1::ENCODING_FP32:
     case v1::ENCODING_INT8:
-      break;
     case v1::ENCODING_BF16:
-      limit = kBf16OverflowBits;
-      break;
     case v1::ENCODING_FP16:
-      limit = kFp16OverflowBits;
       break;
     case v1::ENCODING_TOPK:
       if (!(topk_ratio > 0 && topk_ratio <= 1)) {

@@ -52,6 +52,12 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
                            double topk_ratio, float* residual,
                            std::string* out);
 
+// The check EncodePayload makes first, alone: InvalidArgument naming the
+// element when x + residual (residual may be null) holds a value `encoding`
+// cannot carry (non-finite, or beyond FP16's or BF16's range).
+absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
+                            const float* residual, int64_t n);
+
 // Decodes `payload`, `n` elements of `encoding`, into out[0, n) (TOPK: zero
 // but for the k elements sent). InvalidArgument naming the problem and the
 // element or entry: a length that does not fit `n` (for TOPK: k = 0, k > n,

@@ -10,7 +10,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/codec.h"
-#include "common/encoding.h"
 
 namespace shardps {
 
@@ -125,37 +124,12 @@ GradientCompressor::GradientCompressor(const Compression& c,
 absl::Status GradientCompressor::CheckValues(uint32_t id, const float* gradient,
                                              int64_t step) const {
   const ChunkCodec& codec = codecs_[id];
-  const int64_t n = chunks_[id].num_elements;
-  const int64_t bad = FirstNonFinite(gradient, n);
-  if (bad >= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("element ", bad, " is ", gradient[bad]));
-  }
-  // What Encode will encode: the gradient plus the committed residual (a
-  // step pushed again resends its payload as it is).
-  if (codec.step == step || codec.residual.empty()) {
-    if (c_.gradients != v1::ENCODING_FP16) return absl::OkStatus();
-  }
-  const float* r = codec.step == step || codec.residual.empty()
-                       ? nullptr
-                       : codec.residual.data();
-  for (int64_t i = 0; i < n; ++i) {
-    const float y = r == nullptr ? gradient[i] : gradient[i] + r[i];
-    if (!std::isfinite(y)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element ", i, " is ", gradient[i], ", and with what earlier steps ",
-          "left (error feedback) ", y));
-    }
-    if (c_.gradients == v1::ENCODING_FP16 && std::fabs(y) >= 65520.0f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element ", i, " is ", gradient[i],
-          r == nullptr
-              ? ""
-              : absl::StrCat(" (", y, " with what earlier ", "steps left)"),
-          ", beyond binary16's largest finite value 65504"));
-    }
-  }
-  return absl::OkStatus();
+  // What Encode will encode: the gradient plus the committed residual.
+  const float* residual = codec.step == step || codec.residual.empty()
+                              ? nullptr
+                              : codec.residual.data();
+  return CheckEncodable(c_.gradients, gradient, residual,
+                        chunks_[id].num_elements);
 }
 
 double GradientCompressor::TopkRatioAt(int64_t step) const {
