@@ -73,7 +73,7 @@ absl::Status Backend::CheckBatch(absl::Span<const float> x,
 
 absl::StatusOr<double> Backend::Gradients(
     absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
-    absl::Span<const absl::Span<float>> grads) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& ready) {
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
   if (labels.size() > static_cast<size_t>(max_batch_)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -94,12 +94,33 @@ absl::StatusOr<double> Backend::Gradients(
                        " floats, expected ", specs[i].num_elements()));
     }
   }
+  std::vector<bool> reported(grads.size(), false);
+  const GradientReady report = [&](int param) -> absl::Status {
+    if (param < 0 || param >= static_cast<int>(grads.size()) ||
+        reported[param]) {
+      return absl::InternalError(absl::StrCat(
+          "backend reported gradient ", param, " twice or of ", grads.size()));
+    }
+    reported[param] = true;
+    return ready(param);
+  };
+  double loss = 0.0;
   if (labels.empty()) {
     for (const absl::Span<float> g : grads) std::fill(g.begin(), g.end(), 0.f);
-    return 0.0;
+  } else if (ready == nullptr) {
+    return DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
+                       scale, grads, [](int) { return absl::OkStatus(); });
+  } else {
+    SHARDPS_ASSIGN_OR_RETURN(loss, DoGradients(x.data(), labels.data(),
+                                               static_cast<int>(labels.size()),
+                                               scale, grads, report));
   }
-  return DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
-                     scale, grads);
+  if (ready == nullptr) return loss;
+  // The rest, last parameter first (backward order).
+  for (int p = static_cast<int>(grads.size()) - 1; p >= 0; --p) {
+    if (!reported[p]) SHARDPS_RETURN_IF_ERROR(report(p));
+  }
+  return loss;
 }
 
 absl::StatusOr<EvalResult> Backend::Evaluate(absl::Span<const float> x,

@@ -6,6 +6,7 @@
 #define SHARDPS_WORKER_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,10 +50,18 @@ class Backend {
   // zero gradients when b = 0). FailedPrecondition before SetParams;
   // InvalidArgument for bad sizes, labels outside [0, num_classes) or a
   // non-finite scale; Internal for device failures.
+  //
+  // `ready`, if given, is called once per parameter, with its index, as
+  // soon as that parameter's gradient is final in grads (backward order:
+  // the last layer first, on a device that finishes layer by layer; all at
+  // the end otherwise), so a caller can send it while the rest of backward
+  // runs. An error from `ready` stops the computation and is returned.
+  using GradientReady = std::function<absl::Status(int param)>;
   absl::StatusOr<double> Gradients(absl::Span<const float> x,
                                    absl::Span<const int32_t> labels,
                                    float scale,
-                                   absl::Span<const absl::Span<float>> grads);
+                                   absl::Span<const absl::Span<float>> grads,
+                                   const GradientReady& ready = nullptr);
 
   // Forward only, over any number of rows (taken max_batch at a time).
   // Errors as for Gradients.
@@ -64,9 +73,12 @@ class Backend {
   virtual absl::Status DoInit(const ModelSpec& spec, int max_batch) = 0;
   virtual absl::Status DoSetParams(
       absl::Span<const absl::Span<const float>> params) = 0;
+  // May call `ready` (never null here) for parameters whose gradients
+  // are final before it returns; the others are reported after it.
   virtual absl::StatusOr<double> DoGradients(
       const float* x, const int32_t* labels, int b, float scale,
-      absl::Span<const absl::Span<float>> grads) = 0;
+      absl::Span<const absl::Span<float>> grads,
+      const GradientReady& ready) = 0;
   virtual absl::StatusOr<EvalResult> DoEvaluate(const float* x,
                                                 const int32_t* labels,
                                                 int b) = 0;

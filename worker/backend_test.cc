@@ -124,6 +124,53 @@ TEST(CpuBackendTest, GradientsScaleLinearlyAndEmptyBatchIsZero) {
   }
 }
 
+TEST(CpuBackendTest, ReportsEachGradientOnceLastLayerFirstWhenFinal) {
+  const Problem p = MakeProblem({6, 5, 4, 3}, 5, /*seed=*/7);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);
+  std::vector<std::vector<float>> want = ZeroGrads(p.spec);
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.2f, Spans(want)));
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  std::vector<int> order;
+  std::vector<std::vector<float>> seen(grads.size());
+  absl::StatusOr<double> loss =
+      backend->Gradients(p.x, p.labels, 0.2f, Spans(grads), [&](int param) {
+        order.push_back(param);
+        seen[param] = grads[param];  // what a push would send now
+        return absl::OkStatus();
+      });
+  SHARDPS_ASSERT_OK(loss);
+  // Layer by layer from the last: bias, then weight.
+  EXPECT_EQ(order, (std::vector<int>{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(grads, want);
+}
+
+TEST(CpuBackendTest, AnErrorFromReadyStopsTheComputation) {
+  const Problem p = MakeProblem({6, 5, 4, 3}, 5, /*seed=*/7);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  std::vector<int> order;
+  const absl::Status s =
+      backend
+          ->Gradients(p.x, p.labels, 0.2f, Spans(grads),
+                      [&](int param) {
+                        order.push_back(param);
+                        return param == 4 ? absl::UnavailableError("shard down")
+                                          : absl::OkStatus();
+                      })
+          .status();
+  EXPECT_EQ(s, absl::UnavailableError("shard down"));
+  EXPECT_EQ(order, (std::vector<int>{5, 4}));
+  // An empty batch reports every (zero) gradient too.
+  order.clear();
+  SHARDPS_ASSERT_OK(
+      backend->Gradients({}, {}, 1.0f, Spans(grads), [&](int param) {
+        order.push_back(param);
+        return absl::OkStatus();
+      }));
+  EXPECT_EQ(order, (std::vector<int>{5, 4, 3, 2, 1, 0}));
+}
+
 TEST(CpuBackendTest, SgdStepLowersTheLoss) {
   Problem p = MakeProblem({6, 8, 3}, 16, /*seed=*/3);
   std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 16);

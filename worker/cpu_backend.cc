@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/backend.h"
 #include "worker/cuda/bias_relu_cpu.h"
 #include "worker/cuda/softmax_xent_cpu.h"
@@ -24,9 +25,10 @@ class CpuBackend final : public Backend {
   absl::Status DoInit(const ModelSpec& spec, int max_batch) override;
   absl::Status DoSetParams(
       absl::Span<const absl::Span<const float>> params) override;
-  absl::StatusOr<double> DoGradients(
-      const float* x, const int32_t* labels, int b, float scale,
-      absl::Span<const absl::Span<float>> grads) override;
+  absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
+                                     int b, float scale,
+                                     absl::Span<const absl::Span<float>> grads,
+                                     const GradientReady& ready) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -103,7 +105,7 @@ double CpuBackend::SumLoss(int b) const {
 
 absl::StatusOr<double> CpuBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
-    absl::Span<const absl::Span<float>> grads) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& ready) {
   Forward(x, b);
   const int last = num_layers() - 1;
   float* dz = delta_[0].data();  // d(loss)/d(pre-activation) of layer l
@@ -117,6 +119,9 @@ absl::StatusOr<double> CpuBackend::DoGradients(
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, b, 1.0f, dz,
                 out, input(l, x), in, 0.0f, grads[2 * l].data(), in);
     BiasGradCpu(dz, b, out, grads[2 * l + 1].data());
+    // Layer l's gradients are final: on their way while layers below run.
+    SHARDPS_RETURN_IF_ERROR(ready(2 * l + 1));
+    SHARDPS_RETURN_IF_ERROR(ready(2 * l));
     if (l == 0) break;
     // da (b, in) = dz (b, out) * W (out, in); then through the ReLU that
     // produced this layer's input.

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -25,7 +26,13 @@ struct Trainer::EpochStats {
   int64_t steps = 0;
   int64_t samples = 0;  // global
   absl::Duration compute, push, wait;
+  // From the first push to the last reply (overlapping compute), and the
+  // part of it after backward, which the step waited for.
+  absl::Duration exchange, exposed;
   absl::Time start = absl::Now();
+  double PerStepMs(absl::Duration d) const {
+    return absl::ToDoubleMilliseconds(d) / std::max<int64_t>(1, steps);
+  }
 };
 
 absl::StatusOr<v1::OptimizerSpec> MakeOptimizerSpec(const OptimizerFlags& f,
@@ -155,25 +162,41 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   // sharing this epoch's batches).
   const float scale = static_cast<float>(epoch_workers_) /
                       static_cast<float>(options_.batch_size);
-  SHARDPS_ASSIGN_OR_RETURN(
-      double loss,
-      backend_->Gradients(
-          absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
-          absl::MakeConstSpan(labels_.data(), b), scale, grads));
+  // Each layer's gradients go to the shards as backward produces them
+  // (the last layer first); their weights come back into weights_ while
+  // backward runs, which is safe: the backend computes on its own copy.
+  const absl::Time opened = absl::Now();
+  SHARDPS_RETURN_IF_ERROR(client_->BeginStep(step, WeightViews()));
+  std::optional<absl::Time> first_push;
+  absl::StatusOr<double> loss = backend_->Gradients(
+      absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
+      absl::MakeConstSpan(labels_.data(), b), scale, grads, [&](int param) {
+        if (!first_push.has_value()) first_push = absl::Now();
+        return client_->PushTensor(param, grads_[param]);
+      });
+  if (!loss.ok()) {
+    client_->AbortStep();
+    return loss.status();
+  }
   const absl::Time computed = absl::Now();
-  SHARDPS_RETURN_IF_ERROR(
-      client_->PushPull(step, GradientViews(), WeightViews()));
-  const absl::Duration exchange = absl::Now() - computed;
+  SHARDPS_RETURN_IF_ERROR(client_->FinishStep());
+  const absl::Time done = absl::Now();
+  const absl::Duration exposed = done - computed;
   stats->compute += computed - start;
-  stats->push += std::min(client_->last_push_time(), exchange);
-  stats->wait += exchange - std::min(client_->last_push_time(), exchange);
-  stats->loss_sum += loss;
+  stats->exchange += done - first_push.value_or(computed);
+  stats->exposed += exposed;
+  // Of the exposed part: until every chunk was written, then replies.
+  const absl::Duration pushing = std::max(
+      absl::ZeroDuration(), client_->last_push_time() - (computed - opened));
+  stats->push += std::min(pushing, exposed);
+  stats->wait += exposed - std::min(pushing, exposed);
+  stats->loss_sum += *loss;
   ++stats->steps;
   stats->samples += options_.batch_size;
   if (options_.metrics != nullptr) {
     const uint64_t bytes = 4 * model_.num_params();  // fp32 both ways
-    options_.metrics->StepDone({step, b, loss, computed - start,
-                                client_->last_push_time(), exchange, bytes,
+    options_.metrics->StepDone({step, b, *loss, computed - start,
+                                std::min(pushing, exposed), exposed, bytes,
                                 bytes, client_->retries()});
   }
   return absl::OkStatus();
@@ -221,12 +244,13 @@ absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
                     truncate ? std::ios::trunc : std::ios::app);
   if (empty) {
     out << "epoch,step,train_loss,test_loss,test_accuracy,samples_per_s,"
-           "epoch_s,compute_share,push_share,wait_share\n";
+           "epoch_s,compute_share,push_share,wait_share,compute_ms,"
+           "exchange_ms,exposed_ms\n";
   }
   const double total = absl::ToDoubleSeconds(s.compute + s.push + s.wait);
   const double n_test = test_.has_value() ? test_->num_samples() : 1;
   out << absl::StrFormat(
-      "%d,%d,%.6f,%s,%s,%.1f,%.3f,%.3f,%.3f,%.3f\n", epoch, step,
+      "%d,%d,%.6f,%s,%s,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", epoch, step,
       s.loss_sum / std::max<int64_t>(1, s.steps),
       eval ? absl::StrFormat("%.6f", eval->mean_loss) : "",
       eval ? absl::StrFormat("%.4f", eval->correct / n_test) : "",
@@ -234,7 +258,8 @@ absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
       absl::ToDoubleSeconds(epoch_time),
       absl::ToDoubleSeconds(s.compute) / total,
       absl::ToDoubleSeconds(s.push) / total,
-      absl::ToDoubleSeconds(s.wait) / total);
+      absl::ToDoubleSeconds(s.wait) / total, s.PerStepMs(s.compute),
+      s.PerStepMs(s.exchange), s.PerStepMs(s.exposed));
   out.close();
   if (!out) {
     return absl::FailedPreconditionError(
@@ -361,13 +386,16 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           absl::ToDoubleSeconds(stats.compute + stats.push + stats.wait);
       LogInfo(
           "epoch %d/%d step %d train_loss %.4f test_accuracy %s samples/s "
-          "%.0f compute %.0f%% push %.0f%% wait %.0f%%",
+          "%.0f compute %.0f%% push %.0f%% wait %.0f%% (per step: compute "
+          "%.2f ms, exchange %.2f ms, %.2f ms of it not hidden)",
           epoch, options_.epochs, step, result.train_loss,
           eval ? absl::StrFormat("%.4f", result.test_accuracy) : "-",
           stats.samples / absl::ToDoubleSeconds(epoch_time),
           100 * absl::ToDoubleSeconds(stats.compute) / total,
           100 * absl::ToDoubleSeconds(stats.push) / total,
-          100 * absl::ToDoubleSeconds(stats.wait) / total);
+          100 * absl::ToDoubleSeconds(stats.wait) / total,
+          stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
+          stats.PerStepMs(stats.exposed));
       SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,
                                               eval ? &*eval : nullptr));
     }

@@ -16,9 +16,11 @@ struct StepReport {
   int64_t step = 0;     // the step's number; step + 1 steps are complete
   int64_t samples = 0;  // this worker's slice of the batch
   double loss = 0;
-  absl::Duration compute;   // forward and backward
-  absl::Duration push;      // until every gradient chunk was sent
-  absl::Duration exchange;  // push plus waiting for the updated weights
+  absl::Duration compute;  // forward and backward (pushing as it goes)
+  // After compute: the part of the exchange until every gradient chunk was
+  // sent, and all of it (the rest of the step, waiting for the shards).
+  absl::Duration push;
+  absl::Duration exchange;
   uint64_t pushed_bytes = 0;
   uint64_t pulled_bytes = 0;
   int64_t retries = 0;  // the client's retries so far (a running total)

@@ -1,5 +1,7 @@
 #include "tests/bench/run_command.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +21,22 @@ absl::StatusOr<std::string> RunCommand(const std::string& command) {
     return absl::InternalError(
         absl::StrCat("`", command, "` exited with ", status, ":\n", out));
   }
+  return out;
+}
+
+absl::StatusOr<std::string> RunCommand(const std::string& command,
+                                       CommandUsage* usage) {
+  // Children's usage accumulates as each is waited for: the shell, and
+  // whatever it waited for in turn.
+  rusage before, after;
+  getrusage(RUSAGE_CHILDREN, &before);
+  absl::StatusOr<std::string> out = RunCommand(command);
+  getrusage(RUSAGE_CHILDREN, &after);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  usage->cpu_s = seconds(after.ru_utime) + seconds(after.ru_stime) -
+                 seconds(before.ru_utime) - seconds(before.ru_stime);
+  usage->voluntary_switches = after.ru_nvcsw - before.ru_nvcsw;
+  usage->involuntary_switches = after.ru_nivcsw - before.ru_nivcsw;
   return out;
 }
 

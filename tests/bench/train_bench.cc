@@ -67,15 +67,19 @@ struct ClusterRun {
   double mean_epoch_s = 0;
   double accuracy = 0;
   std::string final_line;
+  // Means over the epochs of rank 0's per-step figures (metrics.csv).
+  double compute_ms = 0, exchange_ms = 0, exposed_ms = 0;
+  CommandUsage usage;  // every process of the job together
 };
 
 absl::StatusOr<ClusterRun> RunCluster(const TrainOptions& o) {
   const std::string dir = testing::MakeTempDir("shardps-bench-train");
+  ClusterRun run;
   SHARDPS_ASSIGN_OR_RETURN(
       std::string out,
       RunCommand(absl::StrCat(o.local_binary, " --run_dir=", dir,
-                              " --epochs=", o.epochs, " 2>&1")));
-  ClusterRun run;
+                              " --epochs=", o.epochs, " 2>&1"),
+                 &run.usage));
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (absl::StartsWith(line, "final:")) run.final_line = std::string(line);
   }
@@ -89,6 +93,13 @@ absl::StatusOr<ClusterRun> RunCluster(const TrainOptions& o) {
     if (f.size() < 7 || !absl::SimpleAtod(f[6], &epoch_s)) continue;
     if (absl::SimpleAtod(f[4], &acc)) run.accuracy = acc;
     run.mean_epoch_s += epoch_s;
+    double ms[3] = {0, 0, 0};
+    for (int i = 0; i < 3 && f.size() >= 13; ++i) {
+      (void)absl::SimpleAtod(f[10 + i], &ms[i]);
+    }
+    run.compute_ms += ms[0];
+    run.exchange_ms += ms[1];
+    run.exposed_ms += ms[2];
     ++rows;
   }
   if (rows == 0) {
@@ -96,6 +107,9 @@ absl::StatusOr<ClusterRun> RunCluster(const TrainOptions& o) {
         absl::StrCat("no metrics from shardps-local:\n", out));
   }
   run.mean_epoch_s /= rows;
+  run.compute_ms /= rows;
+  run.exchange_ms /= rows;
+  run.exposed_ms /= rows;
   const size_t at = run.final_line.find("wall_s=");
   if (at != std::string::npos) {
     (void)absl::SimpleAtod(run.final_line.substr(at + 7), &run.wall_s);
@@ -123,6 +137,25 @@ absl::Status RunTrainBench(const TrainOptions& o) {
       "(%.0f samples/s), test accuracy %.4f\n  %s\n",
       cluster.wall_s, cluster.mean_epoch_s, 60000 / cluster.mean_epoch_s,
       cluster.accuracy, cluster.final_line);
+  // Every sample's gradient is computed once, by one worker, at the solo
+  // rate: what the job's CPU would be if nothing else cost anything.
+  const int64_t steps = int64_t{o.epochs} * (60000 / 256);
+  const double gradient_s = o.epochs * 60000.0 / solo;
+  absl::PrintF(
+      "  per step (rank 0): compute %.2f ms, exchange %.2f ms, of it not "
+      "hidden behind compute %.2f ms\n",
+      cluster.compute_ms, cluster.exchange_ms, cluster.exposed_ms);
+  absl::PrintF(
+      "  CPU, all processes: %.1f core-s over %.1f s wall; gradients %.1f "
+      "core-s, beyond them %.1f core-s (%.2f ms per step); context switches "
+      "%.0f per step (%.0f voluntary)\n",
+      cluster.usage.cpu_s, cluster.wall_s, gradient_s,
+      cluster.usage.cpu_s - gradient_s,
+      1000 * (cluster.usage.cpu_s - gradient_s) / steps,
+      static_cast<double>(cluster.usage.voluntary_switches +
+                          cluster.usage.involuntary_switches) /
+          steps,
+      static_cast<double>(cluster.usage.voluntary_switches) / steps);
   if (!RunCommand("/usr/bin/python3 -c 'import torch' 2>&1").ok()) {
     absl::PrintF(
         "PyTorch: not installed (apt-get install python3-torch); "
@@ -131,12 +164,14 @@ absl::Status RunTrainBench(const TrainOptions& o) {
   }
   for (int procs : {2, 1}) {
     const int threads = procs == 2 ? 1 : 2;
+    CommandUsage usage;
     SHARDPS_ASSIGN_OR_RETURN(
         std::string json,
         RunCommand(absl::StrCat("/usr/bin/python3 ", o.torch_script,
                                 " --processes=", procs, " --threads=", threads,
                                 " --epochs=", o.epochs, " --data=", o.data_dir,
-                                " 2>&1 | tail -n 1")));
+                                " 2>&1 | tail -n 1"),
+                   &usage));
     const double wall = JsonNumber(json, "wall_s");
     absl::PrintF(
         "PyTorch %s %d process(es) x %d thread(s) (BLAS %s): %.1f s wall, "
@@ -144,6 +179,13 @@ absl::Status RunTrainBench(const TrainOptions& o) {
         JsonField(json, "torch"), procs, threads, JsonField(json, "blas"), wall,
         wall / o.epochs);
     absl::PrintF("  accuracies %s\n", JsonField(json, "test_accuracy"));
+    absl::PrintF(
+        "  CPU %.1f core-s (beyond the gradients at shardps's solo rate %.1f "
+        "core-s); context switches %.0f per step\n",
+        usage.cpu_s, usage.cpu_s - gradient_s,
+        static_cast<double>(usage.voluntary_switches +
+                            usage.involuntary_switches) /
+            steps);
     absl::PrintF("  ratio = shardps wall / PyTorch wall = %.2f\n",
                  cluster.wall_s / wall);
   }

@@ -74,9 +74,11 @@ class CudaBackend final : public Backend {
   absl::Status DoInit(const ModelSpec& spec, int max_batch) override;
   absl::Status DoSetParams(
       absl::Span<const absl::Span<const float>> params) override;
-  absl::StatusOr<double> DoGradients(
-      const float* x, const int32_t* labels, int b, float scale,
-      absl::Span<const absl::Span<float>> grads) override;
+  // Reports every gradient after the one copy back (Backend does).
+  absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
+                                     int b, float scale,
+                                     absl::Span<const absl::Span<float>> grads,
+                                     const GradientReady& ready) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -311,7 +313,7 @@ absl::StatusOr<EvalResult> CudaBackend::FinishRows(int b) {
 
 absl::StatusOr<double> CudaBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
-    absl::Span<const absl::Span<float>> grads) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& /*ready*/) {
   SHARDPS_RETURN_IF_ERROR(
       ForwardAndLoss(x, labels, b, scale, /*want_gradient=*/true));
   SHARDPS_RETURN_IF_ERROR(Backward(b));
