@@ -419,6 +419,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   ParameterStore* store = this->store();
   if (store == nullptr) return new FailedPushPull(NotReady());
+  push_streams_.fetch_add(1, std::memory_order_relaxed);
   return PushPullReactor::Start(store, this);
 }
 
@@ -466,6 +467,7 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
     return reactor;
   }
   *resp = store->Report();
+  resp->set_push_streams_total(push_streams_.load(std::memory_order_relaxed));
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

@@ -85,6 +85,7 @@ class ParameterService final
  private:
   std::atomic<ParameterStore*> store_{nullptr};
   std::atomic<const ShardCheckpointer*> checkpoints_{nullptr};
+  std::atomic<uint64_t> push_streams_{0};  // PushPull calls opened
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

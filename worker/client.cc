@@ -20,9 +20,28 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace shardps {
+
+// A reply being read: its header fields, its payload, and a compressed one
+// gathered.
+struct Client::Reply {
+  v1::PushPullResponse response;
+  PayloadView payload;
+  std::string scratch;
+};
+
+namespace {
+
+// Raw (byte buffer) forms of the data-path methods; see common/wire.h.
+constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
+constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
+// A shard owning at most this many bytes is pushed to on one stream.
+constexpr int64_t kOneLaneShardBytes = 4 << 20;
+
+}  // namespace
 
 struct Client::Stream {
   size_t index = 0;  // in lanes_
@@ -31,15 +50,12 @@ struct Client::Stream {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ParameterServer::Stub> stub;
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
-  v1::PushPullResponse response;    // header fields of the last reply
-  PayloadView payload;              // payload of the last reply
-  std::string scratch;              // a compressed reply, gathered
+  Reply reply;                      // the last reply of a step on this lane
 
   // Gradient slices gRPC still references; a step returns only once it is
   // zero, so the caller's gradient buffers may then be reused.
   absl::Mutex mu;
   int64_t slices_in_flight ABSL_GUARDED_BY(mu) = 0;
-  absl::Time writes_done;  // when the last attempt finished writing
   static void ReleaseSlice(void* lane) {
     Stream* s = static_cast<Stream*>(lane);
     absl::MutexLock lock(&s->mu);
@@ -67,40 +83,191 @@ struct Client::Stream {
         timeout);
   }
 
-  // The streaming attempt of the open step (BeginStep to FinishStep). The
-  // writer task writes the chunks in `ready` as PushTensor queues them; the
-  // reader task takes the replies and, at the end, the call's status.
-  std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
+  // The lane's PushPull stream, kept open from step to step; null before
+  // the first step and after one that failed on it. Only the caller's
+  // thread creates and ends it.
+  std::unique_ptr<LaneCall> call;
+
+  // The open step on this lane. The caller queues its chunks in `ready` as
+  // PushTensor gets them; the call's reactions write them and take the
+  // replies.
+  bool in_step ABSL_GUARDED_BY(mu) = false;
   std::deque<uint32_t> ready ABSL_GUARDED_BY(mu);  // pushed, not yet written
   int64_t unqueued ABSL_GUARDED_BY(mu) = 0;        // chunks not pushed yet
-  bool stream_open ABSL_GUARDED_BY(mu) = false;    // the writer made the call
-  bool broken ABSL_GUARDED_BY(mu) = false;         // stop writing
-  bool writer_done ABSL_GUARDED_BY(mu) = false;
-  int tasks_running ABSL_GUARDED_BY(mu) = 0;
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-      stream;                      // set by the writer before stream_open
-  std::vector<uint32_t> answered;  // by the reader
-  absl::Status status;             // of the attempt, set by the reader
-  // A chunk the writer could not encode: the attempt fails with it.
-  absl::Status write_error ABSL_GUARDED_BY(mu);
+  // By chunk id: a reply is still expected (the lane's chunks at Open).
+  std::vector<bool> expected ABSL_GUARDED_BY(mu);
+  std::vector<uint32_t> answered ABSL_GUARDED_BY(mu);
+  int taking ABSL_GUARDED_BY(mu) = 0;  // replies being written out
+  // The step's first error on this lane (a bad reply, a chunk that could
+  // not be encoded, a deadline); the call's own status comes after it.
+  absl::Status status ABSL_GUARDED_BY(mu);
+  absl::Time writes_done ABSL_GUARDED_BY(mu);  // the step's last write
 
-  // Waits until the writer and the reader are done, then drops the call's
-  // context.
-  void AwaitStreamEnd() ABSL_LOCKS_EXCLUDED(mu) {
-    std::unique_ptr<grpc::ClientContext> ended;
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(
-          +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
-            return l->tasks_running == 0;
-          },
-          this));
-      ended = std::move(ctx);
-    }
-    // Outside the lock: ending a call that broke mid-write releases the
-    // gradient slices it still held (ReleaseSlice takes mu).
-    ended.reset();
+  // The state of `call` (reset when one starts).
+  bool writing ABSL_GUARDED_BY(mu) = false;     // a write is in flight
+  bool stopped ABSL_GUARDED_BY(mu) = false;     // write nothing more
+  bool reads_over ABSL_GUARDED_BY(mu) = false;  // the stream ended
+  bool call_done ABSL_GUARDED_BY(mu) = false;   // OnDone ran
+  grpc::Status final_status ABSL_GUARDED_BY(mu);
+  // The stream is over or must not be written on any more: the step
+  // cannot complete on it.
+  bool call_dead() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return stopped || reads_over;
   }
+};
+
+// One lane's PushPull stream as a callback reactor: gRPC's threads write
+// the chunks the caller queues, one message at a time, and take each reply
+// as it arrives, so no thread of ours waits on the network. The stream
+// stays open across steps (the servers answer pushes of any step on it);
+// a hold keeps it alive between them. Every Start* is issued with the
+// lane's mutex released (gRPC may run a reaction inline).
+class Client::LaneCall final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  LaneCall(Client* client, Stream* lane) : client_(client), lane_(lane) {}
+
+  void Start() ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    {
+      absl::MutexLock lock(&lane_->mu);
+      lane_->writing = lane_->stopped = lane_->reads_over = false;
+      lane_->call_done = false;
+      lane_->final_status = grpc::Status::OK;
+    }
+    const grpc::internal::RpcMethod method(
+        kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+    grpc::internal::ClientCallbackReaderWriterFactory<
+        grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane_->channel.get(),
+                                                    method, &ctx_, this);
+    AddHold();  // writes start from the caller's thread too
+    StartRead(&read_buf_);
+    StartCall();
+  }
+
+  // Writes the next queued chunk unless a write is in flight.
+  void Pump() ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    uint32_t id;
+    {
+      absl::MutexLock lock(&lane_->mu);
+      if (lane_->writing || lane_->stopped || lane_->ready.empty()) return;
+      id = lane_->ready.front();
+      lane_->ready.pop_front();
+      lane_->writing = true;
+    }
+    absl::StatusOr<grpc::ByteBuffer> message =
+        client_->ChunkMessage(lane_, id, &header_);
+    if (!message.ok()) {
+      {
+        absl::MutexLock lock(&lane_->mu);
+        lane_->writing = false;
+        Stop(message.status());
+      }
+      ctx_.TryCancel();
+      return;
+    }
+    write_buf_ = *std::move(message);
+    StartWrite(&write_buf_);
+  }
+
+  // Ends the call and waits for gRPC to be done with it: a clean end
+  // (half-close, the server finishes) when `cancel` is false and nothing
+  // is in flight, else a cancel. Caller's thread only, once.
+  void Close(bool cancel) ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    bool clean = !cancel;
+    {
+      absl::MutexLock lock(&lane_->mu);
+      clean = clean && !lane_->writing && !lane_->stopped && !lane_->reads_over;
+      lane_->stopped = true;
+    }
+    if (clean) {
+      StartWritesDone();
+      absl::MutexLock lock(&lane_->mu);
+      clean = lane_->mu.AwaitWithTimeout(absl::Condition(&lane_->reads_over),
+                                         absl::Seconds(5));
+    }
+    if (!clean) ctx_.TryCancel();
+    RemoveHold();
+    absl::MutexLock lock(&lane_->mu);
+    lane_->mu.Await(absl::Condition(&lane_->call_done));
+  }
+
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    // Drops this buffer's reference to the gradient (ReleaseSlice takes
+    // the lane's mutex).
+    write_buf_.Clear();
+    {
+      absl::MutexLock lock(&lane_->mu);
+      lane_->writing = false;
+      if (!ok) lane_->stopped = true;  // broken: the call's status says why
+      if (lane_->ready.empty() && lane_->unqueued == 0) {
+        lane_->writes_done = absl::Now();
+      }
+    }
+    if (ok) Pump();
+  }
+
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    if (!ok) {
+      absl::MutexLock lock(&lane_->mu);
+      lane_->reads_over = true;
+      return;
+    }
+    absl::Status s = DecodeWithPayload(read_buf_, &lane_->reply.response,
+                                       &lane_->reply.payload);
+    bool took = false;
+    {
+      absl::MutexLock lock(&lane_->mu);
+      // Outside a step nothing is asked: the step's buffers are not there.
+      if (s.ok() && (!lane_->in_step || lane_->stopped)) {
+        s = absl::InternalError(absl::StrCat("bad reply: server sent chunk ",
+                                             lane_->reply.response.chunk_id(),
+                                             " which was not pushed"));
+      }
+      took = s.ok();
+      if (took) ++lane_->taking;
+    }
+    if (took) s = client_->TakeReply(lane_, &expected_view());
+    lane_->reply.payload.Clear();
+    read_buf_.Clear();
+    bool again;
+    {
+      absl::MutexLock lock(&lane_->mu);
+      if (took) --lane_->taking;
+      if (s.ok()) lane_->answered.push_back(lane_->reply.response.chunk_id());
+      if (!s.ok()) Stop(s);
+      again = s.ok();
+    }
+    if (again) {
+      StartRead(&read_buf_);
+    } else {
+      ctx_.TryCancel();
+    }
+  }
+
+  void OnDone(const grpc::Status& s) override ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    absl::MutexLock lock(&lane_->mu);
+    lane_->final_status = s;
+    lane_->reads_over = true;
+    lane_->call_done = true;  // the last touch: Close may destroy this now
+  }
+
+ private:
+  void Stop(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane_->mu) {
+    if (lane_->status.ok()) lane_->status = s;
+    lane_->stopped = true;
+  }
+  // The lane's expected replies, read by TakeReply on this reaction only
+  // (entries of this lane's chunks).
+  std::vector<bool>& expected_view() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return lane_->expected;
+  }
+
+  Client* const client_;
+  Stream* const lane_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer read_buf_;   // the read flow's
+  grpc::ByteBuffer write_buf_;  // the write flow's, until OnWriteDone
+  v1::PushPullRequest header_;  // the write flow's
 };
 
 // The step between BeginStep and FinishStep.
@@ -124,12 +291,6 @@ struct Client::OpenStep {
 };
 
 namespace {
-
-// Raw (byte buffer) forms of the data-path methods; see common/wire.h.
-constexpr char kPushPullMethod[] = "/shardps.v1.ParameterServer/PushPull";
-constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
-// A shard owning at most this many bytes is pushed to on one stream.
-constexpr int64_t kOneLaneShardBytes = 4 << 20;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -156,7 +317,13 @@ absl::Status RunParallel(size_t n,
 }  // namespace
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {}
-Client::~Client() { AbortStep(); }
+Client::~Client() {
+  AbortStep();
+  // The streams kept open between steps end cleanly.
+  for (auto& lane : lanes_) {
+    if (lane->call != nullptr) lane->call->Close(/*cancel=*/false);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.servers.empty()) {
@@ -192,8 +359,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       client->lanes_.push_back(std::move(lane));
     }
   }
-  client->lane_pool_ =
-      std::make_unique<ThreadPool>(2 * static_cast<int>(client->lanes_.size()));
   return client;
 }
 
@@ -394,7 +559,8 @@ void Client::FillHeader(uint32_t id, v1::PushPullRequest* header) const {
   header->set_encoding(Compressed(id) ? compressor_->encoding()
                                       : v1::ENCODING_FP32);
   header->set_push_only(o.push_only);
-  if (!o.push_only) header->set_reply_encoding(options_.compression.weights);
+  // Set on push-only steps too: a stream's pushes all ask for the same.
+  header->set_reply_encoding(options_.compression.weights);
   if (o.learning_rate[tensor].has_value()) {
     header->set_learning_rate(*o.learning_rate[tensor]);
   }
@@ -438,13 +604,14 @@ void Client::set_rollback_id(uint64_t id) {
   rollback_id_ = id;
 }
 
-absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
-  const uint32_t id = lane->response.chunk_id();
-  if (id >= chunks_.size() || lane_of_[id] != lane->index ||
-      (asked != nullptr && !(*asked)[id])) {
-    return absl::InternalError(absl::StrCat("bad reply: server sent chunk ", id,
-                                            " which was not pushed"));
+absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected) {
+  const uint32_t id = lane->reply.response.chunk_id();
+  if (id >= chunks_.size() || lane_of_[id] != lane->index || !(*expected)[id]) {
+    return absl::InternalError(
+        absl::StrCat("bad reply: server sent chunk ", id,
+                     " which was not pushed or was answered already"));
   }
+  (*expected)[id] = false;
   // Acknowledged: what this payload dropped is the chunk's residual now.
   if (Compressed(id)) compressor_->Commit(id);
   if (open_->push_only) {
@@ -454,25 +621,25 @@ absl::Status Client::TakeReply(Stream* lane, const std::vector<bool>* asked) {
     return absl::OkStatus();
   }
   const ChunkSpec& c = chunks_[id];
-  return ReadWeights(lane, c, open_->weights[c.tensor].data() + c.offset);
+  return ReadWeights(&lane->reply, c,
+                     open_->weights[c.tensor].data() + c.offset);
 }
 
-absl::Status Client::ReadWeights(Stream* lane, const ChunkSpec& c, float* out) {
-  const v1::Encoding got = EffectiveEncoding(lane->response.encoding());
+absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out) {
+  const v1::Encoding got = EffectiveEncoding(r->response.encoding());
   const v1::Encoding asked = options_.compression.weights;
   const bool sparse = asked == v1::ENCODING_TOPK;
   absl::Status s;
   if (got == v1::ENCODING_TOPK && sparse) {
     // k = 0 is fine here: an update that changed nothing.
-    if (lane->payload.size() < 4 || (lane->payload.size() - 4) % 8 != 0 ||
-        (lane->payload.size() - 4) / 8 >
-            static_cast<uint64_t>(c.num_elements)) {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("sparse weights of chunk ", c.id, " have ",
-                       lane->payload.size(), " bytes"));
+    if (r->payload.size() < 4 || (r->payload.size() - 4) % 8 != 0 ||
+        (r->payload.size() - 4) / 8 > static_cast<uint64_t>(c.num_elements)) {
+      s = absl::InvalidArgumentError(absl::StrCat("sparse weights of chunk ",
+                                                  c.id, " have ",
+                                                  r->payload.size(), " bytes"));
     }
   } else {
-    s = CheckPayload(got, lane->payload.size(), c.num_elements);
+    s = CheckPayload(got, r->payload.size(), c.num_elements);
     // Sparse weights come whole as FP32 when a reply has no changes.
     if (s.ok() && got != asked && !(sparse && got == v1::ENCODING_FP32)) {
       s = absl::InvalidArgumentError(absl::StrCat(
@@ -485,25 +652,25 @@ absl::Status Client::ReadWeights(Stream* lane, const ChunkSpec& c, float* out) {
   }
   float* whole = sparse ? copies_[c.id].data() : out;
   if (got == v1::ENCODING_FP32) {
-    lane->payload.CopyTo(reinterpret_cast<char*>(whole));
+    r->payload.CopyTo(reinterpret_cast<char*>(whole));
   } else {
-    lane->scratch.resize(lane->payload.size());
-    lane->payload.CopyTo(lane->scratch.data());
+    r->scratch.resize(r->payload.size());
+    r->payload.CopyTo(r->scratch.data());
     if (got == v1::ENCODING_BF16) {
-      DecodeBf16(reinterpret_cast<const uint16_t*>(lane->scratch.data()),
+      DecodeBf16(reinterpret_cast<const uint16_t*>(r->scratch.data()),
                  c.num_elements, whole);
     } else {
-      SHARDPS_RETURN_IF_ERROR(ApplyChanges(lane, c, lane->response.version()));
+      SHARDPS_RETURN_IF_ERROR(ApplyChanges(r, c, r->response.version()));
     }
   }
   if (sparse) {
-    copy_version_[c.id] = lane->response.version();
+    copy_version_[c.id] = r->response.version();
     std::memcpy(out, whole, c.bytes());
   }
   return absl::OkStatus();
 }
 
-absl::Status Client::ApplyChanges(Stream* lane, const ChunkSpec& c,
+absl::Status Client::ApplyChanges(Reply* r, const ChunkSpec& c,
                                   int64_t version) {
   // The changes of the update to `version`: this worker must hold the copy
   // before it (or already this one: a step redone after a lost reply).
@@ -516,13 +683,13 @@ absl::Status Client::ApplyChanges(Stream* lane, const ChunkSpec& c,
                                 : absl::StrCat("version ", copy_version_[c.id]),
         " (Pull first)"));
   }
-  const char* p = lane->scratch.data();
+  const char* p = r->scratch.data();
   uint32_t k;
   std::memcpy(&k, p, 4);
-  if (lane->scratch.size() != 4 + 8 * static_cast<size_t>(k)) {
+  if (r->scratch.size() != 4 + 8 * static_cast<size_t>(k)) {
     return absl::InternalError(
         absl::StrCat("bad reply: sparse weights of chunk ", c.id, " list ", k,
-                     " elements in ", lane->scratch.size(), " bytes"));
+                     " elements in ", r->scratch.size(), " bytes"));
   }
   // Checked whole before the copy changes.
   int64_t last = -1;
@@ -580,16 +747,20 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
       }
     }
     if (written) stream->WritesDone();
-    lane->writes_done = absl::Now();
+    {
+      absl::MutexLock lock(&lane->mu);
+      lane->writes_done = absl::Now();
+    }
     grpc::ByteBuffer buffer;
     while (stream->Read(&buffer)) {
-      reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
+      reply_error = DecodeWithPayload(buffer, &lane->reply.response,
+                                      &lane->reply.payload);
       if (reply_error.ok()) reply_error = TakeReply(lane, &asked);
       if (!reply_error.ok()) {
         ctx.TryCancel();
         break;
       }
-      answered[lane->response.chunk_id()] = true;
+      answered[lane->reply.response.chunk_id()] = true;
     }
     status = FromGrpcStatus(stream->Finish());
   }
@@ -607,109 +778,6 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
                                             pending->size(), " chunks"));
   }
   return status;
-}
-
-void Client::StreamWrites(Stream* lane) {
-  grpc::ClientContext* ctx;
-  {
-    absl::MutexLock lock(&lane->mu);
-    ctx = lane->ctx.get();
-  }
-  const grpc::internal::RpcMethod method(
-      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
-  lane->stream.reset(
-      grpc::internal::ClientReaderWriterFactory<
-          grpc::ByteBuffer, grpc::ByteBuffer>::Create(lane->channel.get(),
-                                                      method, ctx));
-  {
-    absl::MutexLock lock(&lane->mu);
-    lane->stream_open = true;
-  }
-  v1::PushPullRequest header;
-  bool written = true;
-  while (true) {
-    uint32_t id = 0;
-    {
-      absl::MutexLock lock(&lane->mu);
-      lane->mu.Await(absl::Condition(
-          +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
-            return l->broken || !l->ready.empty() || l->unqueued == 0;
-          },
-          lane));
-      if (lane->broken) {
-        written = false;
-        break;
-      }
-      if (lane->ready.empty()) break;  // every chunk written
-      id = lane->ready.front();
-      lane->ready.pop_front();
-    }
-    absl::StatusOr<grpc::ByteBuffer> message = ChunkMessage(lane, id, &header);
-    if (!message.ok()) {
-      // The reader's Finish sees the cancel; the step fails with this.
-      {
-        absl::MutexLock lock(&lane->mu);
-        lane->write_error = message.status();
-      }
-      // Outside the lock: a cancel may release gradient slices
-      // (ReleaseSlice takes mu).
-      ctx->TryCancel();
-      written = false;
-      break;
-    }
-    if (!lane->stream->Write(*message)) {
-      written = false;  // broken: the reader's Finish says why
-      break;
-    }
-  }
-  if (written) lane->stream->WritesDone();
-  lane->writes_done = absl::Now();
-  absl::MutexLock lock(&lane->mu);
-  lane->writer_done = true;
-  --lane->tasks_running;
-}
-
-void Client::StreamReads(Stream* lane) {
-  grpc::ClientContext* ctx;
-  {
-    absl::MutexLock lock(&lane->mu);
-    lane->mu.Await(absl::Condition(&lane->stream_open));
-    ctx = lane->ctx.get();
-  }
-  absl::Status reply_error;
-  grpc::ByteBuffer buffer;
-  while (lane->stream->Read(&buffer)) {
-    reply_error = DecodeWithPayload(buffer, &lane->response, &lane->payload);
-    // The streaming attempt asks for every chunk of the lane.
-    if (reply_error.ok()) reply_error = TakeReply(lane, nullptr);
-    if (!reply_error.ok()) {
-      ctx->TryCancel();
-      break;
-    }
-    lane->answered.push_back(lane->response.chunk_id());
-  }
-  {
-    // The call is over (or broken): a writer still waiting for chunks
-    // stops, and Finish waits for it.
-    absl::MutexLock lock(&lane->mu);
-    lane->broken = !lane->writer_done;
-    lane->mu.Await(absl::Condition(&lane->writer_done));
-  }
-  absl::Status status = FromGrpcStatus(lane->stream->Finish());
-  lane->stream.reset();
-  if (!reply_error.ok()) status = reply_error;
-  {
-    absl::MutexLock lock(&lane->mu);
-    if (!lane->write_error.ok()) status = lane->write_error;
-  }
-  if (status.ok() && lane->answered.size() != lane->chunk_ids.size()) {
-    status = absl::InternalError(absl::StrCat(
-        "stream ended without replies for ",
-        lane->chunk_ids.size() - lane->answered.size(), " chunks"));
-  }
-  lane->status = status;
-  absl::MutexLock lock(&lane->mu);
-  --lane->tasks_running;
 }
 
 absl::Status Client::Open(int64_t step, const Tensors* weights,
@@ -742,25 +810,34 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   o->start = absl::Now();
   open_ = std::move(o);
   for (auto& lane : lanes_) {
-    lane->answered.clear();
-    lane->status = absl::OkStatus();
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(Deadline(options_.rpc_timeout));
-    absl::MutexLock lock(&lane->mu);
-    lane->ctx = std::move(ctx);
-    lane->ready.clear();
-    lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
-    lane->stream_open = false;
-    lane->broken = false;
-    lane->write_error = absl::OkStatus();
-    lane->writer_done = false;
-    lane->tasks_running = lane->chunk_ids.empty() ? 0 : 2;
-  }
-  for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
-    Stream* l = lane.get();
-    lane_pool_->Schedule([this, l] { StreamWrites(l); });
-    lane_pool_->Schedule([this, l] { StreamReads(l); });
+    if (lane->call != nullptr) {
+      bool dead;
+      {
+        absl::MutexLock lock(&lane->mu);
+        dead = lane->call_dead();
+      }
+      // The server ended it between steps (restarted, or shut down).
+      if (dead) {
+        lane->call->Close(/*cancel=*/true);
+        lane->call.reset();
+      }
+    }
+    {
+      absl::MutexLock lock(&lane->mu);
+      lane->in_step = true;
+      lane->ready.clear();
+      lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
+      lane->expected.assign(chunks_.size(), false);
+      for (uint32_t id : lane->chunk_ids) lane->expected[id] = true;
+      lane->answered.clear();
+      lane->status = absl::OkStatus();
+      lane->writes_done = open_->start;
+    }
+    if (lane->call == nullptr) {
+      lane->call = std::make_unique<LaneCall>(this, lane.get());
+      lane->call->Start();
+    }
   }
   return absl::OkStatus();
 }
@@ -816,6 +893,14 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
     lane->ready.push_back(id);
     --lane->unqueued;
   }
+  // Each lane the tensor touched starts writing unless it is already.
+  for (uint32_t id = first_chunk_[tensor]; id < first_chunk_[tensor + 1];
+       ++id) {
+    const Stream* lane = lanes_[lane_of_[id]].get();
+    if (id == first_chunk_[tensor] || lane_of_[id] != lane_of_[id - 1]) {
+      lane->call->Pump();
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -852,15 +937,69 @@ int Client::tensors_left() const {
   return open_ == nullptr ? 0 : layout_.tensors_size() - open_->num_pushed;
 }
 
+absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
+                                 std::vector<uint32_t>* answered) {
+  absl::Status status;
+  bool complete = false;
+  if (lane->call != nullptr) {
+    absl::MutexLock lock(&lane->mu);
+    if (!cancel) {
+      // Every reply in, or the stream can no longer bring them.
+      const absl::Time deadline = open_->start + options_.rpc_timeout;
+      lane->mu.AwaitWithDeadline(
+          absl::Condition(
+              +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+                return (l->answered.size() == l->chunk_ids.size() &&
+                        l->taking == 0) ||
+                       l->call_dead();
+              },
+              lane),
+          deadline);
+      complete = lane->answered.size() == lane->chunk_ids.size() &&
+                 lane->taking == 0 && lane->status.ok();
+      // At once: a stray reply after this finds no step to write into.
+      if (complete) lane->in_step = false;
+      if (!complete && lane->status.ok() && !lane->call_dead()) {
+        lane->status = absl::DeadlineExceededError(absl::StrCat(
+            "no reply for ", lane->chunk_ids.size() - lane->answered.size(),
+            " of ", lane->chunk_ids.size(), " chunks within ",
+            absl::FormatDuration(options_.rpc_timeout)));
+      }
+    }
+  }
+  if (lane->call != nullptr && !complete) {
+    // The step failed on this stream (or is given up): a new one next time.
+    lane->call->Close(/*cancel=*/true);
+    absl::MutexLock lock(&lane->mu);
+    status = lane->status;
+    if (status.ok()) status = FromGrpcStatus(lane->final_status);
+    if (status.ok() && !cancel) {
+      status = absl::InternalError(absl::StrCat(
+          "stream ended without replies for ",
+          lane->chunk_ids.size() - lane->answered.size(), " chunks"));
+    }
+  }
+  if (lane->call != nullptr && !complete) lane->call.reset();
+  {
+    absl::MutexLock lock(&lane->mu);
+    lane->in_step = false;
+    if (answered != nullptr) *answered = lane->answered;
+  }
+  // The caller may reuse its gradient buffers once the step returns.
+  if (!lane->AwaitSlicesReleased(absl::Seconds(60)) && status.ok()) {
+    status = absl::InternalError(
+        "gRPC still references gradient buffers 60 s after they were sent");
+  }
+  return status;
+}
+
 void Client::AbortStep() {
   if (open_ == nullptr) return;
   for (auto& lane : lanes_) {
-    absl::MutexLock lock(&lane->mu);
-    lane->broken = true;
-    if (lane->ctx != nullptr) lane->ctx->TryCancel();
+    if (!lane->chunk_ids.empty()) {
+      EndLaneStep(lane.get(), /*cancel=*/true, nullptr).IgnoreError();
+    }
   }
-  for (auto& lane : lanes_) lane->AwaitStreamEnd();
-  for (auto& lane : lanes_) lane->AwaitSlicesReleased(absl::Seconds(60));
   open_.reset();
 }
 
@@ -879,16 +1018,13 @@ absl::Status Client::FinishStep() {
         absl::StrCat("step ", step, " ended without a push of tensor(s) ",
                      absl::StrJoin(missing, ", ")));
   }
-  for (auto& lane : lanes_) lane->AwaitStreamEnd();
   std::vector<size_t> failed;
+  std::vector<absl::Status> lane_status(lanes_.size());
+  std::vector<std::vector<uint32_t>> lane_answered(lanes_.size());
   for (size_t l = 0; l < lanes_.size(); ++l) {
-    Stream* lane = lanes_[l].get();
-    // The call is over: gRPC drops its slices soon after.
-    if (!lane->AwaitSlicesReleased(absl::Seconds(60))) {
-      lane->status = absl::InternalError(
-          "gRPC still references gradient buffers 60 s after the call ended");
-    }
-    if (!lane->status.ok()) failed.push_back(l);
+    if (lanes_[l]->chunk_ids.empty()) continue;
+    lane_status[l] = EndLaneStep(lanes_[l].get(), false, &lane_answered[l]);
+    if (!lane_status[l].ok()) failed.push_back(l);
   }
   const int64_t step = open_->step;
   absl::Status status;
@@ -896,30 +1032,33 @@ absl::Status Client::FinishStep() {
     // Retries run one lane per thread; only after a failure.
     status = RunParallel(failed.size(), [&](size_t i) {
       Stream* lane = lanes_[failed[i]].get();
-      absl::Status lane_status = lane->status;
+      absl::Status s = lane_status[failed[i]];
       std::vector<uint32_t> pending;
       std::vector<bool> answered(chunks_.size(), false);
-      for (uint32_t id : lane->answered) answered[id] = true;
+      for (uint32_t id : lane_answered[failed[i]]) answered[id] = true;
       for (uint32_t id : lane->chunk_ids) {
         if (!answered[id]) pending.push_back(id);
       }
       absl::Duration backoff = options_.initial_backoff;
-      for (int attempt = 1; !pending.empty() && IsRetryable(lane_status) &&
+      for (int attempt = 1; !pending.empty() && IsRetryable(s) &&
                             attempt < options_.max_attempts;
            ++attempt) {
         retries_.fetch_add(1);
         absl::SleepFor(backoff);
         backoff = std::min(backoff * 2, options_.max_backoff);
-        lane_status = Attempt(lane, &pending);
+        s = Attempt(lane, &pending);
       }
-      if (pending.empty()) lane_status = absl::OkStatus();
+      if (pending.empty()) s = absl::OkStatus();
       return WithPrefix(absl::StrCat("step ", step, " on shard ", lane->shard,
                                      " at ", lane->address),
-                        lane_status);
+                        s);
     });
   }
   absl::Time pushed = open_->start;
-  for (const auto& lane : lanes_) pushed = std::max(pushed, lane->writes_done);
+  for (const auto& lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    pushed = std::max(pushed, lane->writes_done);
+  }
   last_push_time_ = pushed - open_->start;
   open_.reset();
   return status;
@@ -988,9 +1127,10 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     grpc::ByteBuffer buffer;
     size_t received = 0;
     absl::Status reply_error;
+    Reply reply;  // the lane's own may be a step's
     while (reader->Read(&buffer)) {
-      reply_error = DecodeWithPayload(buffer, &lane.response, &lane.payload);
-      const uint32_t id = lane.response.chunk_id();
+      reply_error = DecodeWithPayload(buffer, &reply.response, &reply.payload);
+      const uint32_t id = reply.response.chunk_id();
       if (reply_error.ok() &&
           (id >= chunks_.size() || shard_of_[id] != shard)) {
         reply_error = absl::InternalError(
@@ -999,7 +1139,7 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
       if (reply_error.ok()) {
         const ChunkSpec& c = chunks_[id];
         reply_error =
-            ReadWeights(&lane, c, weights[c.tensor].data() + c.offset);
+            ReadWeights(&reply, c, weights[c.tensor].data() + c.offset);
       }
       if (!reply_error.ok()) {
         ctx.TryCancel();

@@ -227,7 +227,9 @@ class Client {
   void set_rollback_id(uint64_t id);
 
  private:
+  struct Reply;     // a reply being read
   struct Stream;    // one (shard, stream) lane and its reusable messages
+  class LaneCall;   // a lane's PushPull stream, open across steps
   struct OpenStep;  // the step between BeginStep and FinishStep
   explicit Client(ClientOptions options);
 
@@ -245,10 +247,12 @@ class Client {
   // The whole step at once: every tensor pushed in layout order.
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);
-  // The open step's first attempt on `lane`, pushing chunks as PushTensor
-  // queues them (runs on the lane pool: a writer and a reader task).
-  void StreamWrites(Stream* lane);
-  void StreamReads(Stream* lane);
+  // Ends the open step on `lane` (with chunks): waits for its replies
+  // (up to rpc_timeout from the step's start) unless `cancel`, and ends the
+  // stream if the step did not complete on it. Returns the lane's error
+  // (OK when every reply came) and the chunks answered.
+  absl::Status EndLaneStep(Stream* lane, bool cancel,
+                           std::vector<uint32_t>* answered);
   // The request of chunk `id` of the open step (payload not set).
   void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
   // The message of chunk `id` of the open step on `lane`, its gradient
@@ -259,17 +263,17 @@ class Client {
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;
-  // Writes a reply's weights into the open step's buffers; InternalError
-  // for a reply to a chunk that is not `lane`'s or, when `asked` (by chunk
-  // id) is given, was not asked for.
-  absl::Status TakeReply(Stream* lane, const std::vector<bool>* asked);
-  // Decodes the weights of the reply on `lane` (chunk `c`) into out[0,
+  // Writes a reply's weights into the open step's buffers and clears the
+  // chunk in `expected` (by chunk id); InternalError for a reply to a chunk
+  // that is not `lane`'s or not expected (not pushed, or answered already).
+  absl::Status TakeReply(Stream* lane, std::vector<bool>* expected);
+  // Decodes the weights of reply `r` (chunk `c`) into out[0,
   // c.num_elements); InternalError for a malformed one or another encoding
   // than asked.
-  absl::Status ReadWeights(Stream* lane, const ChunkSpec& c, float* out);
-  // Sparse weights: applies the changes on `lane` (chunk `c`, to
-  // `version`) to the chunk's copy.
-  absl::Status ApplyChanges(Stream* lane, const ChunkSpec& c, int64_t version);
+  absl::Status ReadWeights(Reply* r, const ChunkSpec& c, float* out);
+  // Sparse weights: applies the changes in `r` (chunk `c`, to `version`)
+  // to the chunk's copy.
+  absl::Status ApplyChanges(Reply* r, const ChunkSpec& c, int64_t version);
   // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
   // answered.
   absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
@@ -306,9 +310,6 @@ class Client {
   // touched by its lane's reader only.
   std::vector<std::vector<float>> copies_;
   std::vector<int64_t> copy_version_;
-  // Runs each lane's writer and reader during a step: two threads a lane,
-  // started once.
-  std::unique_ptr<ThreadPool> lane_pool_;
 };
 
 }  // namespace shardps

@@ -77,6 +77,41 @@ class ClientStepTest : public ::testing::Test {
   std::vector<std::vector<float>> grads_;
 };
 
+// Each lane's stream stays open from step to step: the shards see one
+// PushPull call per lane however many steps run, and a new one only after a
+// step failed on it.
+TEST_F(ClientStepTest, StreamsStayOpenAcrossStepsAndReopenAfterAFailure) {
+  Start(1, v1::InitSpec::KIND_CONSTANT);
+  Client& client = *clients_[0];
+  auto streams = [&] {
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+        client.ShardStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    uint64_t n = 0;
+    for (const v1::GetStatusResponse& s : *status) n += s.push_streams_total();
+    return n;
+  };
+  for (int64_t step = 0; step < 5; ++step) {
+    SHARDPS_ASSERT_OK(client.PushPull(step, Grads(), Weights()));
+  }
+  const uint64_t lanes = streams();
+  EXPECT_GE(lanes, 2u);  // at least one per shard
+  EXPECT_LE(lanes, 4u);  // at most streams_per_shard (2) per shard
+  for (int64_t step = 5; step < 10; ++step) {
+    SHARDPS_ASSERT_OK(client.PushPull(step, Grads(), Weights()));
+  }
+  EXPECT_EQ(streams(), lanes);
+  // A step from the future is refused, which ends the streams it used; the
+  // next step opens them again and goes on where the shards are.
+  const absl::Status refused = client.PushPull(42, Grads(), Weights());
+  EXPECT_TRUE(absl::IsOutOfRange(refused)) << refused;
+  SHARDPS_ASSERT_OK(client.PushPull(10, Grads(), Weights()));
+  EXPECT_GT(streams(), lanes);
+  const uint64_t reopened = streams();
+  SHARDPS_ASSERT_OK(client.PushPull(11, Grads(), Weights()));
+  EXPECT_EQ(streams(), reopened);
+}
+
 TEST_F(ClientStepTest, TensorsPushedOneByOneInAnyOrderEqualAWholeStep) {
   Start(1, v1::InitSpec::KIND_UNIFORM);
   Client& client = *clients_[0];
