@@ -30,10 +30,13 @@ grpc::Status ShuttingDown() {
 
 // One WatchCluster stream. Holds at most one view waiting to be written: a
 // newer view replaces a waiting one, so a slow reader skips generations but
-// never holds more than two views. StartWrite and Finish are only called by
-// whoever moves the state out of "idle" under mu_, so there is never a write
-// after Finish and never a Finish during a write. Shared ownership: gRPC's
-// reference ends at OnDone; the notifier may hold one while it offers a view.
+// never holds more than two views. Views are shared, immutable, by every
+// stream: a change costs one copy of the view, not one per watcher (the
+// view holds every member, so copies per watcher would be O(members^2)).
+// StartWrite and Finish are only called by whoever moves the state out of
+// "idle" under mu_, so there is never a write after Finish and never a Finish
+// during a write. Shared ownership: gRPC's reference ends at OnDone; the
+// notifier may hold one while it offers a view.
 class WatchReactor final : public grpc::ServerWriteReactor<v1::ClusterView> {
  public:
   static WatchReactor* Start(CoordinatorService* service,
@@ -46,7 +49,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::ClusterView> {
   explicit WatchReactor(CoordinatorService* service) : service_(service) {}
 
   // Queues `view` unless a view at least as new was queued or sent.
-  void Offer(const v1::ClusterView& view) ABSL_LOCKS_EXCLUDED(mu_);
+  void Offer(std::shared_ptr<const v1::ClusterView> view)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records that the client already has `generation`.
   void Skip(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the stream with `status` once the write in flight (if any) is done.
@@ -70,21 +74,21 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::ClusterView> {
 
   absl::Mutex mu_;
   std::optional<uint64_t> newest_ ABSL_GUARDED_BY(mu_);  // queued or sent
-  std::optional<v1::ClusterView> waiting_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1::ClusterView> waiting_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // Read by gRPC while writing_; only replaced while not writing.
-  v1::ClusterView out_;
+  std::shared_ptr<const v1::ClusterView> out_;
 };
 
-void WatchReactor::Offer(const v1::ClusterView& view) {
+void WatchReactor::Offer(std::shared_ptr<const v1::ClusterView> view) {
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_.has_value()) return;
-    if (newest_.has_value() && view.generation() <= *newest_) return;
-    newest_ = view.generation();
-    waiting_ = view;
+    if (newest_.has_value() && view->generation() <= *newest_) return;
+    newest_ = view->generation();
+    waiting_ = std::move(view);
   }
   Pump();
 }
@@ -123,10 +127,9 @@ void WatchReactor::Pump() {
     if (finish_.has_value()) {
       finished_ = true;
       finish = finish_;
-    } else if (waiting_.has_value()) {
+    } else if (waiting_ != nullptr) {
       writing_ = true;
-      out_ = *std::move(waiting_);
-      waiting_.reset();
+      out_ = std::move(waiting_);
     } else {
       return;
     }
@@ -135,7 +138,7 @@ void WatchReactor::Pump() {
   if (finish.has_value()) {
     Finish(*finish);
   } else {
-    StartWrite(&out_);
+    StartWrite(out_.get());
   }
 }
 
@@ -168,7 +171,8 @@ void CoordinatorService::NotifyLoop() {
         generation, absl::Now() + absl::Milliseconds(100));
     if (!view.has_value()) continue;
     generation = view->generation();
-    for (const std::shared_ptr<WatchReactor>& w : Watchers()) w->Offer(*view);
+    auto shared = std::make_shared<const v1::ClusterView>(*std::move(view));
+    for (const std::shared_ptr<WatchReactor>& w : Watchers()) w->Offer(shared);
   }
 }
 
@@ -201,11 +205,11 @@ grpc::ServerWriteReactor<v1::ClusterView>* CoordinatorService::WatchCluster(
     return raw;
   }
   // Registered before reading the view, so no later generation is missed.
-  v1::ClusterView view = membership_->View();
-  if (view.generation() == request->after_generation()) {
-    raw->Skip(view.generation());
+  auto view = std::make_shared<const v1::ClusterView>(membership_->View());
+  if (view->generation() == request->after_generation()) {
+    raw->Skip(view->generation());
   } else {
-    raw->Offer(view);
+    raw->Offer(std::move(view));
   }
   return raw;
 }

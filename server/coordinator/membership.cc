@@ -257,16 +257,25 @@ absl::StatusOr<v1::JoinResponse> Membership::JoinLocked(
 
 absl::StatusOr<Membership::Slot*> Membership::FindLive(
     const std::string& member_id) {
-  ExpireLocked();
   auto it = members_.find(member_id);
-  if (it == members_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("member \"", member_id, "\" is not part of generation ",
-                     generation_, " (unknown, left, or expired after ",
-                     absl::FormatDuration(options_.heartbeat_timeout),
-                     " without a heartbeat): join again"));
+  if (it != members_.end()) {
+    const SlotRef ref = it->second;
+    Slot* slot = &Slots(ref.first)[ref.second];
+    if (options_.clock() - slot->last_heartbeat <= options_.heartbeat_timeout) {
+      return slot;
+    }
+    // Only the caller's own lease is checked here: every member heartbeats,
+    // so scanning all of them per call would be O(members^2) work a
+    // heartbeat interval. The others expire in Expire (the daemon's ticker)
+    // and Join.
+    Remove(ref, MembershipEvent::Kind::kExpired);
+    MaybeFinishJob();
   }
-  return &Slots(it->second.first)[it->second.second];
+  return absl::NotFoundError(
+      absl::StrCat("member \"", member_id, "\" is not part of generation ",
+                   generation_, " (unknown, left, or expired after ",
+                   absl::FormatDuration(options_.heartbeat_timeout),
+                   " without a heartbeat): join again"));
 }
 
 void Membership::RecordProgress(Slot* slot, int64_t step, int64_t epoch) {
@@ -411,9 +420,9 @@ void Membership::AddEvent(MembershipEvent e) {
 }
 
 bool Membership::CompleteLocked() const {
-  auto alive = [](const Slot& s) { return s.alive(); };
-  return std::all_of(servers_.begin(), servers_.end(), alive) &&
-         std::all_of(workers_.begin(), workers_.end(), alive);
+  // Each live member holds one slot and each slot at most one member: O(1)
+  // for the heartbeats that report it.
+  return members_.size() == servers_.size() + workers_.size();
 }
 
 v1::ClusterView Membership::ViewLocked() const {

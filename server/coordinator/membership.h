@@ -75,7 +75,8 @@ class Membership {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Renews the member's lease and records its progress. NotFound for an
-  // unknown or expired member id (it must join again).
+  // unknown or expired member id (it must join again). O(1): other
+  // members' leases are Expire's to check.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the membership and bumps the generation. NotFound as Heartbeat.
@@ -135,7 +136,8 @@ class Membership {
   // The index a valid join gets, or why it cannot have one.
   absl::StatusOr<uint32_t> PickIndex(const v1::JoinRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The slot of a live member, after expiring stale ones; NotFound if none.
+  // The slot of a live member; NotFound if none, or if the member's own
+  // lease ran out (it expires here; other members are left to Expire).
   absl::StatusOr<Slot*> FindLive(const std::string& member_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordProgress(Slot* slot, int64_t step, int64_t epoch)

@@ -239,6 +239,42 @@ TEST_F(MembershipTest, HeartbeatAfterTheTimeoutIsNotFoundWithoutExpire) {
   EXPECT_FALSE(membership_->View().workers(0).alive());
 }
 
+TEST_F(MembershipTest, HeartbeatChecksOnlyItsOwnLease) {
+  // Every member beats, so a beat that scanned every lease would cost
+  // O(members^2) a heartbeat interval: silent members are Expire's.
+  const v1::JoinResponse w0 = Worker();
+  const v1::JoinResponse w1 = Worker();
+  clock_.Advance(kTimeout / 2);
+  SHARDPS_ASSERT_OK(Beat(w0.member_id()));
+  clock_.Advance(kTimeout / 2 + absl::Milliseconds(1));
+  SHARDPS_ASSERT_OK(Beat(w0.member_id()));
+  EXPECT_TRUE(membership_->View().workers(1).alive());
+  EXPECT_FALSE(membership_->View().complete());  // no servers
+  EXPECT_EQ(membership_->Expire(), 1);           // w1
+  EXPECT_FALSE(membership_->View().workers(1).alive());
+  EXPECT_EQ(Beat(w1.member_id()).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MembershipTest, HeartbeatReportsWhetherEverySlotIsHeld) {
+  membership_ = Make(1, 1);
+  const v1::JoinResponse s = Server("h:1");
+  v1::HeartbeatRequest beat;
+  beat.set_member_id(s.member_id());
+  absl::StatusOr<v1::HeartbeatResponse> r = membership_->Heartbeat(beat);
+  SHARDPS_ASSERT_OK(r);
+  EXPECT_FALSE(r->complete());
+  const v1::JoinResponse w = Worker();
+  r = membership_->Heartbeat(beat);
+  SHARDPS_ASSERT_OK(r);
+  EXPECT_TRUE(r->complete());
+  v1::LeaveRequest leave;
+  leave.set_member_id(w.member_id());
+  SHARDPS_ASSERT_OK(membership_->Leave(leave));
+  r = membership_->Heartbeat(beat);
+  SHARDPS_ASSERT_OK(r);
+  EXPECT_FALSE(r->complete());
+}
+
 TEST_F(MembershipTest, LeaveVacatesTheSlot) {
   const v1::JoinResponse w = Worker(1);
   v1::LeaveRequest leave;
