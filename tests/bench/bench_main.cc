@@ -2,6 +2,7 @@
 // in the same run. Not part of the test suite.
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -18,20 +19,27 @@
 #include "tests/bench/codec_bench.h"
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/netns_link.h"
+#include "tests/bench/scale_bench.h"
 #include "tests/bench/torch_bench.h"
 #include "tests/bench/train_bench.h"
 #include "tests/bench/transport_bench.h"
 
 ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
+ABSL_FLAG(std::string, coordinator_binary, "",
+          "scale: shardps-coordinator to start; default: next to this "
+          "binary's build.");
 ABSL_FLAG(int32_t, epochs, 10, "Epochs (train).");
-ABSL_FLAG(int32_t, steps, 10, "Measured steps per configuration.");
+ABSL_FLAG(int32_t, steps, 10,
+          "Measured steps per configuration (scale: per row, fewer for big "
+          "rows, more for fast ones).");
 ABSL_FLAG(int32_t, cnn_steps, 200, "Measured steps of the CNN (torch).");
 ABSL_FLAG(int32_t, gpt_steps, 60, "Measured steps of the GPT (torch).");
 ABSL_FLAG(int32_t, torch_rounds, 2,
           "torch: runs of each side, alternating; the fastest of each counts "
           "(a noisy machine only ever slows a run down).");
-ABSL_FLAG(int32_t, streams_per_shard, 2, "Client streams per shard.");
+ABSL_FLAG(int32_t, streams_per_shard, 2,
+          "Client streams per shard (transport, scale).");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
 ABSL_FLAG(std::string, compressions, "",
           "transport: instead of the table, PushPull step times of these "
@@ -41,11 +49,29 @@ ABSL_FLAG(std::string, compressions, "",
 ABSL_FLAG(std::string, model, "w",
           "transport codec runs: w (one tensor of --model_mib) or mlp (the "
           "main job's model).");
-ABSL_FLAG(int64_t, chunk_mib, 4, "Chunk size in MiB (transport).");
+ABSL_FLAG(int64_t, chunk_mib, 4,
+          "Chunk size in MiB (transport; scale: at most, and at most a "
+          "16th of the model).");
 ABSL_FLAG(bool, raw_baseline, true,
           "Measure the raw TCP baseline (off only to profile shardps alone).");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to run (transport).");
 ABSL_FLAG(std::string, workers, "1,2", "Worker counts to run (transport).");
+ABSL_FLAG(std::string, scale_workers, "1,2,4,8,16,32,64",
+          "scale: worker counts (each rank its own member of the job and "
+          "its own Client, a thread of this process).");
+ABSL_FLAG(std::string, scale_shards, "1,2,4", "scale: shard counts.");
+ABSL_FLAG(std::string, scale_models_mib, "2,64",
+          "scale: model sizes in MiB, one table each.");
+ABSL_FLAG(int64_t, scale_row_mib, 2048,
+          "scale: a row whose --steps would push more gradient than this "
+          "(workers x model per step) runs fewer steps, at least 3.");
+ABSL_FLAG(int64_t, scale_heartbeat_timeout_ms, 5000,
+          "scale: the coordinator's --heartbeat_timeout_ms.");
+// Not listed in the usage: the scale bench's memberships process.
+ABSL_FLAG(std::string, scale_coordinator, "",
+          "scale_members: the coordinator (host:port) to join.");
+ABSL_FLAG(uint64_t, scale_incarnation, 0,
+          "scale_members: rank r joins with this incarnation + r.");
 ABSL_FLAG(std::string, link, "",
           "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
           "between a servers' and a workers' network namespace, shaped with "
@@ -141,6 +167,61 @@ absl::Status Run(const std::string& command) {
     }
     return RunTransportBench(o);
   }
+  if (command == "scale") {
+    ScaleOptions o;
+    o.server_binary = absl::GetFlag(FLAGS_server_binary);
+    if (o.server_binary.empty()) {
+      o.server_binary = SiblingBinary("server/shardps-server");
+    }
+    o.self_binary = SelfBinary();
+    o.coordinator_binary = absl::GetFlag(FLAGS_coordinator_binary);
+    if (o.coordinator_binary.empty()) {
+      o.coordinator_binary = SiblingBinary("server/shardps-coordinator");
+    }
+    absl::StatusOr<std::vector<uint32_t>> workers =
+        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers));
+    if (!workers.ok()) return workers.status();
+    absl::StatusOr<std::vector<uint32_t>> shards =
+        ParseCounts("scale_shards", absl::GetFlag(FLAGS_scale_shards));
+    if (!shards.ok()) return shards.status();
+    absl::StatusOr<std::vector<uint32_t>> models =
+        ParseCounts("scale_models_mib", absl::GetFlag(FLAGS_scale_models_mib));
+    if (!models.ok()) return models.status();
+    o.workers = *workers;
+    o.shards = *shards;
+    o.model_bytes.clear();
+    for (uint32_t mib : *models) o.model_bytes.push_back(int64_t{mib} << 20);
+    o.steps = absl::GetFlag(FLAGS_steps);
+    o.max_steps = std::max(o.max_steps, o.steps);
+    o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
+    o.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_mib) << 20;
+    o.row_bytes = absl::GetFlag(FLAGS_scale_row_mib) << 20;
+    o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_scale_heartbeat_timeout_ms);
+    if (o.max_chunk_bytes <= 0 || o.row_bytes <= 0 ||
+        o.heartbeat_timeout_ms <= 0) {
+      return absl::InvalidArgumentError(
+          "--chunk_mib, --scale_row_mib and --scale_heartbeat_timeout_ms "
+          "must be positive");
+    }
+    return RunScaleBench(o);
+  }
+  // Not listed: the memberships of a scale row's workers.
+  if (command == "scale_members") {
+    absl::StatusOr<std::vector<uint32_t>> workers =
+        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers));
+    if (!workers.ok()) return workers.status();
+    if (workers->size() != 1) {
+      return absl::InvalidArgumentError(
+          "scale_members: give one --scale_workers count");
+    }
+    // The port file tells the bench (Daemon::Start) that every rank joined.
+    return ServeScaleMembers(
+        absl::GetFlag(FLAGS_scale_coordinator), workers->front(),
+        absl::GetFlag(FLAGS_scale_incarnation), [&] {
+          return WritePortFile(absl::GetFlag(FLAGS_port_file),
+                               static_cast<int>(workers->front()));
+        });
+  }
   if (command == "gpu") return RunGpuBench();
   // Not listed: the raw TCP peer a --link run starts in its servers'
   // namespace.
@@ -169,7 +250,7 @@ absl::Status Run(const std::string& command) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown benchmark \"", command,
-      "\"; one of: transport, aggregate, codec, train, gpu, torch"));
+      "\"; one of: transport, scale, aggregate, codec, train, gpu, torch"));
 }
 
 }  // namespace
@@ -179,14 +260,17 @@ int main(int argc, char** argv) {
   std::vector<char*> args = shardps::ParseDaemonFlags(
       argc, argv,
       "runs a benchmark against a baseline measured in the same run.\n"
-      "  shardps-bench transport | aggregate | codec | train | gpu | torch "
-      "[flags]\n"
+      "  shardps-bench transport | scale | aggregate | codec | train | gpu | "
+      "torch [flags]\n"
       "  shardps-bench transport --link=1gbit  (as root: across a "
-      "tbf-shaped veth link between two network namespaces)");
+      "tbf-shaped veth link between two network namespaces)\n"
+      "  shardps-bench scale --scale_workers=1,8,64 --scale_shards=1,4 "
+      "--scale_models_mib=2,64  (a coordinated job: step time, bytes/s per "
+      "shard, server RSS, connections, coordinator CPU as workers grow)");
   if (args.size() != 2) {
     shardps::LogError(
-        "give one benchmark: transport, aggregate, codec, train, gpu or "
-        "torch");
+        "give one benchmark: transport, scale, aggregate, codec, train, gpu "
+        "or torch");
     return 1;
   }
   return shardps::ExitCode(shardps::bench::Run(args[1]));
