@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/security.h"
@@ -266,6 +267,8 @@ void DefineModule(py::module_& m) {
       "shardps worker binding: a Session joins a job, declares a model and "
       "pushes steps tensor by tensor (see shardps.torch for the PyTorch "
       "layer).";
+  // As in the daemons (common/daemon_flags.cc): no lock-graph bookkeeping.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   py::class_<PySession>(m, "Session")
       .def(
