@@ -49,9 +49,9 @@ ABSL_FLAG(std::string, compressions, "",
 ABSL_FLAG(std::string, model, "w",
           "transport codec runs: w (one tensor of --model_mib) or mlp (the "
           "main job's model).");
-ABSL_FLAG(int64_t, chunk_mib, 4,
-          "Chunk size in MiB (transport; scale: at most, and at most a "
-          "16th of the model).");
+ABSL_FLAG(double, chunk_mib, 4,
+          "Chunk size in MiB, e.g. 0.25 (transport; scale: at most, and at "
+          "most a 16th of the model).");
 ABSL_FLAG(bool, raw_baseline, true,
           "Measure the raw TCP baseline (off only to profile shardps alone).");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to run (transport).");
@@ -81,6 +81,12 @@ ABSL_FLAG(std::string, link, "",
 
 namespace shardps::bench {
 namespace {
+
+// --chunk_mib in bytes, a multiple of 4 (at least 4).
+int64_t ChunkFlagBytes() {
+  const double bytes = absl::GetFlag(FLAGS_chunk_mib) * (1 << 20);
+  return std::max<int64_t>(4, static_cast<int64_t>(bytes) / 4 * 4);
+}
 
 // A binary of the same build tree: build/tests/shardps-bench ->
 // build/<path>.
@@ -147,7 +153,7 @@ absl::Status Run(const std::string& command) {
       if (!Given(FLAGS_steps)) o.steps = 5;
       if (!Given(FLAGS_model_mib)) o.model_bytes = DefaultLinkModelBytes(*rate);
     }
-    o.chunk_bytes = absl::GetFlag(FLAGS_chunk_mib) << 20;
+    o.chunk_bytes = ChunkFlagBytes();
     absl::StatusOr<std::vector<uint32_t>> shards =
         ParseCounts("shards", absl::GetFlag(FLAGS_shards));
     if (!shards.ok()) return shards.status();
@@ -194,7 +200,7 @@ absl::Status Run(const std::string& command) {
     o.steps = absl::GetFlag(FLAGS_steps);
     o.max_steps = std::max(o.max_steps, o.steps);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
-    o.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_mib) << 20;
+    o.max_chunk_bytes = ChunkFlagBytes();
     o.row_bytes = absl::GetFlag(FLAGS_scale_row_mib) << 20;
     o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_scale_heartbeat_timeout_ms);
     if (o.max_chunk_bytes <= 0 || o.row_bytes <= 0 ||

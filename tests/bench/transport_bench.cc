@@ -678,7 +678,7 @@ absl::Status RunTransportBench(const TransportOptions& o) {
         link->worker_namespace(), NetnsLink::kWorkerHost);
   }
   absl::PrintF(
-      "transport: %.0f MiB fp32 model in %.0f MiB chunks, %d stream(s) per "
+      "transport: %.0f MiB fp32 model in %g MiB chunks, %d stream(s) per "
       "shard, median of %d steps after %d warmup, %s\n",
       o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
       o.steps, o.warmup_steps, where);
