@@ -218,7 +218,10 @@ class Client::LaneCall final
     {
       absl::MutexLock lock(&lane_->mu);
       // Outside a step nothing is asked: the step's buffers are not there.
-      if (s.ok() && (!lane_->in_step || lane_->stopped)) {
+      // A stopped stream's replies are still taken: a failed write does
+      // not undo what the shard answered before it ended the stream, and
+      // the step's buffers stay until Close has seen OnDone.
+      if (s.ok() && !lane_->in_step) {
         s = absl::InternalError(absl::StrCat("bad reply: server sent chunk ",
                                              lane_->reply.response.chunk_id(),
                                              " which was not pushed"));
@@ -944,14 +947,18 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
   if (lane->call != nullptr) {
     absl::MutexLock lock(&lane->mu);
     if (!cancel) {
-      // Every reply in, or the stream can no longer bring them.
+      // Every reply in, an error of ours, or the end of the stream. Not
+      // just a failed write: the shard ends a stream with its status after
+      // the replies it sent, and a cancel before they are read would
+      // replace that status (UNAVAILABLE, which is retried; ABORTED or
+      // OUT_OF_RANGE, which the caller acts on) with CANCELLED.
       const absl::Time deadline = open_->start + options_.rpc_timeout;
       lane->mu.AwaitWithDeadline(
           absl::Condition(
               +[](Stream* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
                 return (l->answered.size() == l->chunk_ids.size() &&
                         l->taking == 0) ||
-                       l->call_dead();
+                       l->reads_over || !l->status.ok();
               },
               lane),
           deadline);
@@ -959,7 +966,7 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
                  lane->taking == 0 && lane->status.ok();
       // At once: a stray reply after this finds no step to write into.
       if (complete) lane->in_step = false;
-      if (!complete && lane->status.ok() && !lane->call_dead()) {
+      if (!complete && lane->status.ok() && !lane->reads_over) {
         lane->status = absl::DeadlineExceededError(absl::StrCat(
             "no reply for ", lane->chunk_ids.size() - lane->answered.size(),
             " of ", lane->chunk_ids.size(), " chunks within ",

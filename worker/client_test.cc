@@ -193,6 +193,105 @@ TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {
   }
 }
 
+// A shard that loses every 37th reply ends that stream with UNAVAILABLE, as
+// a lost connection would, while the client is still writing the lane's 64
+// chunks and reading the replies sent before the fault. Each step retries
+// what was not answered and succeeds, and every chunk is updated once a
+// step: the failed write neither turns the replies still being read into
+// "bad replies" (INTERNAL) nor cancels the call before the shard's status
+// is in (CANCELLED); neither is retried.
+TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
+  server::ShardServerOptions so;
+  so.store.num_workers = 1;
+  so.service.drop_reply_every = 37;
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+      server::ShardServer::Start(so);
+  SHARDPS_ASSERT_OK(shard);
+  ClientOptions co;
+  co.servers = {absl::StrCat("127.0.0.1:", (*shard)->port())};
+  co.streams_per_shard = 1;
+  co.rpc_timeout = absl::Seconds(20);
+  co.connect_timeout = absl::Seconds(10);
+  co.max_attempts = 100;
+  co.initial_backoff = absl::Milliseconds(1);
+  co.max_backoff = absl::Milliseconds(1);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  SHARDPS_ASSERT_OK(client);
+  v1::Layout layout;
+  layout.set_chunk_bytes(64 << 10);  // 16 Ki floats a chunk: 64 chunks
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(1 << 20);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  sgd.set_learning_rate(0.5f);
+  SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+  std::vector<float> weights(1 << 20), grad(1 << 20), want(1 << 20, 0.0f);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.25f * (i % 7 + 1);
+  constexpr int64_t kSteps = 30;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    SHARDPS_ASSERT_OK(
+        (*client)->PushPull(step, {grad}, {absl::MakeSpan(weights)}));
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= 0.5f * grad[i];
+    ASSERT_EQ(weights, want);
+  }
+  EXPECT_GT((*client)->retries(), 0);
+}
+
+// A shard that restarts between steps ended the streams kept open to it:
+// the next step opens new ones, which the steps after it keep.
+TEST(ClientFaultTest, AShardRestartedBetweenStepsGetsNewStreams) {
+  server::ShardServerOptions so;
+  so.store.num_workers = 1;
+  absl::StatusOr<std::unique_ptr<server::ShardServer>> shard =
+      server::ShardServer::Start(so);
+  SHARDPS_ASSERT_OK(shard);
+  so.port = (*shard)->port();
+  ClientOptions co;
+  co.servers = {absl::StrCat("127.0.0.1:", so.port)};
+  co.rpc_timeout = absl::Seconds(20);
+  co.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  SHARDPS_ASSERT_OK(client);
+  v1::Layout layout;
+  layout.set_chunk_bytes(1 << 20);
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(int64_t{2} << 20);  // 8 chunks, on both lanes
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  sgd.set_learning_rate(0.5f);
+  SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+  std::vector<float> weights(int64_t{2} << 20), grad(weights.size(), 0.5f);
+  for (int64_t step = 0; step < 3; ++step) {
+    SHARDPS_ASSERT_OK(
+        (*client)->PushPull(step, {grad}, {absl::MakeSpan(weights)}));
+  }
+  (*shard)->Shutdown(absl::ZeroDuration());
+  shard->reset();
+  shard = server::ShardServer::Start(so);  // the same port, empty
+  SHARDPS_ASSERT_OK(shard);
+  SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+  ASSERT_EQ((*client)->start_step(), 0);
+  auto streams = [&] {
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+        (*client)->ShardStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? (*status)[0].push_streams_total() : 0;
+  };
+  SHARDPS_ASSERT_OK((*client)->PushPull(0, {grad}, {absl::MakeSpan(weights)}));
+  EXPECT_EQ(weights[0], -0.25f);
+  EXPECT_EQ(weights.back(), -0.25f);
+  const uint64_t opened = streams();
+  EXPECT_GE(opened, 2u);  // one per lane, plus any retry's
+  SHARDPS_ASSERT_OK((*client)->PushPull(1, {grad}, {absl::MakeSpan(weights)}));
+  EXPECT_EQ(weights[0], -0.5f);
+  EXPECT_EQ(streams(), opened);
+}
+
 TEST(ClientBrokenStreamTest, AStepWhoseStreamBreaksWhileWritesWaitFails) {
   // Rank 1 of two pushes 24 MiB to a shard that holds its first chunk (rank
   // 0 never pushes), so the stream stops being read and later writes wait
