@@ -814,28 +814,28 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   open_ = std::move(o);
   for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
-    if (lane->call != nullptr) {
-      bool dead;
-      {
-        absl::MutexLock lock(&lane->mu);
-        dead = lane->call_dead();
-      }
-      // The server ended it between steps (restarted, or shut down).
-      if (dead) {
-        lane->call->Close(/*cancel=*/true);
-        lane->call.reset();
-      }
-    }
-    {
-      absl::MutexLock lock(&lane->mu);
-      lane->in_step = true;
-      lane->ready.clear();
-      lane->unqueued = static_cast<int64_t>(lane->chunk_ids.size());
-      lane->expected.assign(chunks_.size(), false);
-      for (uint32_t id : lane->chunk_ids) lane->expected[id] = true;
-      lane->answered.clear();
-      lane->status = absl::OkStatus();
-      lane->writes_done = open_->start;
+    // Sets the step's state in the same section that finds the lane's
+    // stream alive (false if it is not): a reply that ends the stream
+    // meanwhile fails this step, not the last one.
+    auto arm = [this](Stream* l) {
+      absl::MutexLock lock(&l->mu);
+      if (l->call != nullptr && l->call_dead()) return false;
+      l->in_step = true;
+      l->ready.clear();
+      l->unqueued = static_cast<int64_t>(l->chunk_ids.size());
+      l->expected.assign(chunks_.size(), false);
+      for (uint32_t id : l->chunk_ids) l->expected[id] = true;
+      l->answered.clear();
+      l->status = absl::OkStatus();
+      l->writes_done = open_->start;
+      return true;
+    };
+    if (!arm(lane.get())) {
+      // The server ended it between steps (restarted, or shut down), or
+      // sent what nobody asked for: a new stream for this step.
+      lane->call->Close(/*cancel=*/true);
+      lane->call.reset();
+      arm(lane.get());
     }
     if (lane->call == nullptr) {
       lane->call = std::make_unique<LaneCall>(this, lane.get());

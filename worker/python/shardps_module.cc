@@ -218,12 +218,17 @@ class PySession {
             const std::string& name) {
     absl::Status status;
     if (gradient.is_none()) {
+      py::gil_scoped_release release;
       status = session_->PushNoGradient(tensor, learning_rate);
     } else {
       const absl::Span<float> span =
           Check(FloatSpan(gradient.cast<py::buffer>(), false,
                           absl::StrCat(name, " (gradient)")));
       gradients_.append(gradient);  // read until the step ends
+      // Unlocked: starting the write may run gRPC's transport work (the
+      // socket write) on this thread, and backward's other threads need
+      // the GIL meanwhile.
+      py::gil_scoped_release release;
       status = session_->PushTensor(tensor, span, learning_rate);
     }
     Check(status);
