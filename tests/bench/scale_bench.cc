@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "server/coordinator/coordinator_client.h"
 #include "server/coordinator/join_job.h"
+#include "tests/bench/bench_util.h"
 #include "tests/testing/daemon.h"
 #include "worker/client.h"
 #include "worker/worker_job.h"
@@ -44,23 +45,6 @@ namespace {
 using ::shardps::testing::Daemon;
 
 constexpr char kJobId[] = "scale";
-
-absl::Duration Median(std::vector<absl::Duration> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Peak resident set of a process, in bytes (VmHWM).
-int64_t PeakRss(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return std::stoll(line.substr(6)) * 1024;
-    }
-  }
-  return -1;
-}
 
 // CPU time (user + system, every thread, the dead ones included) of a
 // process, from /proc/PID/stat: clock ticks, 10 ms each.
@@ -158,22 +142,6 @@ int EstablishedConnections(int port) {
     }
   }
   return count;
-}
-
-// Runs `fn(rank)` on one thread per worker and returns the wall time.
-absl::StatusOr<absl::Duration> Parallel(
-    uint32_t workers, const std::function<absl::Status(uint32_t)>& fn) {
-  std::vector<absl::Status> status(workers);
-  std::vector<std::thread> threads;
-  threads.reserve(workers);
-  const absl::Time start = absl::Now();
-  for (uint32_t r = 0; r < workers; ++r) {
-    threads.emplace_back([&, r] { status[r] = fn(r); });
-  }
-  for (std::thread& t : threads) t.join();
-  const absl::Duration d = absl::Now() - start;
-  for (const absl::Status& s : status) SHARDPS_RETURN_IF_ERROR(s);
-  return d;
 }
 
 int64_t ChunkBytes(const ScaleOptions& o, int64_t model_bytes) {

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "common/partitioner.h"
 #include "common/status.h"
+#include "tests/bench/bench_util.h"
 #include "tests/bench/netns_link.h"
 #include "tests/bench/raw_tcp.h"
 #include "tests/testing/daemon.h"
@@ -35,38 +36,6 @@ namespace shardps::bench {
 namespace {
 
 using ::shardps::testing::Daemon;
-
-absl::Duration Median(std::vector<absl::Duration> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Peak resident set of a process, in bytes (VmHWM).
-int64_t PeakRss(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return std::stoll(line.substr(6)) * 1024;
-    }
-  }
-  return -1;
-}
-
-// Runs `fn(rank)` on one thread per worker and returns the wall time.
-absl::StatusOr<absl::Duration> Parallel(
-    uint32_t workers, const std::function<absl::Status(uint32_t)>& fn) {
-  std::vector<absl::Status> status(workers);
-  std::vector<std::thread> threads;
-  const absl::Time start = absl::Now();
-  for (uint32_t r = 0; r < workers; ++r) {
-    threads.emplace_back([&, r] { status[r] = fn(r); });
-  }
-  for (std::thread& t : threads) t.join();
-  const absl::Duration d = absl::Now() - start;
-  for (const absl::Status& s : status) SHARDPS_RETURN_IF_ERROR(s);
-  return d;
-}
 
 enum class Kind { kPushPull, kPush, kPull };
 const char* KindName(Kind k) {

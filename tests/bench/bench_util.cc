@@ -1,0 +1,45 @@
+#include "tests/bench/bench_util.h"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace shardps::bench {
+
+absl::Duration Median(std::vector<absl::Duration> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int64_t PeakRss(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      return std::stoll(line.substr(6)) * 1024;
+    }
+  }
+  return -1;
+}
+
+absl::StatusOr<absl::Duration> Parallel(
+    uint32_t workers, const std::function<absl::Status(uint32_t)>& fn) {
+  std::vector<absl::Status> status(workers);
+  std::vector<std::thread> threads;
+  threads.reserve(workers);
+  const absl::Time start = absl::Now();
+  for (uint32_t r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] { status[r] = fn(r); });
+  }
+  for (std::thread& t : threads) t.join();
+  const absl::Duration d = absl::Now() - start;
+  for (const absl::Status& s : status) SHARDPS_RETURN_IF_ERROR(s);
+  return d;
+}
+
+}  // namespace shardps::bench

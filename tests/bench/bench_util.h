@@ -1,0 +1,31 @@
+// Helpers the benchmarks of shardps-bench share: medians, a process's peak
+// memory, and running one function per worker thread.
+#ifndef SHARDPS_TESTS_BENCH_BENCH_UTIL_H_
+#define SHARDPS_TESTS_BENCH_BENCH_UTIL_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardps::bench {
+
+// The median (the upper one of an even count); v must not be empty.
+absl::Duration Median(std::vector<absl::Duration> v);
+
+// Peak resident set of a process, in bytes (VmHWM); -1 if unreadable.
+int64_t PeakRss(pid_t pid);
+
+// Runs fn(rank) for rank in [0, workers) on one thread each and returns
+// the wall time, or the first error.
+absl::StatusOr<absl::Duration> Parallel(
+    uint32_t workers, const std::function<absl::Status(uint32_t)>& fn);
+
+}  // namespace shardps::bench
+
+#endif  // SHARDPS_TESTS_BENCH_BENCH_UTIL_H_
