@@ -42,4 +42,15 @@ absl::StatusOr<absl::Duration> Parallel(
   return d;
 }
 
+BenchModel OneTensorModel(int64_t elements, int64_t chunk_bytes) {
+  BenchModel m;
+  m.layout.set_chunk_bytes(chunk_bytes);
+  v1::TensorSpec* t = m.layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(elements);
+  m.optimizer.set_kind(v1::OptimizerSpec::KIND_SGD);
+  m.optimizer.set_learning_rate(1e-6f);
+  return m;
+}
+
 }  // namespace shardps::bench

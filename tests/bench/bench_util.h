@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps::bench {
 
@@ -25,6 +26,15 @@ int64_t PeakRss(pid_t pid);
 // the wall time, or the first error.
 absl::StatusOr<absl::Duration> Parallel(
     uint32_t workers, const std::function<absl::Status(uint32_t)>& fn);
+
+// The benchmarks' model: one fp32 tensor "w" of `elements` in chunks of
+// `chunk_bytes`, and plain SGD with a tiny learning rate (the weights stay
+// finite however many steps run).
+struct BenchModel {
+  v1::Layout layout;
+  v1::OptimizerSpec optimizer;
+};
+BenchModel OneTensorModel(int64_t elements, int64_t chunk_bytes);
 
 }  // namespace shardps::bench
 

@@ -276,14 +276,9 @@ absl::StatusOr<ScaleRow> RunRow(const ScaleOptions& o, int64_t model_bytes,
       StartJob(o, shards, workers, dir, name, &coordinator, &servers));
 
   const int64_t elements = model_bytes / 4;
-  v1::Layout layout;
-  layout.set_chunk_bytes(ChunkBytes(o, model_bytes));
-  v1::TensorSpec* t = layout.add_tensors();
-  t->set_name("w");
-  t->add_shape(elements);
-  v1::OptimizerSpec opt;
-  opt.set_kind(v1::OptimizerSpec::KIND_SGD);
-  opt.set_learning_rate(1e-6f);
+  const BenchModel model = OneTensorModel(elements, ChunkBytes(o, model_bytes));
+  const v1::Layout& layout = model.layout;
+  const v1::OptimizerSpec& opt = model.optimizer;
   // One gradient for every rank: the clients only read it, and a job of
   // 64 workers of a 64 MiB model then needs 4 GiB (their weights), not 8.
   const std::vector<float> gradient(elements, 1e-3f);

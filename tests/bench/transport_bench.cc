@@ -221,14 +221,9 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
   SHARDPS_RETURN_IF_ERROR(
       StartServers(o, net, shards, workers, &servers, &addresses));
   const int64_t elements = o.model_bytes / 4;
-  v1::Layout layout;
-  layout.set_chunk_bytes(o.chunk_bytes);
-  v1::TensorSpec* t = layout.add_tensors();
-  t->set_name("w");
-  t->add_shape(elements);
-  v1::OptimizerSpec opt;
-  opt.set_kind(v1::OptimizerSpec::KIND_SGD);
-  opt.set_learning_rate(1e-6f);
+  const BenchModel model = OneTensorModel(elements, o.chunk_bytes);
+  const v1::Layout& layout = model.layout;
+  const v1::OptimizerSpec& opt = model.optimizer;
 
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> grads(workers), weights(workers);
