@@ -990,7 +990,8 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
   {
     absl::MutexLock lock(&lane->mu);
     lane->in_step = false;
-    if (answered != nullptr) *answered = lane->answered;
+    // Only a failed step's are needed (to retry the rest).
+    if (answered != nullptr && !complete) *answered = lane->answered;
   }
   // The caller may reuse its gradient buffers once the step returns.
   if (!lane->AwaitSlicesReleased(absl::Seconds(60)) && status.ok()) {

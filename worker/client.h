@@ -250,7 +250,7 @@ class Client {
   // Ends the open step on `lane` (with chunks): waits for its replies
   // (up to rpc_timeout from the step's start) unless `cancel`, and ends the
   // stream if the step did not complete on it. Returns the lane's error
-  // (OK when every reply came) and the chunks answered.
+  // (OK when every reply came) and, when it failed, the chunks answered.
   absl::Status EndLaneStep(Stream* lane, bool cancel,
                            std::vector<uint32_t>* answered);
   // The request of chunk `id` of the open step (payload not set).

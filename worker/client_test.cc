@@ -193,6 +193,24 @@ TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {
   }
 }
 
+// A model of one zero-initialised tensor "w" of `elements` floats in
+// chunks of `chunk_bytes`, and plain SGD at `lr`.
+v1::Layout OneTensor(int64_t elements, uint64_t chunk_bytes) {
+  v1::Layout layout;
+  layout.set_chunk_bytes(chunk_bytes);
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(elements);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
+  return layout;
+}
+v1::OptimizerSpec Sgd(float lr) {
+  v1::OptimizerSpec sgd;
+  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
+  sgd.set_learning_rate(lr);
+  return sgd;
+}
+
 // A shard that loses every 37th reply ends that stream with UNAVAILABLE, as
 // a lost connection would, while the client is still writing the lane's 64
 // chunks and reading the replies sent before the fault. Each step retries
@@ -217,15 +235,9 @@ TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
   co.max_backoff = absl::Milliseconds(1);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
   SHARDPS_ASSERT_OK(client);
-  v1::Layout layout;
-  layout.set_chunk_bytes(64 << 10);  // 16 Ki floats a chunk: 64 chunks
-  v1::TensorSpec* t = layout.add_tensors();
-  t->set_name("w");
-  t->add_shape(1 << 20);
-  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
-  v1::OptimizerSpec sgd;
-  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
-  sgd.set_learning_rate(0.5f);
+  // 16 Ki floats a chunk: 64 chunks.
+  const v1::Layout layout = OneTensor(1 << 20, 64 << 10);
+  const v1::OptimizerSpec sgd = Sgd(0.5f);
   SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
   std::vector<float> weights(1 << 20), grad(1 << 20), want(1 << 20, 0.0f);
   for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.25f * (i % 7 + 1);
@@ -255,15 +267,9 @@ TEST(ClientFaultTest, AShardRestartedBetweenStepsGetsNewStreams) {
   co.connect_timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
   SHARDPS_ASSERT_OK(client);
-  v1::Layout layout;
-  layout.set_chunk_bytes(1 << 20);
-  v1::TensorSpec* t = layout.add_tensors();
-  t->set_name("w");
-  t->add_shape(int64_t{2} << 20);  // 8 chunks, on both lanes
-  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
-  v1::OptimizerSpec sgd;
-  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
-  sgd.set_learning_rate(0.5f);
+  // 8 chunks, on both lanes.
+  const v1::Layout layout = OneTensor(int64_t{2} << 20, 1 << 20);
+  const v1::OptimizerSpec sgd = Sgd(0.5f);
   SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
   std::vector<float> weights(int64_t{2} << 20), grad(weights.size(), 0.5f);
   for (int64_t step = 0; step < 3; ++step) {
@@ -312,16 +318,8 @@ TEST(ClientBrokenStreamTest, AStepWhoseStreamBreaksWhileWritesWaitFails) {
   co.max_attempts = 1;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
   SHARDPS_ASSERT_OK(client);
-  v1::Layout layout;
-  layout.set_chunk_bytes(1 << 20);
-  v1::TensorSpec* t = layout.add_tensors();
-  t->set_name("w");
-  t->add_shape(int64_t{6} << 20);
-  t->mutable_init()->set_kind(v1::InitSpec::KIND_ZEROS);
-  v1::OptimizerSpec sgd;
-  sgd.set_kind(v1::OptimizerSpec::KIND_SGD);
-  sgd.set_learning_rate(0.5f);
-  SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
+  SHARDPS_ASSERT_OK(
+      (*client)->Declare(OneTensor(int64_t{6} << 20, 1 << 20), Sgd(0.5f)));
   std::vector<float> weights(int64_t{6} << 20), grad(weights.size(), 1e-3f);
   SHARDPS_ASSERT_OK((*client)->BeginStep(0, {absl::MakeSpan(weights)}));
   SHARDPS_ASSERT_OK((*client)->PushTensor(0, grad));

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "tests/bench/aggregate_bench.h"
 #include "tests/bench/codec_bench.h"
 #include "tests/bench/gpu_bench.h"
@@ -99,6 +100,13 @@ std::string SiblingBinary(const std::string& path) {
                                   : self.substr(0, pos) + "/" + path;
 }
 
+// A binary flag's value, or the same build tree's `path` when it is empty.
+std::string BinaryFlag(const absl::Flag<std::string>& flag,
+                       const std::string& path) {
+  const std::string given = absl::GetFlag(flag);
+  return given.empty() ? SiblingBinary(path) : given;
+}
+
 // This program's path, for running it again (readlink /proc/self/exe).
 std::string SelfBinary() {
   char buf[4096];
@@ -136,10 +144,7 @@ absl::Status Run(const std::string& command) {
   if (command == "codec") return RunCodecBench(CodecOptions());
   if (command == "transport") {
     TransportOptions o;
-    o.server_binary = absl::GetFlag(FLAGS_server_binary);
-    if (o.server_binary.empty()) {
-      o.server_binary = SiblingBinary("server/shardps-server");
-    }
+    o.server_binary = BinaryFlag(FLAGS_server_binary, "server/shardps-server");
     o.steps = absl::GetFlag(FLAGS_steps);
     o.raw_baseline = absl::GetFlag(FLAGS_raw_baseline);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
@@ -154,14 +159,10 @@ absl::Status Run(const std::string& command) {
       if (!Given(FLAGS_model_mib)) o.model_bytes = DefaultLinkModelBytes(*rate);
     }
     o.chunk_bytes = ChunkFlagBytes();
-    absl::StatusOr<std::vector<uint32_t>> shards =
-        ParseCounts("shards", absl::GetFlag(FLAGS_shards));
-    if (!shards.ok()) return shards.status();
-    absl::StatusOr<std::vector<uint32_t>> workers =
-        ParseCounts("workers", absl::GetFlag(FLAGS_workers));
-    if (!workers.ok()) return workers.status();
-    o.shards = *shards;
-    o.workers = *workers;
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.shards, ParseCounts("shards", absl::GetFlag(FLAGS_shards)));
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.workers, ParseCounts("workers", absl::GetFlag(FLAGS_workers)));
     if (const std::string c = absl::GetFlag(FLAGS_compressions); !c.empty()) {
       o.compressions = absl::StrSplit(c, ',');
     }
@@ -175,28 +176,21 @@ absl::Status Run(const std::string& command) {
   }
   if (command == "scale") {
     ScaleOptions o;
-    o.server_binary = absl::GetFlag(FLAGS_server_binary);
-    if (o.server_binary.empty()) {
-      o.server_binary = SiblingBinary("server/shardps-server");
-    }
+    o.server_binary = BinaryFlag(FLAGS_server_binary, "server/shardps-server");
     o.self_binary = SelfBinary();
-    o.coordinator_binary = absl::GetFlag(FLAGS_coordinator_binary);
-    if (o.coordinator_binary.empty()) {
-      o.coordinator_binary = SiblingBinary("server/shardps-coordinator");
-    }
-    absl::StatusOr<std::vector<uint32_t>> workers =
-        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers));
-    if (!workers.ok()) return workers.status();
-    absl::StatusOr<std::vector<uint32_t>> shards =
-        ParseCounts("scale_shards", absl::GetFlag(FLAGS_scale_shards));
-    if (!shards.ok()) return shards.status();
-    absl::StatusOr<std::vector<uint32_t>> models =
-        ParseCounts("scale_models_mib", absl::GetFlag(FLAGS_scale_models_mib));
-    if (!models.ok()) return models.status();
-    o.workers = *workers;
-    o.shards = *shards;
+    o.coordinator_binary =
+        BinaryFlag(FLAGS_coordinator_binary, "server/shardps-coordinator");
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.workers,
+        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers)));
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.shards,
+        ParseCounts("scale_shards", absl::GetFlag(FLAGS_scale_shards)));
+    SHARDPS_ASSIGN_OR_RETURN(
+        const std::vector<uint32_t> models,
+        ParseCounts("scale_models_mib", absl::GetFlag(FLAGS_scale_models_mib)));
     o.model_bytes.clear();
-    for (uint32_t mib : *models) o.model_bytes.push_back(int64_t{mib} << 20);
+    for (uint32_t mib : models) o.model_bytes.push_back(int64_t{mib} << 20);
     o.steps = absl::GetFlag(FLAGS_steps);
     o.max_steps = std::max(o.max_steps, o.steps);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
@@ -213,19 +207,19 @@ absl::Status Run(const std::string& command) {
   }
   // Not listed: the memberships of a scale row's workers.
   if (command == "scale_members") {
-    absl::StatusOr<std::vector<uint32_t>> workers =
-        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers));
-    if (!workers.ok()) return workers.status();
-    if (workers->size() != 1) {
+    SHARDPS_ASSIGN_OR_RETURN(
+        const std::vector<uint32_t> workers,
+        ParseCounts("scale_workers", absl::GetFlag(FLAGS_scale_workers)));
+    if (workers.size() != 1) {
       return absl::InvalidArgumentError(
           "scale_members: give one --scale_workers count");
     }
     // The port file tells the bench (Daemon::Start) that every rank joined.
     return ServeScaleMembers(
-        absl::GetFlag(FLAGS_scale_coordinator), workers->front(),
+        absl::GetFlag(FLAGS_scale_coordinator), workers.front(),
         absl::GetFlag(FLAGS_scale_incarnation), [&] {
           return WritePortFile(absl::GetFlag(FLAGS_port_file),
-                               static_cast<int>(workers->front()));
+                               static_cast<int>(workers.front()));
         });
   }
   if (command == "gpu") return RunGpuBench();
