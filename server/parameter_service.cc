@@ -6,11 +6,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/codec.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
+#include "common/shared_memory.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/server_metrics.h"
@@ -48,9 +52,13 @@ absl::Status CheckReplyEncoding(v1::Encoding encoding, bool sparse) {
 // A PushPullResponse whose payload is the reply's weights in `encoding`
 // (checked by CheckReplyEncoding): FP32 references the weights buffer, BF16
 // is a rounded copy, TOPK references the update's changes (or, for a reply
-// without them, is the weights as FP32). Counts the bytes sent in `store`.
+// without them, is the weights as FP32). With `region` and `at` (the push
+// asked for its reply in shared memory) the payload is copied there instead,
+// when it fits. Counts the bytes sent in `store`.
 grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
-                             ParameterStore* store, ServerMetrics* metrics) {
+                             ParameterStore* store, ServerMetrics* metrics,
+                             SharedRegion* region = nullptr,
+                             std::optional<uint64_t> at = std::nullopt) {
   encoding = EffectiveEncoding(encoding);
   if (encoding == v1::ENCODING_TOPK && reply.changes == nullptr) {
     encoding = v1::ENCODING_FP32;
@@ -78,6 +86,12 @@ grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
   }
   store->CountSent(w.size() * 4, payload.size());
   if (metrics != nullptr) metrics->Sent(payload.size(), w.size() * 4);
+  if (region != nullptr && at.has_value() &&
+      region->Contains(*at, payload.size())) {
+    std::memcpy(region->data() + *at, payload.begin(), payload.size());
+    header.set_shm_bytes(payload.size());
+    return EncodeWithPayload(header, grpc::Slice());
+  }
   return EncodeWithPayload(header, std::move(payload));
 }
 
@@ -92,14 +106,17 @@ class PushPullReactor final
       public std::enable_shared_from_this<PushPullReactor> {
  public:
   static PushPullReactor* Start(ParameterStore* store,
-                                ParameterService* service) {
-    auto reactor = std::make_shared<PushPullReactor>(store, service);
+                                ParameterService* service,
+                                std::unique_ptr<SharedRegion> region) {
+    auto reactor =
+        std::make_shared<PushPullReactor>(store, service, std::move(region));
     reactor->self_ = reactor;
     reactor->StartRead(&reactor->buffer_);
     return reactor.get();
   }
-  PushPullReactor(ParameterStore* store, ParameterService* service)
-      : store_(store), service_(service) {}
+  PushPullReactor(ParameterStore* store, ParameterService* service,
+                  std::unique_ptr<SharedRegion> region)
+      : store_(store), service_(service), region_(std::move(region)) {}
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -133,9 +150,17 @@ class PushPullReactor final
   // Records the first push's reply encoding; InvalidArgument for one that
   // cannot be sent or differs from it.
   absl::Status TakeReplyEncoding(v1::Encoding asked);
+  // The request's shared-memory fields: points `shared` at its payload in
+  // the region (when shm_bytes > 0) and records where its reply goes.
+  // InvalidArgument for bytes outside the region, or without one.
+  absl::Status TakeSharedMemory(absl::string_view* shared);
 
   ParameterStore* const store_;
   ParameterService* const service_;
+  // The worker's region for this stream (null: payloads in the messages).
+  // The pointer is fixed; the shard reads gradients from it in read
+  // reactions and writes replies into it in Deliver.
+  const std::unique_ptr<SharedRegion> region_;
   std::shared_ptr<PushPullReactor> self_;  // gRPC's reference, until OnDone
   // Only touched by read reactions.
   grpc::ByteBuffer buffer_;
@@ -146,6 +171,8 @@ class PushPullReactor final
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   // The reply encoding the stream's first push asked for.
   std::optional<v1::Encoding> reply_encoding_ ABSL_GUARDED_BY(mu_);
+  // By chunk id: where in region_ the reply to its push goes.
+  absl::flat_hash_map<uint32_t, uint64_t> reply_at_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_read_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -171,6 +198,42 @@ absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
       " push asked for ", EncodingName(*reply_encoding_)));
 }
 
+absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
+  const v1::PushPullRequest& r = request_;
+  if (r.shm_bytes() == 0 && !r.has_reply_shm_offset()) return absl::OkStatus();
+  const std::string what =
+      absl::StrCat("push of chunk ", r.chunk_id(), " from rank ", r.rank());
+  if (region_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " refers to shared memory, but its stream names no region (",
+        kSharedMemoryMetadata, " metadata)"));
+  }
+  if (r.shm_bytes() > 0) {
+    if (payload_.size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has both a payload and ", r.shm_bytes(),
+                       " bytes in shared memory"));
+    }
+    if (!region_->Contains(r.shm_offset(), r.shm_bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": shared-memory bytes [", r.shm_offset(), ", +", r.shm_bytes(),
+          ") lie outside the stream's region of ", region_->size(), " bytes"));
+    }
+    *shared =
+        absl::string_view(region_->data() + r.shm_offset(), r.shm_bytes());
+  }
+  if (r.has_reply_shm_offset()) {
+    if (r.reply_shm_offset() >= region_->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": reply_shm_offset ", r.reply_shm_offset(),
+          " lies outside the stream's region of ", region_->size(), " bytes"));
+    }
+    absl::MutexLock lock(&mu_);
+    reply_at_[r.chunk_id()] = r.reply_shm_offset();
+  }
+  return absl::OkStatus();
+}
+
 void PushPullReactor::OnReadDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
@@ -188,6 +251,10 @@ void PushPullReactor::OnReadDone(bool ok) {
   }
   absl::Status status = DecodeWithPayload(buffer_, &request_, &payload_);
   if (status.ok()) status = TakeReplyEncoding(request_.reply_encoding());
+  absl::string_view shared;
+  if (status.ok()) status = TakeSharedMemory(&shared);
+  // The store copies the bytes out of the region before it checks them.
+  StringByteSource shared_payload(shared);
   if (status.ok()) {
     PushArgs args;
     args.rank = request_.rank();
@@ -202,7 +269,9 @@ void PushPullReactor::OnReadDone(bool ok) {
     }
     args.no_gradient = request_.no_gradient();
     args.initial_values = request_.initial_values();
-    args.payload = &payload_;
+    args.payload = request_.shm_bytes() > 0
+                       ? static_cast<const ByteSource*>(&shared_payload)
+                       : &payload_;
     status = store_->Push(args, shared_from_this());
   }
   // The store has copied what it keeps: let go of the received slices.
@@ -252,14 +321,18 @@ void PushPullReactor::ReadNext() {
 
 void PushPullReactor::Deliver(ChunkReply reply) {
   v1::Encoding encoding;
+  std::optional<uint64_t> at;
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
     encoding = reply_encoding_.value_or(v1::ENCODING_FP32);
+    auto it = reply_at_.find(reply.chunk_id);
+    if (it != reply_at_.end()) at = it->second;
   }
   // Encoded outside the lock: a BF16 reply converts the whole chunk.
   grpc::ByteBuffer message =
-      EncodeReply(std::move(reply), encoding, store_, service_->metrics());
+      EncodeReply(std::move(reply), encoding, store_, service_->metrics(),
+                  region_.get(), at);
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
@@ -389,6 +462,34 @@ class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<SharedRegion>>
+ParameterService::OpenStreamRegion(absl::string_view named) const {
+  if (!options_.shared_memory) {
+    return absl::FailedPreconditionError(
+        "this shard was started with --shared_memory=false");
+  }
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(named, absl::MaxSplits(' ', 1));
+  uint64_t bytes = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kSharedMemoryMetadata, " metadata \"", named,
+                     "\" is not \"<path> <bytes>\""));
+  }
+  // One stream's region holds its chunks' gradients and weights: no more
+  // than two of the largest messages per chunk the shard owns.
+  const uint64_t limit =
+      2 * static_cast<uint64_t>(kMaxChunkBytes + 64) *
+      std::max<uint64_t>(
+          1, store() == nullptr ? 1 : store()->OwnedChunks().size());
+  if (bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a region of ", bytes, " bytes is more than this shard's chunks need (",
+        limit, ")"));
+  }
+  return SharedRegion::Open(parts[0], bytes);
+}
+
 absl::Status ParameterService::NotReady() const {
   absl::MutexLock lock(&mu_);
   return absl::UnavailableError(
@@ -410,7 +511,21 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
     return reactor;
   }
   absl::StatusOr<v1::DeclareResponse> result = store->Declare(*req);
-  if (result.ok()) *resp = *std::move(result);
+  if (result.ok()) {
+    *resp = *std::move(result);
+    if (!req->shared_memory_probe().empty()) {
+      absl::StatusOr<std::unique_ptr<SharedRegion>> probe =
+          options_.shared_memory
+              ? SharedRegion::Open(req->shared_memory_probe(), 16)
+              : absl::FailedPreconditionError(
+                    "this shard was started with --shared_memory=false");
+      if (probe.ok()) {
+        resp->set_shared_memory_token((*probe)->data(), 16);
+      } else {
+        resp->set_shared_memory_error(std::string(probe.status().message()));
+      }
+    }
+  }
   reactor->Finish(ToGrpcStatus(result.status()));
   return reactor;
 }
@@ -420,7 +535,22 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   ParameterStore* store = this->store();
   if (store == nullptr) return new FailedPushPull(NotReady());
   push_streams_.fetch_add(1, std::memory_order_relaxed);
-  return PushPullReactor::Start(store, this);
+  std::unique_ptr<SharedRegion> region;
+  const auto& md = ctx->client_metadata();
+  auto named = md.find(kSharedMemoryMetadata);
+  if (named != md.end()) {
+    // UNAVAILABLE with the prefix: the worker retries without shared
+    // memory.
+    absl::StatusOr<std::unique_ptr<SharedRegion>> opened = OpenStreamRegion(
+        absl::string_view(named->second.data(), named->second.size()));
+    if (!opened.ok()) {
+      return new FailedPushPull(absl::UnavailableError(
+          absl::StrCat(kSharedMemoryErrorPrefix, opened.status().message())));
+    }
+    region = *std::move(opened);
+    shm_streams_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return PushPullReactor::Start(store, this, std::move(region));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
@@ -468,6 +598,8 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
   }
   *resp = store->Report();
   resp->set_push_streams_total(push_streams_.load(std::memory_order_relaxed));
+  resp->set_shared_memory_streams_total(
+      shm_streams_.load(std::memory_order_relaxed));
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

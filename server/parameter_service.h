@@ -7,11 +7,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/shared_memory.h"
 #include "server/parameter_store.h"
 #include "server/shard_checkpointer.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
@@ -24,6 +26,9 @@ struct ServiceOptions {
   int64_t drop_reply_every = 0;
   // Request and byte counters; null: none. Must outlive the service.
   ServerMetrics* metrics = nullptr;
+  // Workers on this machine may move payloads through shared memory
+  // (common/shared_memory.h).
+  bool shared_memory = true;
 };
 
 // Serves the store given to Install, which must outlive the service and
@@ -78,14 +83,20 @@ class ParameterService final
   }
   absl::Status NotReady() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Maps the region a PushPull stream names ("<path> <bytes>").
+  absl::StatusOr<std::unique_ptr<SharedRegion>> OpenStreamRegion(
+      absl::string_view named) const;
+
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
   ServerMetrics* metrics() const { return options_.metrics; }
+  bool shared_memory() const { return options_.shared_memory; }
 
  private:
   std::atomic<ParameterStore*> store_{nullptr};
   std::atomic<const ShardCheckpointer*> checkpoints_{nullptr};
   std::atomic<uint64_t> push_streams_{0};  // PushPull calls opened
+  std::atomic<uint64_t> shm_streams_{0};   // of those, with shared memory
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

@@ -45,6 +45,10 @@ ABSL_FLAG(int32_t, update_threads, 2,
           "Threads running optimizer updates in parallel across chunks.");
 ABSL_FLAG(int32_t, max_message_bytes, 0,
           "Largest gRPC message accepted; 0: 64 MiB plus 64 KiB.");
+ABSL_FLAG(bool, shared_memory, true,
+          "Let workers on this machine move gradients and weights through "
+          "shared memory (their memfds, opened by /proc path); false: "
+          "everything over gRPC.");
 ABSL_FLAG(int64_t, fault_drop_reply_every, 0,
           "Testing only: drop every Nth PushPull reply and end its stream "
           "with UNAVAILABLE.");
@@ -107,6 +111,7 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_message_bytes is negative");
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
+  o.service.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);

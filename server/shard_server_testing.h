@@ -3,6 +3,7 @@
 #ifndef SHARDPS_SERVER_SHARD_SERVER_TESTING_H_
 #define SHARDPS_SERVER_SHARD_SERVER_TESTING_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,10 +18,15 @@ namespace shardps::server {
 class TestShards {
  public:
   // Starts shards 0 .. num_shards - 1 of a job of `num_workers`; status()
-  // says why when one did not start.
-  TestShards(uint32_t num_shards, uint32_t num_workers) {
+  // says why when one did not start. Shards in `no_shared_memory` refuse
+  // workers' shared memory (--shared_memory=false).
+  TestShards(uint32_t num_shards, uint32_t num_workers,
+             std::vector<uint32_t> no_shared_memory = {}) {
     for (uint32_t s = 0; s < num_shards && status_.ok(); ++s) {
       ShardServerOptions so;
+      so.service.shared_memory =
+          std::find(no_shared_memory.begin(), no_shared_memory.end(), s) ==
+          no_shared_memory.end();
       so.store.shard_index = s;
       so.store.num_shards = num_shards;
       so.store.num_workers = num_workers;

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <random>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -50,7 +52,10 @@ struct Client::Stream {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ParameterServer::Stub> stub;
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
-  Reply reply;                      // the last reply of a step on this lane
+  // Bytes of a shared-memory region for this lane (its chunks' gradients,
+  // then their weights); 0 when the lane does not use one.
+  uint64_t shm_bytes = 0;
+  Reply reply;  // the last reply of a step on this lane
 
   // Gradient slices gRPC still references; a step returns only once it is
   // zero, so the caller's gradient buffers may then be reused.
@@ -134,6 +139,19 @@ class Client::LaneCall final
       lane_->call_done = false;
       lane_->final_status = grpc::Status::OK;
     }
+    // A region of this call's own: a call that ended may still have a
+    // reply being written into its region by the shard.
+    if (lane_->shm_bytes > 0) {
+      absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+          SharedRegion::Create(lane_->shm_bytes);
+      // Without one (out of memory or descriptors) the payloads go in the
+      // messages.
+      if (region.ok()) {
+        region_ = *std::move(region);
+        ctx_.AddMetadata(kSharedMemoryMetadata,
+                         absl::StrCat(region_->path(), " ", region_->size()));
+      }
+    }
     const grpc::internal::RpcMethod method(
         kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
     grpc::internal::ClientCallbackReaderWriterFactory<
@@ -155,7 +173,7 @@ class Client::LaneCall final
       lane_->writing = true;
     }
     absl::StatusOr<grpc::ByteBuffer> message =
-        client_->ChunkMessage(lane_, id, &header_);
+        client_->ChunkMessage(lane_, id, &header_, region_.get());
     if (!message.ok()) {
       {
         absl::MutexLock lock(&lane_->mu);
@@ -229,7 +247,7 @@ class Client::LaneCall final
       took = s.ok();
       if (took) ++lane_->taking;
     }
-    if (took) s = client_->TakeReply(lane_, &expected_view());
+    if (took) s = client_->TakeReply(lane_, &expected_view(), region_.get());
     lane_->reply.payload.Clear();
     read_buf_.Clear();
     bool again;
@@ -268,9 +286,10 @@ class Client::LaneCall final
   Client* const client_;
   Stream* const lane_;
   grpc::ClientContext ctx_;
-  grpc::ByteBuffer read_buf_;   // the read flow's
-  grpc::ByteBuffer write_buf_;  // the write flow's, until OnWriteDone
-  v1::PushPullRequest header_;  // the write flow's
+  std::unique_ptr<SharedRegion> region_;  // null: payloads in the messages
+  grpc::ByteBuffer read_buf_;             // the read flow's
+  grpc::ByteBuffer write_buf_;            // the write flow's, until OnWriteDone
+  v1::PushPullRequest header_;            // the write flow's
 };
 
 // The step between BeginStep and FinishStep.
@@ -393,6 +412,7 @@ v1::DeclareRequest Client::DeclareRequestFor(size_t shard) const {
   req.set_shard_index(static_cast<uint32_t>(shard));
   req.set_rank(options_.rank);
   req.set_incarnation(options_.incarnation);
+  if (probe_ != nullptr) req.set_shared_memory_probe(probe_->path());
   return req;
 }
 
@@ -421,6 +441,21 @@ absl::Status Client::Declare(const v1::Layout& layout,
     layout_.set_sparse_weights_min_elements(options_.compression.min_elements);
   }
   optimizer_ = optimizer;
+  if (options_.shared_memory && probe_ == nullptr) {
+    // 16 random bytes the shards read back: a shard that can, shares this
+    // machine (and its /proc) with this process.
+    absl::StatusOr<std::unique_ptr<SharedRegion>> probe =
+        SharedRegion::Create(16);
+    if (probe.ok()) {
+      std::random_device random;
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t word = random();
+        std::memcpy((*probe)->data() + 4 * i, &word, 4);
+      }
+      probe_token_.assign((*probe)->data(), 16);
+      probe_ = *std::move(probe);
+    }
+  }
   std::vector<v1::DeclareResponse> declared(num_shards);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   SHARDPS_RETURN_IF_ERROR(RunParallel(num_shards, [&](size_t shard) {
@@ -463,6 +498,11 @@ absl::Status Client::Declare(const v1::Layout& layout,
                      ": restore every shard from the same checkpoint"));
   }
   start_step_ = lo;
+  shm_shards_.assign(num_shards, false);
+  for (uint32_t shard = 0; shard < num_shards; ++shard) {
+    shm_shards_[shard] = probe_ != nullptr &&
+                         declared[shard].shared_memory_token() == probe_token_;
+  }
   declared_states_ = std::move(declared);
   // Spread each shard's chunks over its lanes, largest first. A shard that
   // owns little gains nothing from parallel streams but their threads'
@@ -497,6 +537,25 @@ absl::Status Client::Declare(const v1::Layout& layout,
       lane_of_[id] = static_cast<uint32_t>(l);
     }
   }
+  // Each lane's region: its chunks' gradients, then their weights, each at
+  // a cache line.
+  shm_gradient_at_.assign(chunks.size(), 0);
+  shm_weights_at_.assign(chunks.size(), 0);
+  for (auto& lane : lanes_) {
+    uint64_t at = 0;
+    auto place = [&at](int64_t bytes) {
+      const uint64_t here = at;
+      at += (static_cast<uint64_t>(bytes) + 63) / 64 * 64;
+      return here;
+    };
+    for (uint32_t id : lane->chunk_ids) {
+      shm_gradient_at_[id] = place(chunks[id].bytes());
+    }
+    for (uint32_t id : lane->chunk_ids) {
+      shm_weights_at_[id] = place(chunks[id].bytes());
+    }
+    lane->shm_bytes = shm_shards_[lane->shard] ? at : 0;
+  }
   first_chunk_.assign(layout.tensors_size() + 1, 0);
   for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
   for (int t = 0; t < layout.tensors_size(); ++t) {
@@ -522,6 +581,26 @@ absl::Status Client::Declare(const v1::Layout& layout,
   shard_of_ = std::move(shard_of);
   declared_ = true;
   return absl::OkStatus();
+}
+
+std::string Client::DescribeTransport() const {
+  std::vector<std::string> shm;
+  std::string why;
+  for (uint32_t s = 0; s < shm_shards_.size(); ++s) {
+    if (shm_shards_[s]) {
+      shm.push_back(absl::StrCat(s));
+    } else if (why.empty() && s < declared_states_.size()) {
+      why = declared_states_[s].shared_memory_error();
+      if (why.empty()) why = "no shared memory asked";
+      why = absl::StrCat(" (shard ", s, ": ", why, ")");
+    }
+  }
+  if (shm.empty()) return absl::StrCat("payloads over gRPC", why);
+  if (shm.size() == shm_shards_.size()) {
+    return "payloads through shared memory with every shard";
+  }
+  return absl::StrCat("payloads through shared memory with shards ",
+                      absl::StrJoin(shm, ", "), ", over gRPC to the rest", why);
 }
 
 absl::Status Client::CheckTensors(const ConstTensors& gradients,
@@ -577,10 +656,25 @@ bool Client::Compressed(uint32_t id) const {
 }
 
 absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
-    Stream* lane, uint32_t id, v1::PushPullRequest* header) {
+    Stream* lane, uint32_t id, v1::PushPullRequest* header,
+    SharedRegion* region) {
   const ChunkSpec& c = chunks_[id];
   FillHeader(id, header);
+  // A region from before the model was declared again may not fit.
+  if (region != nullptr && !open_->push_only &&
+      options_.compression.weights != v1::ENCODING_TOPK &&
+      region->Contains(shm_weights_at_[id], c.bytes())) {
+    header->set_reply_shm_offset(shm_weights_at_[id]);
+  }
   if (open_->no_gradient[c.tensor]) return lane->Message(*header, nullptr, 0);
+  if (region != nullptr && !Compressed(id) &&
+      region->Contains(shm_gradient_at_[id], c.bytes())) {
+    std::memcpy(region->data() + shm_gradient_at_[id],
+                open_->gradients[c.tensor].data() + c.offset, c.bytes());
+    header->set_shm_offset(shm_gradient_at_[id]);
+    header->set_shm_bytes(c.bytes());
+    return lane->Message(*header, nullptr, 0);
+  }
   if (Compressed(id)) {
     absl::string_view& payload = open_->payloads[id];
     if (payload.data() == nullptr) {
@@ -607,7 +701,8 @@ void Client::set_rollback_id(uint64_t id) {
   rollback_id_ = id;
 }
 
-absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected) {
+absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected,
+                               const SharedRegion* region) {
   const uint32_t id = lane->reply.response.chunk_id();
   if (id >= chunks_.size() || lane_of_[id] != lane->index || !(*expected)[id]) {
     return absl::InternalError(
@@ -625,24 +720,41 @@ absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected) {
   }
   const ChunkSpec& c = chunks_[id];
   return ReadWeights(&lane->reply, c,
-                     open_->weights[c.tensor].data() + c.offset);
+                     open_->weights[c.tensor].data() + c.offset, region);
 }
 
-absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out) {
+absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out,
+                                 const SharedRegion* region) {
   const v1::Encoding got = EffectiveEncoding(r->response.encoding());
   const v1::Encoding asked = options_.compression.weights;
   const bool sparse = asked == v1::ENCODING_TOPK;
+  // The payload: in the message, or where this chunk's weights lie in the
+  // stream's region.
+  const uint64_t in_shm = r->response.shm_bytes();
+  if (in_shm > 0 && (region == nullptr || sparse || r->payload.size() != 0 ||
+                     in_shm > static_cast<uint64_t>(c.bytes()) ||
+                     !region->Contains(shm_weights_at_[c.id], in_shm))) {
+    return absl::InternalError(absl::StrCat(
+        "bad reply: weights of chunk ", c.id, " said to be ", in_shm,
+        " bytes of shared memory, which this stream did not ask for"));
+  }
+  StringByteSource shared(
+      in_shm > 0
+          ? absl::string_view(region->data() + shm_weights_at_[c.id], in_shm)
+          : absl::string_view());
+  const ByteSource& payload =
+      in_shm > 0 ? static_cast<const ByteSource&>(shared) : r->payload;
   absl::Status s;
   if (got == v1::ENCODING_TOPK && sparse) {
     // k = 0 is fine here: an update that changed nothing.
-    if (r->payload.size() < 4 || (r->payload.size() - 4) % 8 != 0 ||
-        (r->payload.size() - 4) / 8 > static_cast<uint64_t>(c.num_elements)) {
+    if (payload.size() < 4 || (payload.size() - 4) % 8 != 0 ||
+        (payload.size() - 4) / 8 > static_cast<uint64_t>(c.num_elements)) {
       s = absl::InvalidArgumentError(absl::StrCat("sparse weights of chunk ",
                                                   c.id, " have ",
-                                                  r->payload.size(), " bytes"));
+                                                  payload.size(), " bytes"));
     }
   } else {
-    s = CheckPayload(got, r->payload.size(), c.num_elements);
+    s = CheckPayload(got, payload.size(), c.num_elements);
     // Sparse weights come whole as FP32 when a reply has no changes.
     if (s.ok() && got != asked && !(sparse && got == v1::ENCODING_FP32)) {
       s = absl::InvalidArgumentError(absl::StrCat(
@@ -655,10 +767,10 @@ absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out) {
   }
   float* whole = sparse ? copies_[c.id].data() : out;
   if (got == v1::ENCODING_FP32) {
-    r->payload.CopyTo(reinterpret_cast<char*>(whole));
+    payload.CopyTo(reinterpret_cast<char*>(whole));
   } else {
-    r->scratch.resize(r->payload.size());
-    r->payload.CopyTo(r->scratch.data());
+    r->scratch.resize(payload.size());
+    payload.CopyTo(r->scratch.data());
     if (got == v1::ENCODING_BF16) {
       DecodeBf16(reinterpret_cast<const uint16_t*>(r->scratch.data()),
                  c.num_elements, whole);
@@ -737,7 +849,7 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     bool written = true;
     for (uint32_t id : *pending) {
       absl::StatusOr<grpc::ByteBuffer> message =
-          ChunkMessage(lane, id, &header);
+          ChunkMessage(lane, id, &header, /*region=*/nullptr);
       if (!message.ok()) {
         reply_error = message.status();
         ctx.TryCancel();
@@ -758,7 +870,9 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     while (stream->Read(&buffer)) {
       reply_error = DecodeWithPayload(buffer, &lane->reply.response,
                                       &lane->reply.payload);
-      if (reply_error.ok()) reply_error = TakeReply(lane, &asked);
+      if (reply_error.ok()) {
+        reply_error = TakeReply(lane, &asked, /*region=*/nullptr);
+      }
       if (!reply_error.ok()) {
         ctx.TryCancel();
         break;
@@ -987,6 +1101,15 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
     }
   }
   if (lane->call != nullptr && !complete) lane->call.reset();
+  if (absl::IsUnavailable(status) &&
+      absl::StrContains(status.message(), kSharedMemoryErrorPrefix)) {
+    // The shard could not map this stream's region (it moved, or its
+    // limits): the retry and later streams carry payloads in the messages.
+    shm_shards_[lane->shard] = false;
+    for (auto& l : lanes_) {
+      if (l->shard == lane->shard) l->shm_bytes = 0;
+    }
+  }
   {
     absl::MutexLock lock(&lane->mu);
     lane->in_step = false;
@@ -1147,7 +1270,8 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
       if (reply_error.ok()) {
         const ChunkSpec& c = chunks_[id];
         reply_error =
-            ReadWeights(&reply, c, weights[c.tensor].data() + c.offset);
+            ReadWeights(&reply, c, weights[c.tensor].data() + c.offset,
+                        /*region=*/nullptr);
       }
       if (!reply_error.ok()) {
         ctx.TryCancel();

@@ -38,6 +38,7 @@
 #include "absl/types/span.h"
 #include "common/chunking.h"
 #include "common/security.h"
+#include "common/shared_memory.h"
 #include "common/thread_pool.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "worker/compression.h"
@@ -70,6 +71,12 @@ struct ClientOptions {
   // How gradients and weights cross the wire (worker/compression.h): fp32
   // both ways by default.
   Compression compression;
+  // With a shard on this machine (it can open this process's memfds),
+  // fp32 and bf16 payloads of PushPull streams go through shared memory
+  // and only their headers through gRPC (common/shared_memory.h). Shards
+  // elsewhere, or started with --shared_memory=false, get everything in
+  // the messages.
+  bool shared_memory = true;
 };
 
 // A tensor's values, in layout order; the client reads gradients from and
@@ -213,6 +220,16 @@ class Client {
   // to the transport (the rest of the step is waiting for replies).
   absl::Duration last_push_time() const { return last_push_time_; }
 
+  // After Declare: payloads to and from shard `shard` go through shared
+  // memory.
+  bool shared_memory(uint32_t shard) const {
+    return shard < shm_shards_.size() && shm_shards_[shard];
+  }
+  // After Declare, for the log: how payloads travel to each shard, e.g.
+  // "shared memory with shards 0, 1" or "gRPC to every shard (shard 0:
+  // <why not shared memory>)".
+  std::string DescribeTransport() const;
+
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }
 
@@ -258,19 +275,26 @@ class Client {
   // The message of chunk `id` of the open step on `lane`, its gradient
   // encoded first when compressed (InvalidArgument naming the tensor and
   // element for a value the encoding cannot carry).
+  // With `region` (the lane's stream has one) the payload is copied there
+  // and the reply asked there.
   absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
-                                                v1::PushPullRequest* header);
+                                                v1::PushPullRequest* header,
+                                                SharedRegion* region);
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;
   // Writes a reply's weights into the open step's buffers and clears the
   // chunk in `expected` (by chunk id); InternalError for a reply to a chunk
   // that is not `lane`'s or not expected (not pushed, or answered already).
-  absl::Status TakeReply(Stream* lane, std::vector<bool>* expected);
+  // `region`: the stream's shared memory (null: none), where a reply with
+  // shm_bytes left its payload.
+  absl::Status TakeReply(Stream* lane, std::vector<bool>* expected,
+                         const SharedRegion* region);
   // Decodes the weights of reply `r` (chunk `c`) into out[0,
   // c.num_elements); InternalError for a malformed one or another encoding
   // than asked.
-  absl::Status ReadWeights(Reply* r, const ChunkSpec& c, float* out);
+  absl::Status ReadWeights(Reply* r, const ChunkSpec& c, float* out,
+                           const SharedRegion* region);
   // Sparse weights: applies the changes in `r` (chunk `c`, to `version`)
   // to the chunk's copy.
   absl::Status ApplyChanges(Reply* r, const ChunkSpec& c, int64_t version);
@@ -305,6 +329,14 @@ class Client {
   std::unique_ptr<OpenStep> open_;
   // Lossy gradient encodings: each chunk's payload and residual.
   std::unique_ptr<GradientCompressor> compressor_;
+  // Shared memory: the probe region Declare names and its token; by shard,
+  // whether its streams use shared memory; by chunk id, where its gradient
+  // and its weights lie in its lane's region (Stream::shm_bytes long).
+  std::unique_ptr<SharedRegion> probe_;
+  std::string probe_token_;
+  std::vector<bool> shm_shards_;
+  std::vector<uint64_t> shm_gradient_at_;
+  std::vector<uint64_t> shm_weights_at_;
   // Sparse weights: by chunk id, the copy the shards keep of what this
   // worker holds, and its version (-1: not received yet). Each chunk is
   // touched by its lane's reader only.

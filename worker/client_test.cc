@@ -1,5 +1,7 @@
 #include "worker/client.h"
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -327,6 +329,102 @@ TEST(ClientBrokenStreamTest, AStepWhoseStreamBreaksWhileWritesWaitFails) {
   (*shard)->Shutdown(absl::ZeroDuration());
   const absl::Status finished = (*client)->FinishStep();
   EXPECT_FALSE(finished.ok());
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+// Ten steps of a two-shard job with one worker whose gradients depend on
+// its weights; `no_shared_memory`: shards that refuse shared memory. Returns
+// the final weights and, by shard, whether the client used shared memory
+// and how many of the shard's streams did.
+struct SharedMemoryRun {
+  std::vector<float> weights;
+  std::vector<bool> used;
+  std::vector<uint64_t> shm_streams;
+  std::string described;
+};
+SharedMemoryRun RunTenSteps(bool shared_memory,
+                            std::vector<uint32_t> no_shared_memory = {}) {
+  SharedMemoryRun run;
+  server::TestShards shards(2, 1, no_shared_memory);
+  EXPECT_TRUE(shards.status().ok()) << shards.status();
+  ClientOptions co;
+  co.servers = shards.addresses();
+  co.connect_timeout = absl::Seconds(30);
+  co.shared_memory = shared_memory;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  EXPECT_TRUE(client.ok()) << client.status();
+  v1::Layout layout;
+  layout.set_chunk_bytes(256);  // 64 floats a chunk: 16 chunks
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(1000);
+  t->mutable_init()->set_kind(v1::InitSpec::KIND_NORMAL);
+  t->mutable_init()->set_value(0.5f);
+  t->mutable_init()->set_seed(11);
+  v1::OptimizerSpec adam;
+  adam.set_kind(v1::OptimizerSpec::KIND_ADAMW);
+  adam.set_learning_rate(0.01f);
+  adam.set_weight_decay(0.1f);
+  EXPECT_TRUE((*client)->Declare(layout, adam).ok());
+  run.weights.assign(1000, 0);
+  EXPECT_TRUE((*client)->Pull({absl::MakeSpan(run.weights)}).ok());
+  std::vector<float> grad(1000);
+  for (int64_t step = 0; step < 10; ++step) {
+    for (int i = 0; i < 1000; ++i) {
+      grad[i] = run.weights[i] * run.weights[i] - 0.1f * (i % 7);
+    }
+    const absl::Status s =
+        (*client)->PushPull(step, {grad}, {absl::MakeSpan(run.weights)});
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      (*client)->ShardStatus();
+  EXPECT_TRUE(status.ok()) << status.status();
+  for (uint32_t s = 0; s < 2; ++s) {
+    run.used.push_back((*client)->shared_memory(s));
+    run.shm_streams.push_back((*status)[s].shared_memory_streams_total());
+  }
+  run.described = (*client)->DescribeTransport();
+  return run;
+}
+
+TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
+  const SharedMemoryRun shm = RunTenSteps(true);
+  const SharedMemoryRun grpc = RunTenSteps(false);
+  EXPECT_EQ(shm.used, std::vector<bool>({true, true}));
+  EXPECT_GE(shm.shm_streams[0], 1u);
+  EXPECT_GE(shm.shm_streams[1], 1u);
+  EXPECT_EQ(shm.described, "payloads through shared memory with every shard");
+  EXPECT_EQ(grpc.used, std::vector<bool>({false, false}));
+  EXPECT_EQ(grpc.shm_streams, std::vector<uint64_t>({0, 0}));
+  ASSERT_EQ(shm.weights.size(), grpc.weights.size());
+  EXPECT_EQ(std::memcmp(shm.weights.data(), grpc.weights.data(),
+                        4 * shm.weights.size()),
+            0);
+  // The weights moved (the comparison is not of two untouched copies).
+  const SharedMemoryRun again = RunTenSteps(true);
+  EXPECT_EQ(again.weights, shm.weights);
+  float moved = 0;
+  for (int i = 0; i < 1000; ++i) moved += std::abs(shm.weights[i]);
+  EXPECT_GT(moved, 0);
+}
+
+TEST(ClientSharedMemoryTest, AShardThatRefusesItGetsPayloadsOverGrpc) {
+  const SharedMemoryRun mixed = RunTenSteps(true, {1});
+  const SharedMemoryRun grpc = RunTenSteps(false);
+  EXPECT_EQ(mixed.used, std::vector<bool>({true, false}));
+  EXPECT_GE(mixed.shm_streams[0], 1u);
+  EXPECT_EQ(mixed.shm_streams[1], 0u);
+  EXPECT_EQ(mixed.described,
+            "payloads through shared memory with shards 0, over gRPC to the "
+            "rest (shard 1: this shard was started with "
+            "--shared_memory=false)");
+  EXPECT_EQ(mixed.weights, grpc.weights);
 }
 
 }  // namespace

@@ -84,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   co.incarnation = incarnation;
   co.security = options.security;
   co.streams_per_shard = options.streams_per_shard;
+  co.shared_memory = options.shared_memory;
   co.connect_timeout = options.connect_timeout;
   co.rpc_timeout = options.rpc_timeout;
   co.compression = options.compression;
@@ -111,6 +112,7 @@ absl::Status Session::Declare(const v1::Layout& layout,
                               const v1::OptimizerSpec& optimizer,
                               const ConstTensors& initial, Tensors weights) {
   SHARDPS_RETURN_IF_ERROR(client_->Declare(layout, optimizer));
+  LogInfo("%s", client_->DescribeTransport());
   weights_ = std::move(weights);
   recovery_.reset();
   bool provided = false;

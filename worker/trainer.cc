@@ -312,6 +312,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     SHARDPS_ASSIGN_OR_RETURN(step, recovery.JoinRunningJob());
   }
   SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
+  LogInfo("%s", client_->DescribeTransport());
   LogInfo("model %s (%d parameters) declared; %d steps per epoch, %d epochs",
           model_.ToString(), model_.num_params(), steps_per_epoch,
           options_.epochs);

@@ -38,6 +38,10 @@ ABSL_FLAG(int64_t, test_limit, 0,
 ABSL_FLAG(int64_t, chunk_kib, 256, "Largest parameter chunk, in KiB.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
+ABSL_FLAG(bool, shared_memory, true,
+          "With a server on this machine, move gradients and weights through "
+          "shared memory (only headers over gRPC); false: everything over "
+          "gRPC.");
 ABSL_FLAG(std::string, compression, "none",
           "Gradient encoding on the wire: none (fp32), bf16, fp16, int8 or "
           "topk:RATIO (the RATIO largest of each chunk, e.g. topk:0.01).");
@@ -79,6 +83,7 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "test_limit",
                                        "chunk_kib",
                                        "streams_per_shard",
+                                       "shared_memory",
                                        "compression",
                                        "error_feedback",
                                        "topk_warmup_steps",

@@ -136,6 +136,7 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
   co.rank = o.rank;
   co.security = options.security;
   co.streams_per_shard = options.streams_per_shard;
+  co.shared_memory = options.shared_memory;
   co.connect_timeout = options.connect_timeout;
   co.compression = options.compression;
   LogInfo("rank %d of %d, backend %s, %d servers, %s, %s on the wire", o.rank,

@@ -83,7 +83,8 @@ struct WorkerJobOptions {
   std::string backend = "auto";  // auto | cpu | cuda
   int threads = 0;               // CPU backend threads (0: its default)
   int streams_per_shard = 2;
-  Compression compression;  // on the wire (ClientOptions)
+  bool shared_memory = true;  // ClientOptions::shared_memory
+  Compression compression;    // on the wire (ClientOptions)
   // How long to wait for the servers to come up and, with a coordinator,
   // to join and for every member to join.
   absl::Duration connect_timeout = absl::Seconds(120);

@@ -102,6 +102,7 @@ absl::Status Run() {
   o.backend = absl::GetFlag(FLAGS_backend);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
+  o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   SHARDPS_ASSIGN_OR_RETURN(o.compression, CompressionFromFlags());
   o.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   SHARDPS_ASSIGN_OR_RETURN(o.trainer, TrainerOptionsFromFlags());

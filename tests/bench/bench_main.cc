@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ ABSL_FLAG(int32_t, torch_rounds, 2,
           "(a noisy machine only ever slows a run down).");
 ABSL_FLAG(int32_t, streams_per_shard, 2,
           "Client streams per shard (transport, scale).");
+ABSL_FLAG(std::optional<bool>, shared_memory, std::nullopt,
+          "Payloads through shared memory with the servers on this machine "
+          "(default: on for transport on loopback, off for scale; never "
+          "across --link).");
 ABSL_FLAG(int64_t, model_mib, 64, "Model size in MiB (transport).");
 ABSL_FLAG(std::string, compressions, "",
           "transport: instead of the table, PushPull step times of these "
@@ -148,6 +153,7 @@ absl::Status Run(const std::string& command) {
     o.steps = absl::GetFlag(FLAGS_steps);
     o.raw_baseline = absl::GetFlag(FLAGS_raw_baseline);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
+    o.shared_memory = absl::GetFlag(FLAGS_shared_memory).value_or(true);
     o.model_bytes = absl::GetFlag(FLAGS_model_mib) << 20;
     if (const std::string link = absl::GetFlag(FLAGS_link); !link.empty()) {
       absl::StatusOr<int64_t> rate = ParseLinkRate(link);
@@ -194,6 +200,7 @@ absl::Status Run(const std::string& command) {
     o.steps = absl::GetFlag(FLAGS_steps);
     o.max_steps = std::max(o.max_steps, o.steps);
     o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
+    o.shared_memory = absl::GetFlag(FLAGS_shared_memory).value_or(false);
     o.max_chunk_bytes = ChunkFlagBytes();
     o.row_bytes = absl::GetFlag(FLAGS_scale_row_mib) << 20;
     o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_scale_heartbeat_timeout_ms);

@@ -56,8 +56,10 @@ for s in 0 1; do
 done
 pids=()
 for r in 0 1; do
+  # The namespaces share /proc: shared memory would bypass the link.
   ip netns exec "$wrk" "$build/worker/shardps-worker" \
-    --coordinator="$coordinator" "$@" >"$dir/worker-$r.log" 2>&1 &
+    --coordinator="$coordinator" --shared_memory=false "$@" \
+    >"$dir/worker-$r.log" 2>&1 &
   pids+=($!)
 done
 status=0

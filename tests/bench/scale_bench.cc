@@ -238,6 +238,7 @@ absl::Status Declare(const ScaleOptions& o,
   co.rank = r;
   co.incarnation = incarnation;
   co.streams_per_shard = o.streams_per_shard;
+  co.shared_memory = o.shared_memory;
   SHARDPS_ASSIGN_OR_RETURN(w->client, Client::Create(co));
   SHARDPS_RETURN_IF_ERROR(w->client->Declare(layout, optimizer));
   if (w->client->must_join()) {

@@ -28,6 +28,9 @@ struct ScaleOptions {
   int chunks_per_model = 16;
   int64_t max_chunk_bytes = int64_t{4} << 20;
   int streams_per_shard = 2;
+  // Off by default: a job of many workers spans machines, and regions of
+  // every worker mapped into one shard would count in its RSS.
+  bool shared_memory = false;
   int update_threads = 2;
   // Measured steps of a row: `steps`, fewer for big rows (at most
   // row_bytes of gradients, workers x model bytes a step, but never fewer

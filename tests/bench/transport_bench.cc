@@ -232,6 +232,7 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
     co.servers = addresses;
     co.rank = r;
     co.streams_per_shard = o.streams_per_shard;
+    co.shared_memory = o.shared_memory;
     SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Create(co));
     SHARDPS_RETURN_IF_ERROR(c->Declare(layout, opt));
     clients.push_back(std::move(c));
@@ -455,6 +456,8 @@ absl::Status RunCodecConfig(const TransportOptions& o, const Network& net,
       co.servers = addresses;
       co.rank = r;
       co.streams_per_shard = o.streams_per_shard;
+      // The namespaces share /proc: shared memory would bypass the link.
+      co.shared_memory = false;
       co.compression = run.compression;
       SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                                Client::Create(co));
@@ -643,9 +646,12 @@ absl::Status RunTransportBench(const TransportOptions& o) {
   }
   absl::PrintF(
       "transport: %.0f MiB fp32 model in %g MiB chunks, %d stream(s) per "
-      "shard, median of %d steps after %d warmup, %s\n",
+      "shard, median of %d steps after %d warmup, %s; payloads %s\n",
       o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
-      o.steps, o.warmup_steps, where);
+      o.steps, o.warmup_steps, where,
+      link == nullptr && o.shared_memory
+          ? "through shared memory (--shared_memory=false: over gRPC)"
+          : "over gRPC");
   if (link != nullptr) {
     absl::PrintF(
         "raw tcp: the same bytes and connections; over the link the peer "

@@ -21,6 +21,9 @@ struct TransportOptions {
   int64_t model_bytes = int64_t{64} << 20;
   int64_t chunk_bytes = int64_t{4} << 20;
   int streams_per_shard = 2;
+  // Loopback: payloads through shared memory (the co-located path); never
+  // across a --link.
+  bool shared_memory = true;
   int update_threads = 2;
   int steps = 10;
   int warmup_steps = 2;

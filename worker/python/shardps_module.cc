@@ -285,8 +285,9 @@ void DefineModule(py::module_& m) {
                  const std::string& tls_ca, const std::string& auth_token_file,
                  const std::string& tls_server_name, double connect_timeout_s,
                  double rpc_timeout_s, int streams_per_shard,
-                 const std::string& compression, bool error_feedback,
-                 int64_t topk_warmup_steps, int64_t compression_min_elements,
+                 bool shared_memory, const std::string& compression,
+                 bool error_feedback, int64_t topk_warmup_steps,
+                 int64_t compression_min_elements,
                  const std::string& weight_encoding) {
                 worker::SessionOptions o;
                 o.coordinator = coordinator;
@@ -301,6 +302,7 @@ void DefineModule(py::module_& m) {
                 o.recovery.rollback_timeout =
                     std::max(o.recovery.rollback_timeout, o.connect_timeout);
                 o.streams_per_shard = streams_per_shard;
+                o.shared_memory = shared_memory;
                 o.compression.gradients = Check(ParseGradientCompression(
                     compression, &o.compression.topk_ratio));
                 o.compression.error_feedback = error_feedback;
@@ -322,8 +324,8 @@ void DefineModule(py::module_& m) {
           py::arg("tls_ca") = "", py::arg("auth_token_file") = "",
           py::arg("tls_server_name") = "", py::arg("connect_timeout_s") = 120.0,
           py::arg("rpc_timeout_s") = 300.0, py::arg("streams_per_shard") = 2,
-          py::arg("compression") = "none", py::arg("error_feedback") = true,
-          py::arg("topk_warmup_steps") = 0,
+          py::arg("shared_memory") = true, py::arg("compression") = "none",
+          py::arg("error_feedback") = true, py::arg("topk_warmup_steps") = 0,
           py::arg("compression_min_elements") = 0,
           py::arg("weight_encoding") = "fp32",
           "Joins the job (coordinator) or connects to `servers` (static) and "

@@ -117,7 +117,8 @@ def _env_flag(name, default):
 def init(coordinator=None, servers=None, rank=None, num_workers=None,
          job_id=None, connect_timeout_s=None, rpc_timeout_s=None,
          compression=None, error_feedback=None, topk_warmup_steps=None,
-         compression_min_elements=None, weight_encoding=None):
+         compression_min_elements=None, weight_encoding=None,
+         shared_memory=None):
     """Joins the shardps job this process is a worker of.
 
     Arguments default to the environment that shardps-local, Compose and
@@ -131,8 +132,13 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     SHARDPS_RPC_TIMEOUT_S (default 300: the longest one step may take),
     SHARDPS_COMPRESSION (default "none"), SHARDPS_ERROR_FEEDBACK (default
     1), SHARDPS_TOPK_WARMUP_STEPS (default 0),
-    SHARDPS_COMPRESSION_MIN_ELEMENTS (default 0) and
-    SHARDPS_WEIGHT_ENCODING (default "fp32").
+    SHARDPS_COMPRESSION_MIN_ELEMENTS (default 0),
+    SHARDPS_WEIGHT_ENCODING (default "fp32") and SHARDPS_SHARED_MEMORY
+    (default 1).
+
+    With `shared_memory` (the default), payloads to a server on this
+    machine go through shared memory and only their headers over gRPC;
+    servers elsewhere get everything over gRPC.
 
     `compression` is how gradients cross the wire: "none" (fp32, exact),
     "bf16", "fp16", "int8" (a scale per chunk) or "topk:RATIO" (the RATIO
@@ -196,7 +202,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
             compression_min_elements if compression_min_elements is not None
             else _env("SHARDPS_COMPRESSION_MIN_ELEMENTS", "0")),
         weight_encoding=weight_encoding or _env("SHARDPS_WEIGHT_ENCODING",
-                                                "fp32"))
+                                                "fp32"),
+        shared_memory=_env_flag("SHARDPS_SHARED_MEMORY", True)
+        if shared_memory is None else bool(shared_memory))
     _context = Context(session)
     _watch_exit(_context)
     return _context

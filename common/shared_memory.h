@@ -1,0 +1,72 @@
+// Shared memory between a worker and a shard on the same machine. A worker
+// creates a region (an anonymous memfd, sealed at its size) per PushPull
+// stream and names it by /proc/<pid>/fd/<fd>; the shard maps the same pages.
+// Gradients and weights of that stream then travel through the region and
+// only their small headers through gRPC, which saves the loopback TCP path
+// (two kernel copies and the protocol stack per byte). A shard that cannot
+// open the path (another machine, container or user) is not co-located, and
+// the stream carries its payloads in the messages as always.
+//
+// Trust: the shard opens only /proc/<pid>/fd/<n> paths, only sealed memfds
+// (so the worker cannot shrink one under the shard's mapping), and copies
+// every gradient out of the region before checking it, so a worker that
+// scribbles on its region harms only its own contribution.
+#ifndef SHARDPS_COMMON_SHARED_MEMORY_H_
+#define SHARDPS_COMMON_SHARED_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace shardps {
+
+class SharedRegion {
+ public:
+  // A new region of `bytes` (> 0), zero-filled, that other processes of
+  // this machine can open by path() while this object lives.
+  // ResourceExhausted or Internal naming the failed call.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(uint64_t bytes);
+  // Maps the region at `path` (as path() names it) that must be `bytes`
+  // long. FailedPrecondition naming the path and the reason: not a
+  // /proc/<pid>/fd/<n> path, cannot be opened (another machine or pid
+  // namespace, another user), not a sealed memfd, another size.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(
+      absl::string_view path, uint64_t bytes);
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // The path that opens this region from another process (empty for an
+  // opened one: it keeps no descriptor).
+  const std::string& path() const { return path_; }
+  // True when [offset, offset + bytes) lies inside the region.
+  bool Contains(uint64_t offset, uint64_t bytes) const {
+    return offset <= size_ && bytes <= size_ - offset;
+  }
+
+ private:
+  SharedRegion(char* data, uint64_t size, int fd, std::string path)
+      : data_(data), size_(size), fd_(fd), path_(std::move(path)) {}
+  char* const data_;
+  const uint64_t size_;
+  const int fd_;  // -1 for an opened region
+  const std::string path_;
+};
+
+// The metadata key a PushPull stream names its region by, as
+// "<path> <bytes>".
+inline constexpr char kSharedMemoryMetadata[] = "shardps-shm";
+// Errors about a stream's region start with this, so a client can tell
+// them from others and go on without shared memory.
+inline constexpr char kSharedMemoryErrorPrefix[] = "shared memory: ";
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_SHARED_MEMORY_H_

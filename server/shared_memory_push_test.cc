@@ -1,0 +1,230 @@
+// PushPull through shared memory, over gRPC with an in-process shard: a
+// worker's region (common/shared_memory.h) carries the gradient in and the
+// weights out, the Declare probe tells a co-located worker, and every
+// malformed use is refused with a clear error and changes nothing.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "server/store_testing.h"
+#include "shardps/v1/parameter_server.grpc.pb.h"
+
+namespace shardps::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> At(const SharedRegion& r, uint64_t offset, int n) {
+  std::vector<float> v(n);
+  std::memcpy(v.data(), r.data() + offset, 4 * n);
+  return v;
+}
+
+class SharedMemoryPushTest : public ::testing::Test {
+ protected:
+  void Start(bool shared_memory = true) {
+    ShardServerOptions o;
+    o.store.num_workers = 1;
+    o.service.shared_memory = shared_memory;
+    absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(o);
+    SHARDPS_ASSERT_OK(server);
+    server_ = *std::move(server);
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
+    // One tensor "w" of 4 floats, all 1; SGD with lr 1.
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(
+        stub_->Declare(&ctx, SgdDeclaration(4, 0, 1, 0), &declared_).ok());
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+  }
+
+  // One PushPull call naming `metadata` (none when empty) with `req`.
+  grpc::Status PushOnce(const std::string& metadata,
+                        const v1::PushPullRequest& req,
+                        v1::PushPullResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    if (!metadata.empty()) ctx.AddMetadata(kSharedMemoryMetadata, metadata);
+    auto stream = stub_->PushPull(&ctx);
+    stream->Write(req);
+    stream->WritesDone();
+    const bool got = stream->Read(resp);
+    grpc::Status status = stream->Finish();
+    if (status.ok() && !got) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "no reply");
+    }
+    return status;
+  }
+  static std::string Named(const SharedRegion& r) {
+    return absl::StrCat(r.path(), " ", r.size());
+  }
+  v1::GetStatusResponse Status() {
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse s;
+    EXPECT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &s).ok());
+    return s;
+  }
+  // A step-0 push of 4 floats of 2 at offset 0, reply asked at 64.
+  static v1::PushPullRequest ShmPush() {
+    v1::PushPullRequest req;
+    req.set_chunk_id(0);
+    req.set_encoding(v1::ENCODING_FP32);
+    req.set_step(0);
+    req.set_shm_offset(0);
+    req.set_shm_bytes(16);
+    req.set_reply_shm_offset(64);
+    return req;
+  }
+  void ExpectRefused(const std::string& metadata, const v1::PushPullRequest& r,
+                     grpc::StatusCode code, const std::string& part) {
+    v1::PushPullResponse resp;
+    const grpc::Status s = PushOnce(metadata, r, &resp);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(part));
+  }
+
+  std::unique_ptr<ShardServer> server_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  v1::DeclareResponse declared_;
+};
+
+TEST_F(SharedMemoryPushTest, GradientInAndWeightsOutThroughTheRegion) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  const std::vector<float> grad = {2, 2, 2, 2};
+  std::memcpy(region->data(), grad.data(), 16);
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(PushOnce(Named(*region), ShmPush(), &reply).ok());
+  EXPECT_EQ(reply.version(), 1);
+  EXPECT_EQ(reply.shm_bytes(), 16u);
+  EXPECT_TRUE(reply.payload().empty());
+  EXPECT_EQ(At(*region, 64, 4), std::vector<float>({-1, -1, -1, -1}));
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.shared_memory_streams_total(), 1u);
+  EXPECT_EQ(st.bytes_in_total(), 16u);  // counted like bytes in a message
+}
+
+TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
+                               SharedRegion::Create(16));
+  std::memcpy(probe->data(), "0123456789abcdef", 16);
+  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
+  req.set_shared_memory_probe(probe->path());
+  v1::DeclareResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(resp.shared_memory_token(), "0123456789abcdef");
+  EXPECT_EQ(resp.fingerprint(), declared_.fingerprint());  // same model
+  req.set_shared_memory_probe("/etc/passwd");
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
+  }
+  EXPECT_TRUE(resp.shared_memory_token().empty());
+  EXPECT_THAT(resp.shared_memory_error(), HasSubstr("/etc/passwd"));
+}
+
+TEST_F(SharedMemoryPushTest, AShardStartedWithoutItRefusesRegionsRetryably) {
+  Start(/*shared_memory=*/false);
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
+                               SharedRegion::Create(16));
+  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
+  req.set_shared_memory_probe(probe->path());
+  v1::DeclareResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
+  }
+  EXPECT_TRUE(resp.shared_memory_token().empty());
+  EXPECT_THAT(resp.shared_memory_error(), HasSubstr("--shared_memory=false"));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  ExpectRefused(Named(*region), ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "shared memory: this shard was started with "
+                "--shared_memory=false");
+  EXPECT_EQ(Status().pushes_total(), 0u);
+}
+
+TEST_F(SharedMemoryPushTest, MalformedUsesAreRefusedAndChangeNothing) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  const std::string named = Named(*region);
+  // Regions the shard cannot or will not map: retried without.
+  ExpectRefused("/etc/passwd 128", ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "shared memory: shared memory region /etc/passwd: not a "
+                "/proc/<pid>/fd/<n> path");
+  ExpectRefused(region->path(), ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "is not \"<path> <bytes>\"");
+  ExpectRefused(absl::StrCat(region->path(), " 256"), ShmPush(),
+                grpc::StatusCode::UNAVAILABLE, "it has 128 bytes, not 256");
+  // Requests that misuse the region.
+  v1::PushPullRequest r = ShmPush();
+  ExpectRefused("", r, grpc::StatusCode::INVALID_ARGUMENT,
+                "push of chunk 0 from rank 0 refers to shared memory, but "
+                "its stream names no region");
+  r.set_shm_offset(120);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "shared-memory bytes [120, +16) lie outside the stream's "
+                "region of 128 bytes");
+  r = ShmPush();
+  r.set_shm_offset(~uint64_t{0} - 4);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "lie outside the stream's region");
+  r = ShmPush();
+  r.set_payload(std::string(16, '\0'));
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "has both a payload and 16 bytes in shared memory");
+  r = ShmPush();
+  r.set_reply_shm_offset(128);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "reply_shm_offset 128 lies outside the stream's region");
+  r = ShmPush();
+  r.set_shm_bytes(12);  // not the chunk's 16
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT, "12");
+  // A NaN in the region is refused like one in a message.
+  const float nan = std::nanf("");
+  std::memcpy(region->data() + 4, &nan, 4);
+  ExpectRefused(named, ShmPush(), grpc::StatusCode::INVALID_ARGUMENT,
+                "non-finite value at element 1");
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 0u);
+  EXPECT_EQ(st.min_version(), 0);
+}
+
+TEST_F(SharedMemoryPushTest, AReplyThatDoesNotFitTheRegionComesInTheMessage) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(72));
+  const std::vector<float> grad = {2, 2, 2, 2};
+  std::memcpy(region->data(), grad.data(), 16);
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(PushOnce(Named(*region), ShmPush(), &reply).ok());
+  EXPECT_EQ(reply.shm_bytes(), 0u);
+  ASSERT_EQ(reply.payload().size(), 16u);
+  std::vector<float> w(4);
+  std::memcpy(w.data(), reply.payload().data(), 16);
+  EXPECT_EQ(w, std::vector<float>({-1, -1, -1, -1}));
+}
+
+}  // namespace
+}  // namespace shardps::server
