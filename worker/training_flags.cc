@@ -35,7 +35,7 @@ ABSL_FLAG(int64_t, train_limit, 0,
           "Use only the first N training samples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0,
           "Use only the first N test samples (0: all).");
-ABSL_FLAG(int64_t, chunk_kib, 256, "Largest parameter chunk, in KiB.");
+ABSL_FLAG(int64_t, chunk_kib, 1024, "Largest parameter chunk, in KiB.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
 ABSL_FLAG(bool, shared_memory, true,

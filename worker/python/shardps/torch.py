@@ -347,7 +347,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer, named_parameters=None,
-                 backward_passes_per_step=1, chunk_bytes=256 << 10,
+                 backward_passes_per_step=1, chunk_bytes=1 << 20,
                  context=None):
         self._ctx = _context_or(context)
         if not isinstance(optimizer, torch.optim.Optimizer):
