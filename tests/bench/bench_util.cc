@@ -16,16 +16,25 @@ absl::Duration Median(std::vector<absl::Duration> v) {
   return v[v.size() / 2];
 }
 
-int64_t PeakRss(pid_t pid) {
+namespace {
+
+// A "Field:   N kB" line of /proc/<pid>/status, in bytes (-1: none).
+int64_t StatusBytes(pid_t pid, const std::string& field) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(field, 0) == 0) {
+      return std::stoll(line.substr(field.size())) * 1024;
     }
   }
   return -1;
 }
+
+}  // namespace
+
+int64_t PeakRss(pid_t pid) { return StatusBytes(pid, "VmHWM:"); }
+
+int64_t SharedRss(pid_t pid) { return StatusBytes(pid, "RssShmem:"); }
 
 absl::StatusOr<absl::Duration> Parallel(
     uint32_t workers, const std::function<absl::Status(uint32_t)>& fn) {

@@ -21,6 +21,9 @@ absl::Duration Median(std::vector<absl::Duration> v);
 
 // Peak resident set of a process, in bytes (VmHWM); -1 if unreadable.
 int64_t PeakRss(pid_t pid);
+// Its resident shared-memory pages now (RssShmem): for a shard, the pages
+// of workers' regions it touched, which are the workers' memory.
+int64_t SharedRss(pid_t pid);
 
 // Runs fn(rank) for rank in [0, workers) on one thread each and returns
 // the wall time, or the first error.

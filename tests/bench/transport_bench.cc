@@ -324,17 +324,22 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
   SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
                            clients[0]->ShardStatus());
   for (uint32_t s = 0; s < shards; ++s) {
-    const int64_t rss = PeakRss(servers[s]->pid());
+    // The workers' regions stay mapped while their streams are open: their
+    // pages count in the peak but are the workers' memfds.
+    const int64_t shared = std::max<int64_t>(0, SharedRss(servers[s]->pid()));
+    const int64_t rss = PeakRss(servers[s]->pid()) - shared;
     // SGD without momentum: the weights and the running sum per owned byte,
     // plus at most one early gradient per stream (messages in flight).
     const int64_t in_flight =
         int64_t{workers} * o.streams_per_shard * o.chunk_bytes;
     const int64_t bound = 2 * shard_bytes[s] + in_flight + (int64_t{64} << 20);
     rss_lines->push_back(absl::StrFormat(
-        "  shards=%d workers=%d server-%d peak RSS %.1f MiB (bound 2 x %.1f "
+        "  shards=%d workers=%d server-%d peak RSS %.1f MiB besides %.1f MiB "
+        "of the workers' shared-memory regions (bound 2 x %.1f "
         "MiB + %d x %d x %.1f MiB in flight + 64 MiB = %.1f MiB; one buffer "
         "per worker would need %.1f MiB) %s; %d of %d updates copied weights",
-        shards, workers, s, rss / 1048576.0, shard_bytes[s] / 1048576.0,
+        shards, workers, s, rss / 1048576.0, shared / 1048576.0,
+        shard_bytes[s] / 1048576.0,
         workers, o.streams_per_shard, o.chunk_bytes / 1048576.0,
         bound / 1048576.0, (3 + workers) * shard_bytes[s] / 1048576.0,
         rss <= bound ? "ok" : "OVER", status[s].weight_copies_total(),
