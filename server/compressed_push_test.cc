@@ -17,6 +17,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "server/service_testing.h"
 #include "server/shard_server.h"
 #include "server/store_testing.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
@@ -70,21 +71,10 @@ class CompressedPushTest : public ::testing::Test {
     ShardServerOptions o;
     o.store.num_workers = 1;
     o.store.accepted_encodings = accepted;
-    absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(o);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    stub_ = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                            grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    v1::DeclareResponse declared;
     // One tensor "w" of 8 ones, SGD with lr 1: w = 1 - gradient.
-    ASSERT_TRUE(
-        stub_->Declare(&ctx, SgdDeclaration(kElements, 0, 1, 0), &declared)
-            .ok());
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+    ASSERT_NO_FATAL_FAILURE(
+        shard_.Serve(o, SgdDeclaration(kElements, 0, 1, 0)));
+    stub_ = shard_.stub();
   }
 
   grpc::Status Push(v1::Encoding e, const std::string& payload, int64_t step,
@@ -96,18 +86,7 @@ class CompressedPushTest : public ::testing::Test {
     req.set_encoding(e);
     req.set_reply_encoding(reply_encoding);
     req.set_payload(payload);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    auto stream = stub_->PushPull(&ctx);
-    stream->Write(req);
-    stream->WritesDone();
-    const bool got = stream->Read(reply);
-    grpc::Status status = stream->Finish();
-    if (status.ok() && !got) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "no reply");
-    }
-    return status;
+    return PushPullOnce(stub_, req, reply);
   }
 
   v1::GetStatusResponse Status() {
@@ -163,8 +142,8 @@ class CompressedPushTest : public ::testing::Test {
     EXPECT_EQ(after.bytes_in_total(), status_before.bytes_in_total());
   }
 
-  std::unique_ptr<ShardServer> server_;
-  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  ServedShard shard_;
+  v1::ParameterServer::Stub* stub_ = nullptr;
 };
 
 TEST_F(CompressedPushTest, EveryEncodingAppliesItsDecodedValues) {

@@ -17,6 +17,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "server/service_testing.h"
 #include "server/shard_server.h"
 #include "server/store_testing.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
@@ -28,23 +29,6 @@ std::vector<float> Values(const std::string& bytes) {
   std::vector<float> v(bytes.size() / 4);
   std::memcpy(v.data(), bytes.data(), v.size() * 4);
   return v;
-}
-
-// One PushPull call of one request; the reply, or the call's status.
-grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
-                          const v1::PushPullRequest& req,
-                          v1::PushPullResponse* resp) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto stream = stub->PushPull(&ctx);
-  stream->Write(req);
-  stream->WritesDone();
-  const bool got = stream->Read(resp);
-  grpc::Status status = stream->Finish();
-  if (status.ok() && !got) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "no reply");
-  }
-  return status;
 }
 
 grpc::Status PullAll(v1::ParameterServer::Stub* stub,

@@ -16,6 +16,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "server/service_testing.h"
 #include "server/shard_server.h"
 #include "server/store_testing.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
@@ -37,38 +38,15 @@ class SharedMemoryPushTest : public ::testing::Test {
     ShardServerOptions o;
     o.store.num_workers = 1;
     o.service.shared_memory = shared_memory;
-    absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(o);
-    SHARDPS_ASSERT_OK(server);
-    server_ = *std::move(server);
-    stub_ = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                            grpc::InsecureChannelCredentials()));
     // One tensor "w" of 4 floats, all 1; SGD with lr 1.
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(
-        stub_->Declare(&ctx, SgdDeclaration(4, 0, 1, 0), &declared_).ok());
+    ASSERT_NO_FATAL_FAILURE(shard_.Serve(o, SgdDeclaration(4, 0, 1, 0)));
+    stub_ = shard_.stub();
   }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
-  }
-
   // One PushPull call naming `metadata` (none when empty) with `req`.
   grpc::Status PushOnce(const std::string& metadata,
                         const v1::PushPullRequest& req,
                         v1::PushPullResponse* resp) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    if (!metadata.empty()) ctx.AddMetadata(kSharedMemoryMetadata, metadata);
-    auto stream = stub_->PushPull(&ctx);
-    stream->Write(req);
-    stream->WritesDone();
-    const bool got = stream->Read(resp);
-    grpc::Status status = stream->Finish();
-    if (status.ok() && !got) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "no reply");
-    }
-    return status;
+    return PushPullOnce(stub_, req, resp, metadata);
   }
   static std::string Named(const SharedRegion& r) {
     return absl::StrCat(r.path(), " ", r.size());
@@ -98,9 +76,8 @@ class SharedMemoryPushTest : public ::testing::Test {
     EXPECT_THAT(s.error_message(), HasSubstr(part));
   }
 
-  std::unique_ptr<ShardServer> server_;
-  std::unique_ptr<v1::ParameterServer::Stub> stub_;
-  v1::DeclareResponse declared_;
+  ServedShard shard_;
+  v1::ParameterServer::Stub* stub_ = nullptr;
 };
 
 TEST_F(SharedMemoryPushTest, GradientInAndWeightsOutThroughTheRegion) {
@@ -133,7 +110,7 @@ TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {
     ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
   }
   EXPECT_EQ(resp.shared_memory_token(), "0123456789abcdef");
-  EXPECT_EQ(resp.fingerprint(), declared_.fingerprint());  // same model
+  EXPECT_EQ(resp.fingerprint(), shard_.declared().fingerprint());
   req.set_shared_memory_probe("/etc/passwd");
   {
     grpc::ClientContext ctx;
