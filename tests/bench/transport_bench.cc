@@ -339,9 +339,9 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
         "MiB + %d x %d x %.1f MiB in flight + 64 MiB = %.1f MiB; one buffer "
         "per worker would need %.1f MiB) %s; %d of %d updates copied weights",
         shards, workers, s, rss / 1048576.0, shared / 1048576.0,
-        shard_bytes[s] / 1048576.0,
-        workers, o.streams_per_shard, o.chunk_bytes / 1048576.0,
-        bound / 1048576.0, (3 + workers) * shard_bytes[s] / 1048576.0,
+        shard_bytes[s] / 1048576.0, workers, o.streams_per_shard,
+        o.chunk_bytes / 1048576.0, bound / 1048576.0,
+        (3 + workers) * shard_bytes[s] / 1048576.0,
         rss <= bound ? "ok" : "OVER", status[s].weight_copies_total(),
         status[s].updates_total()));
   }
