@@ -463,7 +463,8 @@ class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>>
-ParameterService::OpenStreamRegion(absl::string_view named) const {
+ParameterService::OpenStreamRegion(const ParameterStore* store,
+                                   absl::string_view named) const {
   if (!options_.shared_memory) {
     return absl::FailedPreconditionError(
         "this shard was started with --shared_memory=false");
@@ -476,12 +477,10 @@ ParameterService::OpenStreamRegion(absl::string_view named) const {
         absl::StrCat(kSharedMemoryMetadata, " metadata \"", named,
                      "\" is not \"<path> <bytes>\""));
   }
-  // One stream's region holds its chunks' gradients and weights: no more
-  // than two of the largest messages per chunk the shard owns.
-  const uint64_t limit =
-      2 * static_cast<uint64_t>(kMaxChunkBytes + 64) *
-      std::max<uint64_t>(
-          1, store() == nullptr ? 1 : store()->OwnedChunks().size());
+  // One stream's region holds gradients and weights of chunks this shard
+  // owns, each at a cache line: at most twice its bytes, plus padding.
+  const auto [owned_bytes, owned_chunks] = store->OwnedSize();
+  const uint64_t limit = 2 * (owned_bytes + 64 * owned_chunks);
   if (bytes > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a region of ", bytes, " bytes is more than this shard's chunks need (",
@@ -542,7 +541,7 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
     // UNAVAILABLE with the prefix: the worker retries without shared
     // memory.
     absl::StatusOr<std::unique_ptr<SharedRegion>> opened = OpenStreamRegion(
-        absl::string_view(named->second.data(), named->second.size()));
+        store, absl::string_view(named->second.data(), named->second.size()));
     if (!opened.ok()) {
       return new FailedPushPull(absl::UnavailableError(
           absl::StrCat(kSharedMemoryErrorPrefix, opened.status().message())));

@@ -83,9 +83,10 @@ class ParameterService final
   }
   absl::Status NotReady() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Maps the region a PushPull stream names ("<path> <bytes>").
+  // Maps the region a PushPull stream to `store` names ("<path> <bytes>");
+  // ResourceExhausted for one larger than its chunks can need.
   absl::StatusOr<std::unique_ptr<SharedRegion>> OpenStreamRegion(
-      absl::string_view named) const;
+      const ParameterStore* store, absl::string_view named) const;
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();

@@ -404,6 +404,12 @@ std::vector<uint32_t> ParameterStore::OwnedChunks() const {
   return ids;
 }
 
+std::pair<uint64_t, uint64_t> ParameterStore::OwnedSize() const {
+  const State* st = state();
+  if (st == nullptr) return {0, 0};
+  return {st->model->owned_bytes, st->model->owned.size()};
+}
+
 absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
   SHARDPS_RETURN_IF_ERROR(snapshots_->CheckRequest(step));
   const State* st = state();

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -131,6 +132,8 @@ class ParameterStore {
 
   // Chunk ids this shard owns, ascending; empty before Declare.
   std::vector<uint32_t> OwnedChunks() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Their weight bytes and count (0, 0 before Declare).
+  std::pair<uint64_t, uint64_t> OwnedSize() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The shard's report for GetStatus: shape, counters, versions, and the
   // ranks its current step waits for.

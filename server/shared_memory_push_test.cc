@@ -152,8 +152,13 @@ TEST_F(SharedMemoryPushTest, MalformedUsesAreRefusedAndChangeNothing) {
                 "/proc/<pid>/fd/<n> path");
   ExpectRefused(region->path(), ShmPush(), grpc::StatusCode::UNAVAILABLE,
                 "is not \"<path> <bytes>\"");
-  ExpectRefused(absl::StrCat(region->path(), " 256"), ShmPush(),
-                grpc::StatusCode::UNAVAILABLE, "it has 128 bytes, not 256");
+  ExpectRefused(absl::StrCat(region->path(), " 144"), ShmPush(),
+                grpc::StatusCode::UNAVAILABLE, "it has 128 bytes, not 144");
+  // One chunk of 16 bytes needs at most 2 x (16 + 64) bytes.
+  ExpectRefused(absl::StrCat(region->path(), " 161"), ShmPush(),
+                grpc::StatusCode::UNAVAILABLE,
+                "a region of 161 bytes is more than this shard's chunks need "
+                "(160)");
   // Requests that misuse the region.
   v1::PushPullRequest r = ShmPush();
   ExpectRefused("", r, grpc::StatusCode::INVALID_ARGUMENT,

@@ -52,8 +52,8 @@ struct Client::Stream {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ParameterServer::Stub> stub;
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
-  // Bytes of a shared-memory region for this lane (its chunks' gradients,
-  // then their weights); 0 when the lane does not use one.
+  // Bytes of a shared-memory region for this lane: its chunks' gradients,
+  // then their weights (used when its shard is in shm_shards_).
   uint64_t shm_bytes = 0;
   Reply reply;  // the last reply of a step on this lane
 
@@ -141,7 +141,7 @@ class Client::LaneCall final
     }
     // A region of this call's own: a call that ended may still have a
     // reply being written into its region by the shard.
-    if (lane_->shm_bytes > 0) {
+    if (client_->shared_memory(lane_->shard) && lane_->shm_bytes > 0) {
       absl::StatusOr<std::unique_ptr<SharedRegion>> region =
           SharedRegion::Create(lane_->shm_bytes);
       // Without one (out of memory or descriptors) the payloads go in the
@@ -554,7 +554,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     for (uint32_t id : lane->chunk_ids) {
       shm_weights_at_[id] = place(chunks[id].bytes());
     }
-    lane->shm_bytes = shm_shards_[lane->shard] ? at : 0;
+    lane->shm_bytes = at;
   }
   first_chunk_.assign(layout.tensors_size() + 1, 0);
   for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
@@ -1106,9 +1106,6 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
     // The shard could not map this stream's region (it moved, or its
     // limits): the retry and later streams carry payloads in the messages.
     shm_shards_[lane->shard] = false;
-    for (auto& l : lanes_) {
-      if (l->shard == lane->shard) l->shm_bytes = 0;
-    }
   }
   {
     absl::MutexLock lock(&lane->mu);
