@@ -201,23 +201,27 @@ absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
 absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
   const v1::PushPullRequest& r = request_;
   if (r.shm_bytes() == 0 && !r.has_reply_shm_offset()) return absl::OkStatus();
-  const std::string what =
-      absl::StrCat("push of chunk ", r.chunk_id(), " from rank ", r.rank());
+  // Named only on an error: no string built per push.
+  auto what = [&r] {
+    return absl::StrCat("push of chunk ", r.chunk_id(), " from rank ",
+                        r.rank());
+  };
   if (region_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " refers to shared memory, but its stream names no region (",
+        what(), " refers to shared memory, but its stream names no region (",
         kSharedMemoryMetadata, " metadata)"));
   }
   if (r.shm_bytes() > 0) {
     if (payload_.size() != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " has both a payload and ", r.shm_bytes(),
+          absl::StrCat(what(), " has both a payload and ", r.shm_bytes(),
                        " bytes in shared memory"));
     }
     if (!region_->Contains(r.shm_offset(), r.shm_bytes())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": shared-memory bytes [", r.shm_offset(), ", +", r.shm_bytes(),
-          ") lie outside the stream's region of ", region_->size(), " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), ": shared-memory bytes [", r.shm_offset(), ", +",
+                       r.shm_bytes(), ") lie outside the stream's region of ",
+                       region_->size(), " bytes"));
     }
     *shared =
         absl::string_view(region_->data() + r.shm_offset(), r.shm_bytes());
@@ -225,7 +229,7 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
   if (r.has_reply_shm_offset()) {
     if (r.reply_shm_offset() >= region_->size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": reply_shm_offset ", r.reply_shm_offset(),
+          what(), ": reply_shm_offset ", r.reply_shm_offset(),
           " lies outside the stream's region of ", region_->size(), " bytes"));
     }
     absl::MutexLock lock(&mu_);
@@ -462,12 +466,20 @@ class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+namespace {
+
+absl::Status NoSharedMemory() {
+  return absl::FailedPreconditionError(
+      "this shard was started with --shared_memory=false");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SharedRegion>>
 ParameterService::OpenStreamRegion(const ParameterStore* store,
                                    absl::string_view named) const {
   if (!options_.shared_memory) {
-    return absl::FailedPreconditionError(
-        "this shard was started with --shared_memory=false");
+    return NoSharedMemory();
   }
   std::vector<absl::string_view> parts =
       absl::StrSplit(named, absl::MaxSplits(' ', 1));
@@ -516,8 +528,7 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
       absl::StatusOr<std::unique_ptr<SharedRegion>> probe =
           options_.shared_memory
               ? SharedRegion::Open(req->shared_memory_probe(), 16)
-              : absl::FailedPreconditionError(
-                    "this shard was started with --shared_memory=false");
+              : NoSharedMemory();
       if (probe.ok()) {
         resp->set_shared_memory_token((*probe)->data(), 16);
       } else {
