@@ -105,7 +105,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
     return close_and_refuse(
         absl::StrCat("it has ", st.st_size, " bytes, not ", bytes));
   }
-  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;
   ::close(fd);  // the mapping keeps the pages
   if (m == MAP_FAILED) {

@@ -1,5 +1,6 @@
 #include "server/parameter_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -400,15 +401,21 @@ void PushPullReactor::Pump() {
   }
 }
 
-// Streams the requested chunks one message at a time.
+// Streams the requested chunks one message at a time; with `region`, the
+// weights of each chunk that has an offset in `reply_at` (by position in
+// `chunk_ids`) go there instead of into the message.
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids,
-              v1::Encoding encoding, ServerMetrics* metrics)
+              v1::Encoding encoding, ServerMetrics* metrics,
+              std::unique_ptr<SharedRegion> region,
+              std::vector<std::optional<uint64_t>> reply_at)
       : store_(store),
         chunk_ids_(std::move(chunk_ids)),
         encoding_(encoding),
-        metrics_(metrics) {
+        metrics_(metrics),
+        region_(std::move(region)),
+        reply_at_(std::move(reply_at)) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -426,14 +433,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(grpc::Status::OK);
       return;
     }
-    absl::StatusOr<ChunkReply> reply = store_->Read(chunk_ids_[next_++]);
+    const size_t i = next_++;
+    absl::StatusOr<ChunkReply> reply = store_->Read(chunk_ids_[i]);
     if (!reply.ok()) {
       if (metrics_ != nullptr) metrics_->Rejected(reply.status());
       Finish(ToGrpcStatus(reply.status()));
       return;
     }
     if (metrics_ != nullptr) metrics_->Pulled();
-    response_ = EncodeReply(*std::move(reply), encoding_, store_, metrics_);
+    response_ = EncodeReply(*std::move(reply), encoding_, store_, metrics_,
+                            region_.get(),
+                            i < reply_at_.size() ? reply_at_[i] : std::nullopt);
     StartWrite(&response_);
   }
 
@@ -441,6 +451,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const std::vector<uint32_t> chunk_ids_;
   const v1::Encoding encoding_;
   ServerMetrics* const metrics_;
+  const std::unique_ptr<SharedRegion> region_;  // null: none
+  const std::vector<std::optional<uint64_t>> reply_at_;
   size_t next_ = 0;
   grpc::ByteBuffer response_;
 };
@@ -464,9 +476,42 @@ class FailedPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-}  // namespace
-
-namespace {
+// The offsets of `req` by position in `ids` (the chunks the Pull reads);
+// InvalidArgument naming the chunk for an offset of a chunk not read, one
+// outside `region`, or any without a region.
+absl::Status ReplyOffsets(const v1::PullRequest& req,
+                          const std::vector<uint32_t>& ids,
+                          const SharedRegion* region,
+                          std::vector<std::optional<uint64_t>>* reply_at) {
+  if (region == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Pull gives reply_shm_offsets, but its call names no region (",
+        kSharedMemoryMetadata, " metadata)"));
+  }
+  reply_at->assign(ids.size(), std::nullopt);
+  size_t found = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = req.reply_shm_offsets().find(ids[i]);
+    if (it == req.reply_shm_offsets().end()) continue;
+    if (it->second >= region->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Pull: reply_shm_offsets of chunk ", ids[i], " (", it->second,
+          ") lies outside the call's region of ", region->size(), " bytes"));
+    }
+    (*reply_at)[i] = it->second;
+    ++found;
+  }
+  if (found != static_cast<size_t>(req.reply_shm_offsets().size())) {
+    for (const auto& [id, at] : req.reply_shm_offsets()) {
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Pull: reply_shm_offsets names chunk ", id,
+                         ", which this Pull does not read"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status NoSharedMemory() {
   return absl::FailedPreconditionError(
@@ -475,30 +520,38 @@ absl::Status NoSharedMemory() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SharedRegion>>
-ParameterService::OpenStreamRegion(const ParameterStore* store,
-                                   absl::string_view named) const {
-  if (!options_.shared_memory) {
-    return NoSharedMemory();
-  }
+absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
+    const grpc::CallbackServerContext* ctx, const ParameterStore* store) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kSharedMemoryMetadata);
+  if (it == md.end()) return std::unique_ptr<SharedRegion>();
+  const absl::string_view named(it->second.data(), it->second.size());
+  auto refuse = [](const absl::Status& why) {
+    return absl::UnavailableError(
+        absl::StrCat(kSharedMemoryErrorPrefix, why.message()));
+  };
+  if (!options_.shared_memory) return refuse(NoSharedMemory());
   std::vector<absl::string_view> parts =
       absl::StrSplit(named, absl::MaxSplits(' ', 1));
   uint64_t bytes = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes)) {
-    return absl::InvalidArgumentError(
+    return refuse(absl::InvalidArgumentError(
         absl::StrCat(kSharedMemoryMetadata, " metadata \"", named,
-                     "\" is not \"<path> <bytes>\""));
+                     "\" is not \"<path> <bytes>\"")));
   }
-  // One stream's region holds gradients and weights of chunks this shard
+  // One call's region holds gradients and weights of chunks this shard
   // owns, each at a cache line: at most twice its bytes, plus padding.
   const auto [owned_bytes, owned_chunks] = store->OwnedSize();
   const uint64_t limit = 2 * (owned_bytes + 64 * owned_chunks);
   if (bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
         "a region of ", bytes, " bytes is more than this shard's chunks need (",
-        limit, ")"));
+        limit, ")")));
   }
-  return SharedRegion::Open(parts[0], bytes);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Open(parts[0], bytes);
+  if (!region.ok()) return refuse(region.status());
+  return region;
 }
 
 absl::Status ParameterService::NotReady() const {
@@ -545,22 +598,10 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   ParameterStore* store = this->store();
   if (store == nullptr) return new FailedPushPull(NotReady());
   push_streams_.fetch_add(1, std::memory_order_relaxed);
-  std::unique_ptr<SharedRegion> region;
-  const auto& md = ctx->client_metadata();
-  auto named = md.find(kSharedMemoryMetadata);
-  if (named != md.end()) {
-    // UNAVAILABLE with the prefix: the worker retries without shared
-    // memory.
-    absl::StatusOr<std::unique_ptr<SharedRegion>> opened = OpenStreamRegion(
-        store, absl::string_view(named->second.data(), named->second.size()));
-    if (!opened.ok()) {
-      return new FailedPushPull(absl::UnavailableError(
-          absl::StrCat(kSharedMemoryErrorPrefix, opened.status().message())));
-    }
-    region = *std::move(opened);
-    shm_streams_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return PushPullReactor::Start(store, this, std::move(region));
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = CallRegion(ctx, store);
+  if (!region.ok()) return new FailedPushPull(region.status());
+  if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
+  return PushPullReactor::Start(store, this, *std::move(region));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
@@ -593,8 +634,17 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
     absl::Status readable = store->CheckReadable(id);
     if (!readable.ok()) return new FailedPull(readable, metrics());
   }
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = CallRegion(ctx, store);
+  if (!region.ok()) return new FailedPull(region.status(), metrics());
+  std::vector<std::optional<uint64_t>> reply_at;
+  if (!req->reply_shm_offsets().empty()) {
+    absl::Status offsets = ReplyOffsets(*req, ids, region->get(), &reply_at);
+    if (!offsets.ok()) return new FailedPull(offsets, metrics());
+  }
+  if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
   return new PullReactor(store, std::move(ids),
-                         EffectiveEncoding(req->encoding()), metrics());
+                         EffectiveEncoding(req->encoding()), metrics(),
+                         *std::move(region), std::move(reply_at));
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStatus(

@@ -83,10 +83,15 @@ class ParameterService final
   }
   absl::Status NotReady() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Maps the region a PushPull stream to `store` names ("<path> <bytes>");
-  // ResourceExhausted for one larger than its chunks can need.
-  absl::StatusOr<std::unique_ptr<SharedRegion>> OpenStreamRegion(
-      const ParameterStore* store, absl::string_view named) const;
+  // Maps the region a PushPull or Pull call to `store` names in its
+  // metadata ("<path> <bytes>"); null when it names none. An error is
+  // UNAVAILABLE with kSharedMemoryErrorPrefix (the client retries without
+  // shared memory): a malformed name, a region larger than this shard's
+  // chunks can need, one that cannot be mapped, a shard started without
+  // shared memory.
+  absl::StatusOr<std::unique_ptr<SharedRegion>> CallRegion(
+      const grpc::CallbackServerContext* ctx,
+      const ParameterStore* store) const;
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
@@ -97,7 +102,8 @@ class ParameterService final
   std::atomic<ParameterStore*> store_{nullptr};
   std::atomic<const ShardCheckpointer*> checkpoints_{nullptr};
   std::atomic<uint64_t> push_streams_{0};  // PushPull calls opened
-  std::atomic<uint64_t> shm_streams_{0};   // of those, with shared memory
+  // PushPull and Pull calls with a shared-memory region.
+  std::atomic<uint64_t> shm_streams_{0};
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

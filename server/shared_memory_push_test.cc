@@ -1,7 +1,7 @@
-// PushPull through shared memory, over gRPC with an in-process shard: a
-// worker's region (common/shared_memory.h) carries the gradient in and the
-// weights out, the Declare probe tells a co-located worker, and every
-// malformed use is refused with a clear error and changes nothing.
+// PushPull and Pull through shared memory, over gRPC with an in-process
+// shard: a worker's region (common/shared_memory.h) carries the gradient in
+// and the weights out, the Declare probe tells a co-located worker, and
+// every malformed use is refused with a clear error and changes nothing.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -67,6 +67,33 @@ class SharedMemoryPushTest : public ::testing::Test {
     req.set_shm_bytes(16);
     req.set_reply_shm_offset(64);
     return req;
+  }
+  // One Pull call naming `metadata` (none when empty) with `req`: its
+  // replies, or its status.
+  grpc::Status PullOnce(const std::string& metadata, const v1::PullRequest& req,
+                        std::vector<v1::PushPullResponse>* replies) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    if (!metadata.empty()) ctx.AddMetadata(kSharedMemoryMetadata, metadata);
+    auto reader = stub_->Pull(&ctx, req);
+    v1::PushPullResponse r;
+    while (reader->Read(&r)) replies->push_back(r);
+    return reader->Finish();
+  }
+  // A Pull of chunk 0 whose weights go to offset 64.
+  static v1::PullRequest ShmPull() {
+    v1::PullRequest req;
+    (*req.mutable_reply_shm_offsets())[0] = 64;
+    return req;
+  }
+  void ExpectPullRefused(const std::string& metadata, const v1::PullRequest& r,
+                         grpc::StatusCode code, const std::string& part) {
+    std::vector<v1::PushPullResponse> replies;
+    const grpc::Status s = PullOnce(metadata, r, &replies);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(part));
+    EXPECT_TRUE(replies.empty());
   }
   void ExpectRefused(const std::string& metadata, const v1::PushPullRequest& r,
                      grpc::StatusCode code, const std::string& part) {
@@ -206,6 +233,58 @@ TEST_F(SharedMemoryPushTest, AReplyThatDoesNotFitTheRegionComesInTheMessage) {
   std::vector<float> w(4);
   std::memcpy(w.data(), reply.payload().data(), 16);
   EXPECT_EQ(w, std::vector<float>({-1, -1, -1, -1}));
+}
+
+TEST_F(SharedMemoryPushTest, PullWritesTheWeightsIntoTheRegion) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  std::vector<v1::PushPullResponse> replies;
+  ASSERT_TRUE(PullOnce(Named(*region), ShmPull(), &replies).ok());
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].chunk_id(), 0u);
+  EXPECT_EQ(replies[0].shm_bytes(), 16u);
+  EXPECT_TRUE(replies[0].payload().empty());
+  EXPECT_EQ(At(*region, 64, 4), std::vector<float>({1, 1, 1, 1}));
+  EXPECT_EQ(Status().shared_memory_streams_total(), 1u);
+  // Without offsets the weights come in the message, region or not.
+  replies.clear();
+  ASSERT_TRUE(PullOnce(Named(*region), v1::PullRequest(), &replies).ok());
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].shm_bytes(), 0u);
+  EXPECT_EQ(replies[0].payload().size(), 16u);
+}
+
+TEST_F(SharedMemoryPushTest, MalformedPullsAreRefusedBeforeAnythingIsSent) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  const std::string named = Named(*region);
+  ExpectPullRefused("", ShmPull(), grpc::StatusCode::INVALID_ARGUMENT,
+                    "Pull gives reply_shm_offsets, but its call names no "
+                    "region");
+  v1::PullRequest r = ShmPull();
+  (*r.mutable_reply_shm_offsets())[0] = 128;
+  ExpectPullRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                    "reply_shm_offsets of chunk 0 (128) lies outside the "
+                    "call's region of 128 bytes");
+  r = ShmPull();
+  (*r.mutable_reply_shm_offsets())[7] = 0;
+  ExpectPullRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                    "reply_shm_offsets names chunk 7, which this Pull does "
+                    "not read");
+  ExpectPullRefused("/etc/passwd 128", ShmPull(), grpc::StatusCode::UNAVAILABLE,
+                    "shared memory: shared memory region /etc/passwd");
+  EXPECT_EQ(Status().shared_memory_streams_total(), 0u);
+}
+
+TEST_F(SharedMemoryPushTest, AShardStartedWithoutItRefusesPullRegions) {
+  Start(/*shared_memory=*/false);
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  ExpectPullRefused(Named(*region), ShmPull(), grpc::StatusCode::UNAVAILABLE,
+                    "shared memory: this shard was started with "
+                    "--shared_memory=false");
 }
 
 }  // namespace

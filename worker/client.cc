@@ -498,7 +498,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
                      ": restore every shard from the same checkpoint"));
   }
   start_step_ = lo;
-  shm_shards_.assign(num_shards, false);
+  shm_shards_.assign(num_shards, 0);
   for (uint32_t shard = 0; shard < num_shards; ++shard) {
     shm_shards_[shard] = probe_ != nullptr &&
                          declared[shard].shared_memory_token() == probe_token_;
@@ -555,6 +555,17 @@ absl::Status Client::Declare(const v1::Layout& layout,
       shm_weights_at_[id] = place(chunks[id].bytes());
     }
     lane->shm_bytes = at;
+  }
+  // Each shard's Pull region: the weights of its chunks, each at a cache
+  // line.
+  shm_pull_at_.assign(chunks.size(), 0);
+  pull_region_bytes_.assign(num_shards, 0);
+  pull_regions_.clear();
+  pull_regions_.resize(num_shards);
+  for (size_t id = 0; id < chunks.size(); ++id) {
+    uint64_t& at = pull_region_bytes_[shard_of[id]];
+    shm_pull_at_[id] = at;
+    at += (static_cast<uint64_t>(chunks[id].bytes()) + 63) / 64 * 64;
   }
   first_chunk_.assign(layout.tensors_size() + 1, 0);
   for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
@@ -720,28 +731,28 @@ absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected,
   }
   const ChunkSpec& c = chunks_[id];
   return ReadWeights(&lane->reply, c,
-                     open_->weights[c.tensor].data() + c.offset, region);
+                     open_->weights[c.tensor].data() + c.offset, region,
+                     shm_weights_at_[id]);
 }
 
 absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out,
-                                 const SharedRegion* region) {
+                                 const SharedRegion* region, uint64_t at) {
   const v1::Encoding got = EffectiveEncoding(r->response.encoding());
   const v1::Encoding asked = options_.compression.weights;
   const bool sparse = asked == v1::ENCODING_TOPK;
   // The payload: in the message, or where this chunk's weights lie in the
-  // stream's region.
+  // call's region.
   const uint64_t in_shm = r->response.shm_bytes();
   if (in_shm > 0 && (region == nullptr || sparse || r->payload.size() != 0 ||
                      in_shm > static_cast<uint64_t>(c.bytes()) ||
-                     !region->Contains(shm_weights_at_[c.id], in_shm))) {
+                     !region->Contains(at, in_shm))) {
     return absl::InternalError(absl::StrCat(
         "bad reply: weights of chunk ", c.id, " said to be ", in_shm,
-        " bytes of shared memory, which this stream did not ask for"));
+        " bytes of shared memory, which this call did not ask for"));
   }
-  StringByteSource shared(
-      in_shm > 0
-          ? absl::string_view(region->data() + shm_weights_at_[c.id], in_shm)
-          : absl::string_view());
+  StringByteSource shared(in_shm > 0
+                              ? absl::string_view(region->data() + at, in_shm)
+                              : absl::string_view());
   const ByteSource& payload =
       in_shm > 0 ? static_cast<const ByteSource&>(shared) : r->payload;
   absl::Status s;
@@ -1105,7 +1116,7 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
       absl::StrContains(status.message(), kSharedMemoryErrorPrefix)) {
     // The shard could not map this stream's region (it moved, or its
     // limits): the retry and later streams carry payloads in the messages.
-    shm_shards_[lane->shard] = false;
+    shm_shards_[lane->shard] = 0;
   }
   {
     absl::MutexLock lock(&lane->mu);
@@ -1240,9 +1251,25 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     ctx.set_deadline(Deadline(options_.rpc_timeout));
     v1::PullRequest req;
     // Pull sends sparse weights whole.
-    req.set_encoding(options_.compression.weights == v1::ENCODING_TOPK
-                         ? v1::ENCODING_FP32
-                         : options_.compression.weights);
+    const bool sparse = options_.compression.weights == v1::ENCODING_TOPK;
+    req.set_encoding(sparse ? v1::ENCODING_FP32 : options_.compression.weights);
+    std::unique_ptr<SharedRegion>& region = pull_regions_[shard];
+    if (shared_memory(shard) && !sparse && region == nullptr) {
+      absl::StatusOr<std::unique_ptr<SharedRegion>> created =
+          SharedRegion::Create(pull_region_bytes_[shard]);
+      // Without one (out of memory or descriptors) the weights come in
+      // the messages.
+      if (created.ok()) region = *std::move(created);
+    }
+    const bool through_shm = shared_memory(shard) && !sparse && region;
+    if (through_shm) {
+      ctx.AddMetadata(kSharedMemoryMetadata,
+                      absl::StrCat(region->path(), " ", region->size()));
+      auto& offsets = *req.mutable_reply_shm_offsets();
+      for (uint32_t id = 0; id < chunks_.size(); ++id) {
+        if (shard_of_[id] == shard) offsets[id] = shm_pull_at_[id];
+      }
+    }
     grpc::ByteBuffer request;
     bool own = false;
     grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &request, &own)
@@ -1268,7 +1295,7 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
         const ChunkSpec& c = chunks_[id];
         reply_error =
             ReadWeights(&reply, c, weights[c.tensor].data() + c.offset,
-                        /*region=*/nullptr);
+                        through_shm ? region.get() : nullptr, shm_pull_at_[id]);
       }
       if (!reply_error.ok()) {
         ctx.TryCancel();
@@ -1284,6 +1311,12 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
           "Pull returned ", received, " chunks; the shard owns ", owned));
     }
     if (status.ok()) break;
+    // The shard may still be writing into this call's region.
+    if (through_shm) region.reset();
+    if (absl::IsUnavailable(status) &&
+        absl::StrContains(status.message(), kSharedMemoryErrorPrefix)) {
+      shm_shards_[shard] = 0;  // the shard cannot map it: over gRPC
+    }
     if (!IsRetryable(status) || attempt >= options_.max_attempts) break;
     retries_.fetch_add(1);
     absl::SleepFor(backoff);

@@ -293,8 +293,9 @@ class Client {
   // Decodes the weights of reply `r` (chunk `c`) into out[0,
   // c.num_elements); InternalError for a malformed one or another encoding
   // than asked.
+  // A reply with shm_bytes left its payload in `region` at `at`.
   absl::Status ReadWeights(Reply* r, const ChunkSpec& c, float* out,
-                           const SharedRegion* region);
+                           const SharedRegion* region, uint64_t at);
   // Sparse weights: applies the changes in `r` (chunk `c`, to `version`)
   // to the chunk's copy.
   absl::Status ApplyChanges(Reply* r, const ChunkSpec& c, int64_t version);
@@ -330,13 +331,21 @@ class Client {
   // Lossy gradient encodings: each chunk's payload and residual.
   std::unique_ptr<GradientCompressor> compressor_;
   // Shared memory: the probe region Declare names and its token; by shard,
-  // whether its streams use shared memory; by chunk id, where its gradient
-  // and its weights lie in its lane's region (Stream::shm_bytes long).
+  // whether its calls use shared memory (a byte each: Pull's threads clear
+  // their own shard's); by chunk id, where its gradient and its weights lie
+  // in its lane's region (Stream::shm_bytes long).
   std::unique_ptr<SharedRegion> probe_;
   std::string probe_token_;
-  std::vector<bool> shm_shards_;
+  std::vector<char> shm_shards_;
   std::vector<uint64_t> shm_gradient_at_;
   std::vector<uint64_t> shm_weights_at_;
+  // Pull through shared memory: by shard, the region its Pulls reuse (null
+  // until the first, and again after a failed one: the shard may still be
+  // writing into it) and its size; by chunk id, where its weights lie in
+  // its shard's region.
+  std::vector<std::unique_ptr<SharedRegion>> pull_regions_;
+  std::vector<uint64_t> pull_region_bytes_;
+  std::vector<uint64_t> shm_pull_at_;
   // Sparse weights: by chunk id, the copy the shards keep of what this
   // worker holds, and its version (-1: not received yet). Each chunk is
   // touched by its lane's reader only.

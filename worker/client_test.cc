@@ -339,12 +339,15 @@ namespace {
 
 // Ten steps of a two-shard job with one worker whose gradients depend on
 // its weights; `no_shared_memory`: shards that refuse shared memory. Returns
-// the final weights and, by shard, whether the client used shared memory
-// and how many of the shard's streams did.
+// the final weights, what a Pull then gives and, by shard, whether the
+// client used shared memory, how many of the shard's calls did, and how
+// many of those were the last Pull.
 struct SharedMemoryRun {
   std::vector<float> weights;
+  std::vector<float> pulled;
   std::vector<bool> used;
   std::vector<uint64_t> shm_streams;
+  std::vector<uint64_t> shm_pulls;
   std::string described;
 };
 SharedMemoryRun RunTenSteps(bool shared_memory,
@@ -382,12 +385,19 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
         (*client)->PushPull(step, {grad}, {absl::MakeSpan(run.weights)});
     EXPECT_TRUE(s.ok()) << s;
   }
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> before =
+      (*client)->ShardStatus();
+  EXPECT_TRUE(before.ok()) << before.status();
+  run.pulled.assign(1000, 0);
+  EXPECT_TRUE((*client)->Pull({absl::MakeSpan(run.pulled)}).ok());
   absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
       (*client)->ShardStatus();
   EXPECT_TRUE(status.ok()) << status.status();
   for (uint32_t s = 0; s < 2; ++s) {
     run.used.push_back((*client)->shared_memory(s));
     run.shm_streams.push_back((*status)[s].shared_memory_streams_total());
+    run.shm_pulls.push_back((*status)[s].shared_memory_streams_total() -
+                            (*before)[s].shared_memory_streams_total());
   }
   run.described = (*client)->DescribeTransport();
   return run;
@@ -402,6 +412,10 @@ TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
   EXPECT_EQ(shm.described, "payloads through shared memory with every shard");
   EXPECT_EQ(grpc.used, std::vector<bool>({false, false}));
   EXPECT_EQ(grpc.shm_streams, std::vector<uint64_t>({0, 0}));
+  // Pull through the region too, and it gives the weights of the last step.
+  EXPECT_EQ(shm.shm_pulls, std::vector<uint64_t>({1, 1}));
+  EXPECT_EQ(shm.pulled, shm.weights);
+  EXPECT_EQ(grpc.pulled, grpc.weights);
   ASSERT_EQ(shm.weights.size(), grpc.weights.size());
   EXPECT_EQ(std::memcmp(shm.weights.data(), grpc.weights.data(),
                         4 * shm.weights.size()),
@@ -420,6 +434,8 @@ TEST(ClientSharedMemoryTest, AShardThatRefusesItGetsPayloadsOverGrpc) {
   EXPECT_EQ(mixed.used, std::vector<bool>({true, false}));
   EXPECT_GE(mixed.shm_streams[0], 1u);
   EXPECT_EQ(mixed.shm_streams[1], 0u);
+  EXPECT_EQ(mixed.shm_pulls, std::vector<uint64_t>({1, 0}));
+  EXPECT_EQ(mixed.pulled, grpc.weights);
   EXPECT_EQ(mixed.described,
             "payloads through shared memory with shards 0, over gRPC to the "
             "rest (shard 1: this shard was started with "

@@ -324,9 +324,18 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
   SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
                            clients[0]->ShardStatus());
   for (uint32_t s = 0; s < shards; ++s) {
-    // The workers' regions stay mapped while their streams are open: their
-    // pages count in the peak but are the workers' memfds.
-    const int64_t shared = std::max<int64_t>(0, SharedRss(servers[s]->pid()));
+    // The workers' regions stay mapped while their streams are open, and
+    // each worker's Pull region (its weights of this shard, each chunk at a
+    // cache line) while it pulls: their pages count in the peak but are the
+    // workers' memfds.
+    const int64_t pull_regions =
+        clients[0]->shared_memory(s)
+            ? int64_t{workers} *
+                  static_cast<int64_t>(shard_bytes[s] +
+                                       64 * status[s].num_chunks())
+            : 0;
+    const int64_t shared =
+        std::max<int64_t>(0, SharedRss(servers[s]->pid())) + pull_regions;
     const int64_t rss = PeakRss(servers[s]->pid()) - shared;
     // SGD without momentum: the weights and the running sum per owned byte,
     // plus at most one early gradient per stream (messages in flight).
