@@ -82,8 +82,9 @@ ABSL_FLAG(std::string, link, "",
           "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
           "between a servers' and a workers' network namespace, shaped with "
           "tbf each way (needs root, ip and tc); empty: loopback. Unless "
-          "given, --steps is 5 and --model_mib about 0.5 s of the rate (16 "
-          "to 256).");
+          "given, --steps is 5, --model_mib about 0.5 s of the rate (16 to "
+          "256), and --chunk_mib 1 and --streams_per_shard 1, as "
+          "shardps-worker declares and connects.");
 
 namespace shardps::bench {
 namespace {
@@ -163,8 +164,23 @@ absl::Status Run(const std::string& command) {
       // A step of a slow link takes long enough to be steady after fewer.
       if (!Given(FLAGS_steps)) o.steps = 5;
       if (!Given(FLAGS_model_mib)) o.model_bytes = DefaultLinkModelBytes(*rate);
+      // The namespaces share /proc: shared memory would bypass the link.
+      if (absl::GetFlag(FLAGS_shared_memory).value_or(false)) {
+        return absl::InvalidArgumentError(
+            "--shared_memory=true bypasses --link (both namespaces see each "
+            "other's /proc): leave it off to measure the link");
+      }
+      o.shared_memory = false;
     }
     o.chunk_bytes = ChunkFlagBytes();
+    if (o.link_bits_per_second > 0) {
+      // Across a link parallel streams only slow a sync step: each chunk's
+      // reply waits for the last worker's copy, and more flows sharing the
+      // link make that copy later (PushPull at 1 Gbit/s, 1 MiB chunks:
+      // 0.85-0.93 of the link with 2 streams, 0.92-0.95 with 1).
+      if (!Given(FLAGS_chunk_mib)) o.chunk_bytes = 1 << 20;
+      if (!Given(FLAGS_streams_per_shard)) o.streams_per_shard = 1;
+    }
     SHARDPS_ASSIGN_OR_RETURN(
         o.shards, ParseCounts("shards", absl::GetFlag(FLAGS_shards)));
     SHARDPS_ASSIGN_OR_RETURN(
