@@ -1,5 +1,6 @@
 #include "common/encoding.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,8 +14,19 @@ v1::Encoding EffectiveEncoding(v1::Encoding e) {
 
 void StringByteSource::CopyTo(
     char* dst, const std::function<void(uint64_t)>& copied) const {
-  std::memcpy(dst, bytes_.data(), bytes_.size());
-  if (copied) copied(bytes_.size());
+  if (!copied) {
+    std::memcpy(dst, bytes_.data(), bytes_.size());
+    return;
+  }
+  // In pieces that stay in cache for the caller to look at (as slices of a
+  // message are), rather than one pass over megabytes and then another.
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t at = 0; at < bytes_.size(); at += kPiece) {
+    const uint64_t n = std::min<uint64_t>(kPiece, bytes_.size() - at);
+    std::memcpy(dst + at, bytes_.data() + at, n);
+    copied(at + n);
+  }
+  if (bytes_.empty()) copied(0);
 }
 
 bool IsKnownEncoding(v1::Encoding e) {

@@ -1,7 +1,9 @@
 #include "common/encoding.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -31,6 +33,25 @@ TEST(EncodingTest, FindsFirstNonFiniteValue) {
   x[3] = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(FirstNonFinite(x.data(), x.size()), 3);
   EXPECT_EQ(FirstNonFinite(x.data(), 0), -1);
+}
+
+TEST(EncodingTest, StringByteSourceCopiesInPiecesThatFitInCache) {
+  std::string bytes(200 << 10, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i);
+  std::string out(bytes.size(), 'x');
+  std::vector<uint64_t> reports;
+  StringByteSource(bytes).CopyTo(out.data(), [&](uint64_t copied) {
+    // What is reported is already there.
+    EXPECT_EQ(out.compare(0, copied, bytes, 0, copied), 0);
+    reports.push_back(copied);
+  });
+  EXPECT_EQ(out, bytes);
+  EXPECT_EQ(reports,
+            std::vector<uint64_t>({64 << 10, 128 << 10, 192 << 10, 200 << 10}));
+  reports.clear();
+  StringByteSource("").CopyTo(out.data(),
+                              [&](uint64_t c) { reports.push_back(c); });
+  EXPECT_EQ(reports, std::vector<uint64_t>({0}));
 }
 
 }  // namespace

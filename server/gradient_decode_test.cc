@@ -1,5 +1,6 @@
 #include "server/gradient_decode.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -26,6 +27,30 @@ TEST(GradientDecodeTest, Fp32PayloadIsCopiedExactly) {
   SHARDPS_ASSERT_OK(DecodeGradient(v1::ENCODING_FP32, StringByteSource(bytes),
                                    {0, &spec, "w"}, false, got.data()));
   EXPECT_EQ(std::memcmp(got.data(), want.data(), 16), 0);
+}
+
+TEST(GradientDecodeTest, ANonFiniteValueInTheLastPieceOfALargePayloadIsFound) {
+  // Larger than one piece of StringByteSource: checked piece by piece.
+  std::vector<float> values(300000, 0.25f);
+  values[299999] = std::nanf("");
+  const std::string bytes = Fp32(values);
+  ChunkSpec spec;
+  spec.id = 1;
+  spec.offset = 10;
+  spec.num_elements = 300000;
+  std::vector<float> got(300000);
+  const absl::Status s =
+      DecodeGradient(v1::ENCODING_FP32, StringByteSource(bytes),
+                     {2, &spec, "w"}, false, got.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("non-finite value at element 300009"),
+            std::string::npos)
+      << s;
+  values[299999] = 1;
+  const std::string fine = Fp32(values);
+  SHARDPS_ASSERT_OK(DecodeGradient(v1::ENCODING_FP32, StringByteSource(fine),
+                                   {2, &spec, "w"}, false, got.data()));
+  EXPECT_EQ(got, values);
 }
 
 TEST(GradientDecodeTest, WrongLengthOrEncodingIsInvalidArgument) {
