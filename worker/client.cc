@@ -191,19 +191,35 @@ class Client::LaneCall final
   // (half-close, the server finishes) when `cancel` is false and nothing
   // is in flight, else a cancel. Caller's thread only, once.
   void Close(bool cancel) ABSL_LOCKS_EXCLUDED(lane_->mu) {
-    bool clean = !cancel;
+    BeginClose(cancel);
+    FinishClose(absl::Now() + absl::Seconds(5));
+  }
+  // Close in two halves, so that many calls can end in parallel: the
+  // half-close (or cancel), then the wait, up to `deadline` for a clean
+  // end before it cancels.
+  void BeginClose(bool cancel) ABSL_LOCKS_EXCLUDED(lane_->mu) {
     {
       absl::MutexLock lock(&lane_->mu);
-      clean = clean && !lane_->writing && !lane_->stopped && !lane_->reads_over;
+      clean_ =
+          !cancel && !lane_->writing && !lane_->stopped && !lane_->reads_over;
       lane_->stopped = true;
     }
-    if (clean) {
+    if (clean_) {
       StartWritesDone();
-      absl::MutexLock lock(&lane_->mu);
-      clean = lane_->mu.AwaitWithTimeout(absl::Condition(&lane_->reads_over),
-                                         absl::Seconds(5));
+    } else {
+      ctx_.TryCancel();
     }
-    if (!clean) ctx_.TryCancel();
+  }
+  void FinishClose(absl::Time deadline) ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    if (clean_) {
+      bool ended;
+      {
+        absl::MutexLock lock(&lane_->mu);
+        ended = lane_->mu.AwaitWithDeadline(absl::Condition(&lane_->reads_over),
+                                            deadline);
+      }
+      if (!ended) ctx_.TryCancel();
+    }
     RemoveHold();
     absl::MutexLock lock(&lane_->mu);
     lane_->mu.Await(absl::Condition(&lane_->call_done));
@@ -286,6 +302,7 @@ class Client::LaneCall final
   Client* const client_;
   Stream* const lane_;
   grpc::ClientContext ctx_;
+  bool clean_ = false;  // BeginClose half-closed (caller's thread only)
   std::unique_ptr<SharedRegion> region_;  // null: payloads in the messages
   grpc::ByteBuffer read_buf_;             // the read flow's
   grpc::ByteBuffer write_buf_;            // the write flow's, until OnWriteDone
@@ -341,9 +358,14 @@ absl::Status RunParallel(size_t n,
 Client::Client(ClientOptions options) : options_(std::move(options)) {}
 Client::~Client() {
   AbortStep();
-  // The streams kept open between steps end cleanly.
+  // The streams kept open between steps end cleanly, all at once: a hung
+  // shard costs one wait, not one per stream.
   for (auto& lane : lanes_) {
-    if (lane->call != nullptr) lane->call->Close(/*cancel=*/false);
+    if (lane->call != nullptr) lane->call->BeginClose(/*cancel=*/false);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (auto& lane : lanes_) {
+    if (lane->call != nullptr) lane->call->FinishClose(deadline);
   }
 }
 
@@ -1254,7 +1276,8 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     const bool sparse = options_.compression.weights == v1::ENCODING_TOPK;
     req.set_encoding(sparse ? v1::ENCODING_FP32 : options_.compression.weights);
     std::unique_ptr<SharedRegion>& region = pull_regions_[shard];
-    if (shared_memory(shard) && !sparse && region == nullptr) {
+    if (shared_memory(shard) && !sparse && region == nullptr &&
+        pull_region_bytes_[shard] > 0) {
       absl::StatusOr<std::unique_ptr<SharedRegion>> created =
           SharedRegion::Create(pull_region_bytes_[shard]);
       // Without one (out of memory or descriptors) the weights come in
