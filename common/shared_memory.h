@@ -1,8 +1,9 @@
 // Shared memory between a worker and a shard on the same machine. A worker
 // creates a region (an anonymous memfd, sealed at its size) per PushPull
-// stream and names it by /proc/<pid>/fd/<fd>; the shard maps the same pages.
-// Gradients and weights of that stream then travel through the region and
-// only their small headers through gRPC, which saves the loopback TCP path
+// stream, and one per shard for its Pulls, and names it by
+// /proc/<pid>/fd/<fd>; the shard maps the same pages (MAP_POPULATE: all at
+// once). Gradients and weights of that call then travel through the region
+// and only their small headers through gRPC, which saves the loopback TCP path
 // (two kernel copies and the protocol stack per byte). A shard that cannot
 // open the path (another machine, container or user) is not co-located, and
 // the stream carries its payloads in the messages as always.

@@ -72,10 +72,10 @@ struct ClientOptions {
   // both ways by default.
   Compression compression;
   // With a shard on this machine (it can open this process's memfds),
-  // fp32 and bf16 payloads of PushPull streams go through shared memory
-  // and only their headers through gRPC (common/shared_memory.h). Shards
-  // elsewhere, or started with --shared_memory=false, get everything in
-  // the messages.
+  // fp32 and bf16 payloads of PushPull streams and Pulls go through shared
+  // memory and only their headers through gRPC (common/shared_memory.h).
+  // Shards elsewhere, or started with --shared_memory=false, get everything
+  // in the messages.
   bool shared_memory = true;
 };
 
