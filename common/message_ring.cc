@@ -50,8 +50,9 @@ uint64_t MessageRing::BytesFor(uint64_t messages, uint64_t message_bytes) {
 
 absl::Status MessageRing::Check(const void* base, uint64_t bytes) {
   if (reinterpret_cast<uintptr_t>(base) % 64 != 0) {
-    return absl::InvalidArgumentError("a message ring must start at a cache "
-                                      "line");
+    return absl::InvalidArgumentError(
+        "a message ring must start at a cache "
+        "line");
   }
   const uint64_t capacity = bytes < kControlBytes ? 0 : bytes - kControlBytes;
   if (!IsPowerOfTwo(capacity) || capacity < kMinCapacity ||
@@ -80,9 +81,9 @@ absl::Status MessageRing::Append(absl::string_view message) {
   }
   const uint64_t tail = control_->tail.load(std::memory_order_acquire);
   if (tail > head_ || head_ - tail > capacity_ || tail % 8 != 0) {
-    return absl::DataLossError(
-        absl::StrCat("the ring's consumer says it took ", tail,
-                     " bytes of the ", head_, " published"));
+    return absl::DataLossError(absl::StrCat("the ring's consumer says it took ",
+                                            tail, " bytes of the ", head_,
+                                            " published"));
   }
   uint64_t pos = head_ & (capacity_ - 1);
   const uint64_t contiguous = capacity_ - pos;
@@ -156,8 +157,11 @@ absl::StatusOr<bool> MessageRing::Pop(std::string* out) {
   return false;
 }
 
-void MessageRing::Wait(absl::Duration timeout) {
-  const uint32_t seen = control_->wakeups.load(std::memory_order_seq_cst);
+uint32_t MessageRing::wakeups() const {
+  return control_->wakeups.load(std::memory_order_seq_cst);
+}
+
+void MessageRing::WaitSince(uint32_t seen, absl::Duration timeout) {
   if (!Empty()) return;
   control_->sleeping.store(1, std::memory_order_seq_cst);
   if (Empty()) {

@@ -61,7 +61,13 @@ class MessageRing {
   absl::StatusOr<bool> Pop(std::string* out);
   // Sleeps until something was published, `Interrupt` was called, or
   // `timeout` has passed (at most; it may return early).
-  void Wait(absl::Duration timeout);
+  void Wait(absl::Duration timeout) { WaitSince(wakeups(), timeout); }
+  // Wait, but returns at once if a Publish or Interrupt came since
+  // wakeups() returned `seen`: a consumer that checks a condition of its
+  // own (set before an Interrupt) reads wakeups() first, then the
+  // condition, and misses no Interrupt.
+  uint32_t wakeups() const;
+  void WaitSince(uint32_t seen, absl::Duration timeout);
   // Wakes the consumer's Wait from any thread of any process (for a
   // reason of the caller's own, such as the stream ending).
   void Interrupt();

@@ -64,6 +64,12 @@ class SharedRegion {
 // The metadata key a PushPull stream names its region by, as
 // "<path> <bytes>".
 inline constexpr char kSharedMemoryMetadata[] = "shardps-shm";
+// The metadata key a PushPull stream places its message rings by
+// (common/message_ring.h), as "<offset> <bytes>" in its region: the
+// requests' ring, then the replies'. A header is at most
+// kRingMessageBytes.
+inline constexpr char kSharedMemoryRingsMetadata[] = "shardps-shm-rings";
+inline constexpr uint64_t kRingMessageBytes = 256;
 // Errors about a stream's region start with this, so a client can tell
 // them from others and go on without shared memory.
 inline constexpr char kSharedMemoryErrorPrefix[] = "shared memory: ";

@@ -4,6 +4,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/codec.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
+#include "common/message_ring.h"
 #include "common/shared_memory.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -56,19 +58,22 @@ absl::Status CheckReplyEncoding(v1::Encoding encoding, bool sparse) {
 // without them, is the weights as FP32). With `region` and `at` (the push
 // asked for its reply in shared memory) the payload is copied there instead,
 // when it fits. Counts the bytes sent in `store`.
-grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
-                             ParameterStore* store, ServerMetrics* metrics,
-                             SharedRegion* region = nullptr,
-                             std::optional<uint64_t> at = std::nullopt) {
+// `header` gets the reply's fields and `payload` what goes in the message
+// (empty when there is none or it went into the region).
+void EncodeReply(ChunkReply reply, v1::Encoding encoding, ParameterStore* store,
+                 ServerMetrics* metrics, SharedRegion* region,
+                 std::optional<uint64_t> at, v1::PushPullResponse* header,
+                 grpc::Slice* payload_out) {
   encoding = EffectiveEncoding(encoding);
   if (encoding == v1::ENCODING_TOPK && reply.changes == nullptr) {
     encoding = v1::ENCODING_FP32;
   }
-  v1::PushPullResponse header;
-  header.set_chunk_id(reply.chunk_id);
-  header.set_version(reply.version);
-  header.set_encoding(encoding);
-  if (reply.weights == nullptr) return EncodeWithPayload(header, grpc::Slice());
+  header->Clear();
+  header->set_chunk_id(reply.chunk_id);
+  header->set_version(reply.version);
+  header->set_encoding(encoding);
+  *payload_out = grpc::Slice();
+  if (reply.weights == nullptr) return;
   const std::vector<float>& w = *reply.weights;
   grpc::Slice payload;
   if (encoding == v1::ENCODING_TOPK) {
@@ -90,10 +95,65 @@ grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
   if (region != nullptr && at.has_value() &&
       region->Contains(*at, payload.size())) {
     std::memcpy(region->data() + *at, payload.begin(), payload.size());
-    header.set_shm_bytes(payload.size());
-    return EncodeWithPayload(header, grpc::Slice());
+    header->set_shm_bytes(payload.size());
+    return;
   }
+  *payload_out = std::move(payload);
+}
+
+grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
+                             ParameterStore* store, ServerMetrics* metrics,
+                             SharedRegion* region = nullptr,
+                             std::optional<uint64_t> at = std::nullopt) {
+  v1::PushPullResponse header;
+  grpc::Slice payload;
+  EncodeReply(std::move(reply), encoding, store, metrics, region, at, &header,
+              &payload);
   return EncodeWithPayload(header, std::move(payload));
+}
+
+// Where a PushPull stream's message rings lie in its region.
+struct RingPlace {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;  // each
+};
+
+// The rings the call's metadata places in `region`; none when it names
+// none. UNAVAILABLE with kSharedMemoryErrorPrefix (the client goes on
+// without shared memory) for rings without a region, a malformed place,
+// or rings that do not lie in the region as MessageRing::Check wants.
+absl::StatusOr<std::optional<RingPlace>> CallRings(
+    const grpc::CallbackServerContext* ctx, const SharedRegion* region) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kSharedMemoryRingsMetadata);
+  if (it == md.end()) return std::optional<RingPlace>();
+  const absl::string_view named(it->second.data(), it->second.size());
+  auto refuse = [&](absl::string_view why) {
+    return absl::UnavailableError(absl::StrCat(kSharedMemoryErrorPrefix,
+                                               kSharedMemoryRingsMetadata,
+                                               " \"", named, "\": ", why));
+  };
+  if (region == nullptr) {
+    return refuse(absl::StrCat("the call names no region (",
+                               kSharedMemoryMetadata, " metadata)"));
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(named, ' ');
+  RingPlace place;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &place.offset) ||
+      !absl::SimpleAtoi(parts[1], &place.bytes)) {
+    return refuse("not \"<offset> <bytes>\"");
+  }
+  if (place.bytes > region->size() / 2 ||
+      !region->Contains(place.offset, 2 * place.bytes)) {
+    return refuse(absl::StrCat("two rings there do not lie in the region of ",
+                               region->size(), " bytes"));
+  }
+  for (uint64_t at : {place.offset, place.offset + place.bytes}) {
+    const absl::Status ok =
+        MessageRing::Check(region->data() + at, place.bytes);
+    if (!ok.ok()) return refuse(ok.message());
+  }
+  return std::optional<RingPlace>(place);
 }
 
 // One PushPull stream. Accepted pushes are answered by the store through
@@ -101,6 +161,12 @@ grpc::ByteBuffer EncodeReply(ChunkReply reply, v1::Encoding encoding,
 // accepted push has been answered, or at the first rejected push. Shared
 // ownership: gRPC's reference ends at OnDone, the store's waiters may hold
 // theirs longer (Deliver after the finish is a no-op).
+//
+// With message rings (a co-located worker; see PushPullRequest) a thread of
+// the stream's own reads the pushes from the requests' ring and Deliver
+// writes the replies into the replies' ring; gRPC's read only sees the
+// client's half-close. The stream finishes only after that thread has
+// stopped, so nothing of the stream runs once gRPC is done with it.
 class PushPullReactor final
     : public PushPullReactorBase,
       public ReplySink,
@@ -108,16 +174,33 @@ class PushPullReactor final
  public:
   static PushPullReactor* Start(ParameterStore* store,
                                 ParameterService* service,
-                                std::unique_ptr<SharedRegion> region) {
-    auto reactor =
-        std::make_shared<PushPullReactor>(store, service, std::move(region));
+                                std::unique_ptr<SharedRegion> region,
+                                std::optional<RingPlace> rings) {
+    auto reactor = std::make_shared<PushPullReactor>(store, service,
+                                                     std::move(region), rings);
     reactor->self_ = reactor;
     reactor->StartRead(&reactor->buffer_);
+    if (reactor->requests_ != nullptr) {
+      std::thread([reactor] { reactor->ReadRing(); }).detach();
+    }
     return reactor.get();
   }
   PushPullReactor(ParameterStore* store, ParameterService* service,
-                  std::unique_ptr<SharedRegion> region)
-      : store_(store), service_(service), region_(std::move(region)) {}
+                  std::unique_ptr<SharedRegion> region,
+                  std::optional<RingPlace> rings)
+      : store_(store),
+        service_(service),
+        region_(std::move(region)),
+        requests_(rings.has_value()
+                      ? std::make_unique<MessageRing>(
+                            region_->data() + rings->offset, rings->bytes)
+                      : nullptr),
+        replies_(rings.has_value()
+                     ? std::make_unique<MessageRing>(
+                           region_->data() + rings->offset + rings->bytes,
+                           rings->bytes)
+                     : nullptr),
+        ring_reader_done_(!rings.has_value()) {}
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -148,6 +231,16 @@ class PushPullReactor final
   void Pump();
   void RequestFinish(grpc::Status status);
   void ReadNext();
+  // Takes the push in request_ and payload_ (`decoded`: whether it
+  // parsed), counted in unanswered_ by the caller: hands it to the store,
+  // or finishes the stream with the error. False when the stream is to
+  // read no more.
+  bool Take(absl::Status decoded);
+  // The ring thread: takes pushes from requests_ until the stream is to
+  // finish, or the client half-closed and left none.
+  void ReadRing();
+  void DeliverToRing(ChunkReply reply, v1::Encoding encoding,
+                     std::optional<uint64_t> at);
   // Records the first push's reply encoding; InvalidArgument for one that
   // cannot be sent or differs from it.
   absl::Status TakeReplyEncoding(v1::Encoding asked);
@@ -162,11 +255,16 @@ class PushPullReactor final
   // The pointer is fixed; the shard reads gradients from it in read
   // reactions and writes replies into it in Deliver.
   const std::unique_ptr<SharedRegion> region_;
+  // The message rings in region_ (null: none): the requests' one is read by
+  // the ring thread only, the replies' one written under mu_.
+  const std::unique_ptr<MessageRing> requests_;
+  const std::unique_ptr<MessageRing> replies_;
   std::shared_ptr<PushPullReactor> self_;  // gRPC's reference, until OnDone
-  // Only touched by read reactions.
+  // Only touched by read reactions (with rings: by the ring thread).
   grpc::ByteBuffer buffer_;
   v1::PushPullRequest request_;
   PayloadView payload_;
+  std::string ring_message_;
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
@@ -185,6 +283,9 @@ class PushPullReactor final
   // early gradient in the store.
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The ring thread has stopped (true without rings).
+  bool ring_reader_done_ ABSL_GUARDED_BY(mu_);
+  std::string reply_bytes_ ABSL_GUARDED_BY(mu_);  // a ring reply's
 };
 
 absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
@@ -240,24 +341,53 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
 }
 
 void PushPullReactor::OnReadDone(bool ok) {
+  bool misplaced = false;
   {
     absl::MutexLock lock(&mu_);
     if (!ok) reads_done_ = true;
     // A stream being finished takes no more pushes.
     if (!ok || finish_wanted_.has_value() || finished_) {
       ok = false;
+    } else if (requests_ != nullptr) {
+      misplaced = true;
     } else {
       ++unanswered_;  // counted first: the store may answer before Push returns
     }
+  }
+  if (misplaced) {
+    buffer_.Clear();
+    RequestFinish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "a push came through gRPC on a stream whose pushes go through its "
+        "message rings"));
+    return;
   }
   if (!ok) {
     Pump();
     return;
   }
-  absl::Status status = DecodeWithPayload(buffer_, &request_, &payload_);
+  if (!Take(DecodeWithPayload(buffer_, &request_, &payload_))) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (holds_ > 0) {
+      read_paused_ = true;  // Release reads on
+      return;
+    }
+  }
+  ReadNext();
+}
+
+bool PushPullReactor::Take(absl::Status status) {
   if (status.ok()) status = TakeReplyEncoding(request_.reply_encoding());
   absl::string_view shared;
   if (status.ok()) status = TakeSharedMemory(&shared);
+  if (status.ok() && requests_ != nullptr && !request_.push_only() &&
+      !request_.has_reply_shm_offset()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "push of chunk ", request_.chunk_id(), " from rank ", request_.rank(),
+        " came through the stream's message ring without reply_shm_offset: "
+        "its reply could not carry the weights"));
+  }
   // The store copies the bytes out of the region before it checks them.
   StringByteSource shared_payload(shared);
   if (status.ok()) {
@@ -289,16 +419,60 @@ void PushPullReactor::OnReadDone(bool ok) {
       --unanswered_;
     }
     RequestFinish(ToGrpcStatus(status));
-    return;
+    return false;
+  }
+  return true;
+}
+
+void PushPullReactor::ReadRing() {
+  for (;;) {
+    const uint32_t seen = requests_->wakeups();
+    bool half_closed;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_wanted_.has_value() || finished_) break;
+      half_closed = reads_done_;
+    }
+    absl::StatusOr<bool> popped = requests_->Pop(&ring_message_);
+    if (!popped.ok()) {
+      RequestFinish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("the stream's request ring: ",
+                                              popped.status().message())));
+      break;
+    }
+    if (!*popped) {
+      if (half_closed) break;  // and nothing left behind
+      requests_->WaitSince(seen, absl::Milliseconds(200));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_wanted_.has_value() || finished_) break;
+      ++unanswered_;
+    }
+    payload_.Clear();
+    if (!Take(request_.ParseFromString(ring_message_)
+                  ? absl::OkStatus()
+                  : absl::InvalidArgumentError(
+                        "malformed PushPullRequest in the stream's request "
+                        "ring"))) {
+      break;
+    }
+    // As a paused read: at most one early gradient of this stream waits in
+    // the store.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](PushPullReactor* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+          return r->holds_ == 0 || r->finish_wanted_.has_value() ||
+                 r->finished_;
+        },
+        this));
   }
   {
     absl::MutexLock lock(&mu_);
-    if (holds_ > 0) {
-      read_paused_ = true;  // Release reads on
-      return;
-    }
+    ring_reader_done_ = true;
   }
-  ReadNext();
+  Pump();
 }
 
 void PushPullReactor::Release() {
@@ -334,6 +508,10 @@ void PushPullReactor::Deliver(ChunkReply reply) {
     auto it = reply_at_.find(reply.chunk_id);
     if (it != reply_at_.end()) at = it->second;
   }
+  if (replies_ != nullptr) {
+    DeliverToRing(std::move(reply), encoding, at);
+    return;
+  }
   // Encoded outside the lock: a BF16 reply converts the whole chunk.
   grpc::ByteBuffer message =
       EncodeReply(std::move(reply), encoding, store_, service_->metrics(),
@@ -344,6 +522,47 @@ void PushPullReactor::Deliver(ChunkReply reply) {
     queue_.push_back(std::move(message));
   }
   Pump();
+}
+
+void PushPullReactor::DeliverToRing(ChunkReply reply, v1::Encoding encoding,
+                                    std::optional<uint64_t> at) {
+  const uint32_t id = reply.chunk_id;
+  v1::PushPullResponse header;
+  grpc::Slice payload;
+  EncodeReply(std::move(reply), encoding, store_, service_->metrics(),
+              region_.get(), at, &header, &payload);
+  std::optional<grpc::Status> fail;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || finish_wanted_.has_value()) return;
+    if (payload.size() > 0) {
+      fail = grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("the weights of chunk ", id,
+                       " do not fit where its push asked for them in the "
+                       "stream's region"));
+    } else if (service_->DropNextReply()) {
+      fail = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "injected fault: reply dropped");
+    } else {
+      header.SerializeToString(&reply_bytes_);
+      const absl::Status appended = replies_->Append(reply_bytes_);
+      if (appended.ok()) {
+        replies_->Publish();
+        --unanswered_;
+      } else {
+        fail = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat(kSharedMemoryErrorPrefix,
+                         "the stream's reply ring: ", appended.message()));
+      }
+    }
+  }
+  if (fail.has_value()) {
+    RequestFinish(*std::move(fail));
+  } else {
+    Pump();
+  }
 }
 
 void PushPullReactor::OnWriteDone(bool ok) {
@@ -373,13 +592,18 @@ void PushPullReactor::Pump() {
   const grpc::ByteBuffer* next = nullptr;
   std::optional<grpc::Status> finish;
   bool drop = false;
+  bool stop_ring = false;
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || writing_) return;
     if (finish_wanted_.has_value()) {
       if (starting_read_ > 0) return;  // ReadNext pumps again
-      finished_ = true;
-      finish = *finish_wanted_;
+      if (!ring_reader_done_) {
+        stop_ring = true;  // the ring thread pumps again as it stops
+      } else {
+        finished_ = true;
+        finish = *finish_wanted_;
+      }
     } else if (!queue_.empty()) {
       drop = service_->DropNextReply();
       if (!drop) {
@@ -387,11 +611,17 @@ void PushPullReactor::Pump() {
         next = &queue_.front();  // deque references survive push_back
       }
     } else if (reads_done_ && unanswered_ == 0) {
-      finished_ = true;
-      finish = grpc::Status::OK;
+      if (!ring_reader_done_) {
+        stop_ring = true;
+      } else {
+        finished_ = true;
+        finish = grpc::Status::OK;
+      }
     }
   }
-  if (drop) {
+  if (stop_ring) {
+    requests_->Interrupt();
+  } else if (drop) {
     RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                "injected fault: reply dropped"));
   } else if (next != nullptr) {
@@ -541,8 +771,11 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
   }
   // One call's region holds gradients and weights of chunks this shard
   // owns, each at a cache line: at most twice its bytes, plus padding.
+  // And two message rings for as many headers as chunks.
   const auto [owned_bytes, owned_chunks] = store->OwnedSize();
-  const uint64_t limit = 2 * (owned_bytes + 64 * owned_chunks);
+  const uint64_t limit =
+      2 * (owned_bytes + 64 * owned_chunks) + 64 +
+      2 * MessageRing::BytesFor(owned_chunks, kRingMessageBytes);
   if (bytes > limit) {
     return refuse(absl::ResourceExhaustedError(absl::StrCat(
         "a region of ", bytes, " bytes is more than this shard's chunks need (",
@@ -584,6 +817,7 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
               : NoSharedMemory();
       if (probe.ok()) {
         resp->set_shared_memory_token((*probe)->data(), 16);
+        resp->set_shared_memory_rings(true);
       } else {
         resp->set_shared_memory_error(std::string(probe.status().message()));
       }
@@ -600,8 +834,14 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   push_streams_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::unique_ptr<SharedRegion>> region = CallRegion(ctx, store);
   if (!region.ok()) return new FailedPushPull(region.status());
+  absl::StatusOr<std::optional<RingPlace>> rings =
+      CallRings(ctx, region->get());
+  if (!rings.ok()) return new FailedPushPull(rings.status());
   if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
-  return PushPullReactor::Start(store, this, *std::move(region));
+  if (rings->has_value()) {
+    shm_ring_streams_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return PushPullReactor::Start(store, this, *std::move(region), *rings);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
@@ -660,6 +900,8 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
   resp->set_push_streams_total(push_streams_.load(std::memory_order_relaxed));
   resp->set_shared_memory_streams_total(
       shm_streams_.load(std::memory_order_relaxed));
+  resp->set_shared_memory_ring_streams_total(
+      shm_ring_streams_.load(std::memory_order_relaxed));
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

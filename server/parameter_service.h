@@ -104,6 +104,7 @@ class ParameterService final
   std::atomic<uint64_t> push_streams_{0};  // PushPull calls opened
   // PushPull and Pull calls with a shared-memory region.
   std::atomic<uint64_t> shm_streams_{0};
+  std::atomic<uint64_t> shm_ring_streams_{0};  // of them, with rings
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/message_ring.h"
 #include "common/shared_memory.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -181,11 +183,12 @@ TEST_F(SharedMemoryPushTest, MalformedUsesAreRefusedAndChangeNothing) {
                 "is not \"<path> <bytes>\"");
   ExpectRefused(absl::StrCat(region->path(), " 144"), ShmPush(),
                 grpc::StatusCode::UNAVAILABLE, "it has 128 bytes, not 144");
-  // One chunk of 16 bytes needs at most 2 x (16 + 64) bytes.
-  ExpectRefused(absl::StrCat(region->path(), " 161"), ShmPush(),
+  // One chunk of 16 bytes needs at most 2 x (16 + 64) bytes, and 64 more
+  // and two rings of 192 + 4096 bytes.
+  ExpectRefused(absl::StrCat(region->path(), " 8801"), ShmPush(),
                 grpc::StatusCode::UNAVAILABLE,
-                "a region of 161 bytes is more than this shard's chunks need "
-                "(160)");
+                "a region of 8801 bytes is more than this shard's chunks need "
+                "(8800)");
   // Requests that misuse the region.
   v1::PushPullRequest r = ShmPush();
   ExpectRefused("", r, grpc::StatusCode::INVALID_ARGUMENT,
@@ -285,6 +288,160 @@ TEST_F(SharedMemoryPushTest, AShardStartedWithoutItRefusesPullRegions) {
   ExpectPullRefused(Named(*region), ShmPull(), grpc::StatusCode::UNAVAILABLE,
                     "shared memory: this shard was started with "
                     "--shared_memory=false");
+}
+
+// A stream with message rings: a region of 128 bytes of payloads (the
+// gradient at 0, the weights at 64), then the requests' and the replies'
+// rings of kRing bytes each.
+constexpr uint64_t kRing =
+    MessageRing::kControlBytes + MessageRing::kMinCapacity;
+struct RingStream {
+  RingStream() {
+    region = *SharedRegion::Create(128 + 2 * kRing);
+    requests = std::make_unique<MessageRing>(region->data() + 128, kRing);
+    replies =
+        std::make_unique<MessageRing>(region->data() + 128 + kRing, kRing);
+  }
+  // Opens the call naming the region and `rings` (as the metadata says
+  // them; empty: none) on `stub`.
+  void Open(v1::ParameterServer::Stub* stub, const std::string& rings,
+            bool with_region = true) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    if (with_region) {
+      ctx.AddMetadata(kSharedMemoryMetadata,
+                      absl::StrCat(region->path(), " ", region->size()));
+    }
+    if (!rings.empty()) ctx.AddMetadata(kSharedMemoryRingsMetadata, rings);
+    stream = stub->PushPull(&ctx);
+  }
+  void Send(const std::string& bytes) {
+    ASSERT_TRUE(requests->Append(bytes).ok());
+    requests->Publish();
+  }
+  // The next reply from the ring; false after 30 s without one.
+  bool Receive(v1::PushPullResponse* reply) {
+    std::string bytes;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<bool> popped = replies->Pop(&bytes);
+      if (!popped.ok()) return false;
+      if (*popped) return reply->ParseFromString(bytes);
+      replies->Wait(absl::Milliseconds(100));
+    }
+    return false;
+  }
+  std::unique_ptr<SharedRegion> region;
+  std::unique_ptr<MessageRing> requests, replies;
+  grpc::ClientContext ctx;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::PushPullRequest, v1::PushPullResponse>>
+      stream;
+};
+
+TEST_F(SharedMemoryPushTest, PushesAndRepliesGoThroughTheRings) {
+  Start();
+  RingStream rs;
+  const std::vector<float> grad = {2, 2, 2, 2};
+  std::memcpy(rs.region->data(), grad.data(), 16);
+  rs.Open(stub_, absl::StrCat(128, " ", kRing));
+  rs.Send(ShmPush().SerializeAsString());
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(rs.Receive(&reply));
+  EXPECT_EQ(reply.chunk_id(), 0u);
+  EXPECT_EQ(reply.version(), 1);
+  EXPECT_EQ(reply.shm_bytes(), 16u);
+  EXPECT_EQ(At(*rs.region, 64, 4), std::vector<float>({-1, -1, -1, -1}));
+  // The next step on the same stream.
+  v1::PushPullRequest next = ShmPush();
+  next.set_step(1);
+  rs.Send(next.SerializeAsString());
+  ASSERT_TRUE(rs.Receive(&reply));
+  EXPECT_EQ(reply.version(), 2);
+  EXPECT_EQ(At(*rs.region, 64, 4), std::vector<float>({-3, -3, -3, -3}));
+  // Nothing came through gRPC; the half-close ends the stream cleanly.
+  rs.stream->WritesDone();
+  v1::PushPullResponse over_grpc;
+  EXPECT_FALSE(rs.stream->Read(&over_grpc));
+  const grpc::Status s = rs.stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.shared_memory_ring_streams_total(), 1u);
+  EXPECT_EQ(st.pushes_total(), 2u);
+}
+
+TEST_F(SharedMemoryPushTest, MalformedRingsAreRefusedAndChangeNothing) {
+  Start();
+  const std::string rings = absl::StrCat(128, " ", kRing);
+  // The call's end, after `send` (if any) went into its request ring.
+  auto finish = [&](const std::string& named, const std::string& send,
+                    bool with_region = true) {
+    RingStream rs;
+    const std::vector<float> grad = {2, 2, 2, 2};
+    std::memcpy(rs.region->data(), grad.data(), 16);
+    rs.Open(stub_, named, with_region);
+    if (!send.empty()) rs.Send(send);
+    return rs.stream->Finish();
+  };
+  auto expect = [](const grpc::Status& s, grpc::StatusCode code,
+                   const std::string& part) {
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(part));
+  };
+  // Places the shard will not use: the client goes on without shared
+  // memory.
+  expect(finish(rings, "", /*with_region=*/false),
+         grpc::StatusCode::UNAVAILABLE,
+         "shared memory: shardps-shm-rings \"128 4288\": the call names no "
+         "region");
+  expect(finish("128", ""), grpc::StatusCode::UNAVAILABLE,
+         "not \"<offset> <bytes>\"");
+  expect(finish(absl::StrCat(8, " ", kRing), ""), grpc::StatusCode::UNAVAILABLE,
+         "must start at a cache line");
+  expect(finish(absl::StrCat(192, " ", kRing), ""),
+         grpc::StatusCode::UNAVAILABLE,
+         "two rings there do not lie in the region of 8704 bytes");
+  expect(finish("128 4000", ""), grpc::StatusCode::UNAVAILABLE,
+         "is not 192 bytes of control and a power of two");
+  // What a ring carries: refused like a malformed message.
+  expect(finish(rings, "not a protobuf \xff\xff"),
+         grpc::StatusCode::INVALID_ARGUMENT,
+         "malformed PushPullRequest in the stream's request ring");
+  v1::PushPullRequest r = ShmPush();
+  r.clear_reply_shm_offset();
+  expect(finish(rings, r.SerializeAsString()),
+         grpc::StatusCode::INVALID_ARGUMENT,
+         "came through the stream's message ring without reply_shm_offset");
+  r = ShmPush();
+  r.set_shm_offset(8700);
+  expect(finish(rings, r.SerializeAsString()),
+         grpc::StatusCode::INVALID_ARGUMENT,
+         "shared-memory bytes [8700, +16) lie outside");
+  {
+    // A length that runs past what the producer published.
+    RingStream rs;
+    rs.Open(stub_, rings);
+    ASSERT_TRUE(rs.requests->Append("x").ok());
+    const uint32_t length = 3000;
+    std::memcpy(rs.region->data() + 128 + MessageRing::kControlBytes, &length,
+                4);
+    rs.requests->Publish();
+    expect(rs.stream->Finish(), grpc::StatusCode::INVALID_ARGUMENT,
+           "the stream's request ring: message ring at 0 of 8 published "
+           "bytes: a message of 3000 bytes does not fit");
+  }
+  {
+    // A push through gRPC on a stream whose pushes go through its rings.
+    RingStream rs;
+    rs.Open(stub_, rings);
+    rs.stream->Write(ShmPush());
+    expect(rs.stream->Finish(), grpc::StatusCode::INVALID_ARGUMENT,
+           "a push came through gRPC on a stream whose pushes go through its "
+           "message rings");
+  }
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 0u);
+  EXPECT_EQ(st.min_version(), 0);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "common/codec.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
+#include "common/message_ring.h"
 #include "common/partitioner.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -53,8 +54,10 @@ struct Client::Stream {
   std::unique_ptr<v1::ParameterServer::Stub> stub;
   std::vector<uint32_t> chunk_ids;  // the chunks this lane carries
   // Bytes of a shared-memory region for this lane: its chunks' gradients,
-  // then their weights (used when its shard is in shm_shards_).
+  // then their weights (used when its shard is in shm_shards_); then, when
+  // its shard takes rings, two message rings of ring_bytes each.
   uint64_t shm_bytes = 0;
+  uint64_t ring_bytes = 0;
   Reply reply;  // the last reply of a step on this lane
 
   // Gradient slices gRPC still references; a step returns only once it is
@@ -142,14 +145,26 @@ class Client::LaneCall final
     // A region of this call's own: a call that ended may still have a
     // reply being written into its region by the shard.
     if (client_->shared_memory(lane_->shard) && lane_->shm_bytes > 0) {
+      const bool rings = client_->rings(lane_->shard);
       absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-          SharedRegion::Create(lane_->shm_bytes);
+          SharedRegion::Create(lane_->shm_bytes +
+                               (rings ? 2 * lane_->ring_bytes : 0));
       // Without one (out of memory or descriptors) the payloads go in the
       // messages.
       if (region.ok()) {
         region_ = *std::move(region);
         ctx_.AddMetadata(kSharedMemoryMetadata,
                          absl::StrCat(region_->path(), " ", region_->size()));
+        if (rings) {
+          // shm_bytes is a multiple of 64: the rings start at cache lines.
+          char* at = region_->data() + lane_->shm_bytes;
+          requests_ = std::make_unique<MessageRing>(at, lane_->ring_bytes);
+          replies_ = std::make_unique<MessageRing>(at + lane_->ring_bytes,
+                                                   lane_->ring_bytes);
+          ctx_.AddMetadata(
+              kSharedMemoryRingsMetadata,
+              absl::StrCat(lane_->shm_bytes, " ", lane_->ring_bytes));
+        }
       }
     }
     const grpc::internal::RpcMethod method(
@@ -162,8 +177,15 @@ class Client::LaneCall final
     StartCall();
   }
 
-  // Writes the next queued chunk unless a write is in flight.
+  bool ring() const { return requests_ != nullptr; }
+
+  // Writes the next queued chunk unless a write is in flight; with rings,
+  // every queued chunk (caller's thread only).
   void Pump() ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    if (ring()) {
+      PumpRing();
+      return;
+    }
     uint32_t id;
     {
       absl::MutexLock lock(&lane_->mu);
@@ -240,10 +262,56 @@ class Client::LaneCall final
     if (ok) Pump();
   }
 
+  // With rings: takes the replies that came (caller's thread only) and,
+  // unless `deadline` has passed, waits for the rest until the step's
+  // every reply is in, an error stops the lane, or the stream ended.
+  void TakeRingReplies(absl::Time deadline) ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    for (;;) {
+      const uint32_t seen = replies_->wakeups();
+      bool over;
+      {
+        // Read first: the shard put every reply in the ring before it
+        // ended the stream.
+        absl::MutexLock lock(&lane_->mu);
+        over = lane_->reads_over || lane_->stopped;
+      }
+      absl::Status s = TakeRing();
+      bool complete;
+      {
+        absl::MutexLock lock(&lane_->mu);
+        if (!s.ok()) Stop(s);
+        complete = lane_->answered.size() == lane_->chunk_ids.size();
+      }
+      if (!s.ok()) {
+        ctx_.TryCancel();
+        return;
+      }
+      const absl::Time now = absl::Now();
+      if (complete || over || now >= deadline) return;
+      // OnDone interrupts the wait; the cap only bounds a lost wake-up.
+      replies_->WaitSince(seen, std::min(deadline - now, absl::Seconds(1)));
+    }
+  }
+
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(lane_->mu) {
     if (!ok) {
-      absl::MutexLock lock(&lane_->mu);
-      lane_->reads_over = true;
+      {
+        absl::MutexLock lock(&lane_->mu);
+        lane_->reads_over = true;
+      }
+      if (ring()) replies_->Interrupt();
+      return;
+    }
+    if (ring()) {
+      read_buf_.Clear();
+      {
+        absl::MutexLock lock(&lane_->mu);
+        Stop(absl::InternalError(
+            "bad reply: the shard answered through gRPC on a stream whose "
+            "replies go through its message ring"));
+      }
+      ctx_.TryCancel();
+      replies_->Interrupt();
       return;
     }
     absl::Status s = DecodeWithPayload(read_buf_, &lane_->reply.response,
@@ -282,6 +350,14 @@ class Client::LaneCall final
   }
 
   void OnDone(const grpc::Status& s) override ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    if (ring()) {
+      {
+        absl::MutexLock lock(&lane_->mu);
+        lane_->final_status = s;
+        lane_->reads_over = true;
+      }
+      replies_->Interrupt();  // before call_done: this may be gone after
+    }
     absl::MutexLock lock(&lane_->mu);
     lane_->final_status = s;
     lane_->reads_over = true;
@@ -289,6 +365,73 @@ class Client::LaneCall final
   }
 
  private:
+  // Appends every queued chunk's header to the requests' ring and wakes
+  // the shard once.
+  void PumpRing() ABSL_LOCKS_EXCLUDED(lane_->mu) {
+    {
+      absl::MutexLock lock(&lane_->mu);
+      if (lane_->stopped) return;
+      ring_ids_.assign(lane_->ready.begin(), lane_->ready.end());
+      lane_->ready.clear();
+    }
+    absl::Status s;
+    for (uint32_t id : ring_ids_) {
+      if (!client_->IntoRegion(id, &header_, region_.get()) ||
+          (!header_.push_only() && !header_.has_reply_shm_offset())) {
+        s = absl::UnavailableError(absl::StrCat(
+            kSharedMemoryErrorPrefix, "chunk ", id,
+            " does not fit the stream's region (declared again?)"));
+        break;
+      }
+      header_.SerializeToString(&ring_bytes_);
+      s = requests_->Append(ring_bytes_);
+      if (!s.ok()) {
+        s = absl::UnavailableError(
+            absl::StrCat(kSharedMemoryErrorPrefix,
+                         "the stream's request ring: ", s.message()));
+        break;
+      }
+    }
+    requests_->Publish();
+    {
+      absl::MutexLock lock(&lane_->mu);
+      if (!s.ok()) Stop(s);
+      if (lane_->ready.empty() && lane_->unqueued == 0) {
+        lane_->writes_done = absl::Now();
+      }
+    }
+    if (!s.ok()) ctx_.TryCancel();
+  }
+  // Takes every reply in the replies' ring.
+  absl::Status TakeRing() {
+    for (;;) {
+      absl::StatusOr<bool> popped = replies_->Pop(&ring_bytes_);
+      if (!popped.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "bad reply: the stream's reply ring: ", popped.status().message()));
+      }
+      if (!*popped) return absl::OkStatus();
+      Reply& r = lane_->reply;
+      r.payload.Clear();
+      if (!r.response.ParseFromString(ring_bytes_)) {
+        return absl::InternalError(
+            "bad reply: a malformed PushPullResponse in the stream's reply "
+            "ring");
+      }
+      {
+        absl::MutexLock lock(&lane_->mu);
+        if (!lane_->in_step) {
+          return absl::InternalError(
+              absl::StrCat("bad reply: server sent chunk ",
+                           r.response.chunk_id(), " which was not pushed"));
+        }
+      }
+      SHARDPS_RETURN_IF_ERROR(
+          client_->TakeReply(lane_, &expected_view(), region_.get()));
+      absl::MutexLock lock(&lane_->mu);
+      lane_->answered.push_back(r.response.chunk_id());
+    }
+  }
   void Stop(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane_->mu) {
     if (lane_->status.ok()) lane_->status = s;
     lane_->stopped = true;
@@ -304,9 +447,15 @@ class Client::LaneCall final
   grpc::ClientContext ctx_;
   bool clean_ = false;  // BeginClose half-closed (caller's thread only)
   std::unique_ptr<SharedRegion> region_;  // null: payloads in the messages
-  grpc::ByteBuffer read_buf_;             // the read flow's
-  grpc::ByteBuffer write_buf_;            // the write flow's, until OnWriteDone
-  v1::PushPullRequest header_;            // the write flow's
+  // The message rings in region_ (null: none), used by the caller's thread
+  // only, and its scratch.
+  std::unique_ptr<MessageRing> requests_;
+  std::unique_ptr<MessageRing> replies_;
+  std::vector<uint32_t> ring_ids_;
+  std::string ring_bytes_;
+  grpc::ByteBuffer read_buf_;   // the read flow's
+  grpc::ByteBuffer write_buf_;  // the write flow's, until OnWriteDone
+  v1::PushPullRequest header_;  // the write flow's
 };
 
 // The step between BeginStep and FinishStep.
@@ -521,9 +670,16 @@ absl::Status Client::Declare(const v1::Layout& layout,
   }
   start_step_ = lo;
   shm_shards_.assign(num_shards, 0);
+  ring_shards_.assign(num_shards, 0);
+  // Rings carry headers only: every payload must go through the region.
+  const bool ringable = options_.shared_memory_rings &&
+                        options_.compression.gradients == v1::ENCODING_FP32 &&
+                        options_.compression.weights != v1::ENCODING_TOPK;
   for (uint32_t shard = 0; shard < num_shards; ++shard) {
     shm_shards_[shard] = probe_ != nullptr &&
                          declared[shard].shared_memory_token() == probe_token_;
+    ring_shards_[shard] =
+        shm_shards_[shard] && ringable && declared[shard].shared_memory_rings();
   }
   declared_states_ = std::move(declared);
   // Spread each shard's chunks over its lanes, largest first. A shard that
@@ -577,6 +733,8 @@ absl::Status Client::Declare(const v1::Layout& layout,
       shm_weights_at_[id] = place(chunks[id].bytes());
     }
     lane->shm_bytes = at;
+    lane->ring_bytes =
+        MessageRing::BytesFor(lane->chunk_ids.size(), kRingMessageBytes);
   }
   // Each shard's Pull region: the weights of its chunks, each at a cache
   // line.
@@ -616,6 +774,11 @@ absl::Status Client::Declare(const v1::Layout& layout,
   return absl::OkStatus();
 }
 
+bool Client::rings(uint32_t shard) const {
+  return shared_memory(shard) && shard < ring_shards_.size() &&
+         ring_shards_[shard];
+}
+
 std::string Client::DescribeTransport() const {
   std::vector<std::string> shm;
   std::string why;
@@ -630,7 +793,13 @@ std::string Client::DescribeTransport() const {
   }
   if (shm.empty()) return absl::StrCat("payloads over gRPC", why);
   if (shm.size() == shm_shards_.size()) {
-    return "payloads through shared memory with every shard";
+    bool all_rings = true;
+    for (uint32_t s = 0; s < shm_shards_.size(); ++s) {
+      all_rings = all_rings && rings(s);
+    }
+    return all_rings ? "payloads and headers through shared memory (message "
+                       "rings) with every shard"
+                     : "payloads through shared memory with every shard";
   }
   return absl::StrCat("payloads through shared memory with shards ",
                       absl::StrJoin(shm, ", "), ", over gRPC to the rest", why);
@@ -688,9 +857,8 @@ bool Client::Compressed(uint32_t id) const {
          !open_->no_gradient[chunks_[id].tensor] && compressor_->compresses(id);
 }
 
-absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
-    Stream* lane, uint32_t id, v1::PushPullRequest* header,
-    SharedRegion* region) {
+bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
+                        SharedRegion* region) {
   const ChunkSpec& c = chunks_[id];
   FillHeader(id, header);
   // A region from before the model was declared again may not fit.
@@ -699,15 +867,23 @@ absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
       region->Contains(shm_weights_at_[id], c.bytes())) {
     header->set_reply_shm_offset(shm_weights_at_[id]);
   }
-  if (open_->no_gradient[c.tensor]) return lane->Message(*header, nullptr, 0);
+  if (open_->no_gradient[c.tensor]) return true;
   if (region != nullptr && !Compressed(id) &&
       region->Contains(shm_gradient_at_[id], c.bytes())) {
     std::memcpy(region->data() + shm_gradient_at_[id],
                 open_->gradients[c.tensor].data() + c.offset, c.bytes());
     header->set_shm_offset(shm_gradient_at_[id]);
     header->set_shm_bytes(c.bytes());
-    return lane->Message(*header, nullptr, 0);
+    return true;
   }
+  return false;
+}
+
+absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
+    Stream* lane, uint32_t id, v1::PushPullRequest* header,
+    SharedRegion* region) {
+  const ChunkSpec& c = chunks_[id];
+  if (IntoRegion(id, header, region)) return lane->Message(*header, nullptr, 0);
   if (Compressed(id)) {
     absl::string_view& payload = open_->payloads[id];
     if (payload.data() == nullptr) {
@@ -1051,6 +1227,13 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
       lane->call->Pump();
     }
   }
+  // Replies that came through rings meanwhile are written now, while
+  // backward goes on, rather than all at the end.
+  for (auto& lane : lanes_) {
+    if (lane->call != nullptr && lane->call->ring()) {
+      lane->call->TakeRingReplies(absl::InfinitePast());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -1091,6 +1274,9 @@ absl::Status Client::EndLaneStep(Stream* lane, bool cancel,
                                  std::vector<uint32_t>* answered) {
   absl::Status status;
   bool complete = false;
+  if (lane->call != nullptr && lane->call->ring() && !cancel) {
+    lane->call->TakeRingReplies(open_->start + options_.rpc_timeout);
+  }
   if (lane->call != nullptr) {
     absl::MutexLock lock(&lane->mu);
     if (!cancel) {

@@ -77,6 +77,11 @@ struct ClientOptions {
   // Shards elsewhere, or started with --shared_memory=false, get everything
   // in the messages.
   bool shared_memory = true;
+  // With shared memory and fp32 gradients (any weight encoding but TOPK),
+  // PushPull streams pass their headers through message rings in their
+  // regions too (common/message_ring.h), and gRPC carries only the
+  // streams' ends: no gRPC thread wakes up per chunk on either side.
+  bool shared_memory_rings = true;
 };
 
 // A tensor's values, in layout order; the client reads gradients from and
@@ -225,6 +230,9 @@ class Client {
   bool shared_memory(uint32_t shard) const {
     return shard < shm_shards_.size() && shm_shards_[shard];
   }
+  // After Declare: PushPull streams to shard `shard` pass their headers
+  // through message rings.
+  bool rings(uint32_t shard) const;
   // After Declare, for the log: how payloads travel to each shard, e.g.
   // "shared memory with shards 0, 1" or "gRPC to every shard (shard 0:
   // <why not shared memory>)".
@@ -280,6 +288,11 @@ class Client {
   absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
                                                 v1::PushPullRequest* header,
                                                 SharedRegion* region);
+  // Fills `header` for chunk `id` of the open step and, with `region`,
+  // copies its gradient there and asks its reply there where they fit.
+  // True when the message needs no payload.
+  bool IntoRegion(uint32_t id, v1::PushPullRequest* header,
+                  SharedRegion* region);
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;
@@ -337,6 +350,7 @@ class Client {
   std::unique_ptr<SharedRegion> probe_;
   std::string probe_token_;
   std::vector<char> shm_shards_;
+  std::vector<char> ring_shards_;  // by shard: it takes message rings
   std::vector<uint64_t> shm_gradient_at_;
   std::vector<uint64_t> shm_weights_at_;
   // Pull through shared memory: by shard, the region its Pulls reuse (null

@@ -338,20 +338,24 @@ namespace shardps {
 namespace {
 
 // Ten steps of a two-shard job with one worker whose gradients depend on
-// its weights; `no_shared_memory`: shards that refuse shared memory. Returns
-// the final weights, what a Pull then gives and, by shard, whether the
-// client used shared memory, how many of the shard's calls did, and how
-// many of those were the last Pull.
+// its weights; `no_shared_memory`: shards that refuse shared memory;
+// `rings`: headers through message rings too. Returns the final weights,
+// what a Pull then gives and, by shard, whether the client used shared
+// memory (and rings), how many of the shard's calls did (with rings), and
+// how many of those were the last Pull.
 struct SharedMemoryRun {
   std::vector<float> weights;
   std::vector<float> pulled;
   std::vector<bool> used;
+  std::vector<bool> used_rings;
   std::vector<uint64_t> shm_streams;
+  std::vector<uint64_t> ring_streams;
   std::vector<uint64_t> shm_pulls;
   std::string described;
 };
 SharedMemoryRun RunTenSteps(bool shared_memory,
-                            std::vector<uint32_t> no_shared_memory = {}) {
+                            std::vector<uint32_t> no_shared_memory = {},
+                            bool rings = true) {
   SharedMemoryRun run;
   server::TestShards shards(2, 1, no_shared_memory);
   EXPECT_TRUE(shards.status().ok()) << shards.status();
@@ -359,6 +363,7 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
   co.servers = shards.addresses();
   co.connect_timeout = absl::Seconds(30);
   co.shared_memory = shared_memory;
+  co.shared_memory_rings = rings;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
   EXPECT_TRUE(client.ok()) << client.status();
   v1::Layout layout;
@@ -395,7 +400,9 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
   EXPECT_TRUE(status.ok()) << status.status();
   for (uint32_t s = 0; s < 2; ++s) {
     run.used.push_back((*client)->shared_memory(s));
+    run.used_rings.push_back((*client)->rings(s));
     run.shm_streams.push_back((*status)[s].shared_memory_streams_total());
+    run.ring_streams.push_back((*status)[s].shared_memory_ring_streams_total());
     run.shm_pulls.push_back((*status)[s].shared_memory_streams_total() -
                             (*before)[s].shared_memory_streams_total());
   }
@@ -407,11 +414,26 @@ TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
   const SharedMemoryRun shm = RunTenSteps(true);
   const SharedMemoryRun grpc = RunTenSteps(false);
   EXPECT_EQ(shm.used, std::vector<bool>({true, true}));
+  EXPECT_EQ(shm.used_rings, std::vector<bool>({true, true}));
   EXPECT_GE(shm.shm_streams[0], 1u);
   EXPECT_GE(shm.shm_streams[1], 1u);
-  EXPECT_EQ(shm.described, "payloads through shared memory with every shard");
+  // One stream per shard for all ten steps: no step fell back to gRPC.
+  EXPECT_EQ(shm.ring_streams, std::vector<uint64_t>({1, 1}));
+  EXPECT_EQ(shm.described,
+            "payloads and headers through shared memory (message rings) with "
+            "every shard");
   EXPECT_EQ(grpc.used, std::vector<bool>({false, false}));
+  EXPECT_EQ(grpc.used_rings, std::vector<bool>({false, false}));
   EXPECT_EQ(grpc.shm_streams, std::vector<uint64_t>({0, 0}));
+  EXPECT_EQ(grpc.ring_streams, std::vector<uint64_t>({0, 0}));
+  // Payloads through shared memory, headers through gRPC.
+  const SharedMemoryRun no_rings = RunTenSteps(true, {}, /*rings=*/false);
+  EXPECT_EQ(no_rings.used_rings, std::vector<bool>({false, false}));
+  EXPECT_EQ(no_rings.ring_streams, std::vector<uint64_t>({0, 0}));
+  EXPECT_GE(no_rings.shm_streams[0], 1u);
+  EXPECT_EQ(no_rings.described,
+            "payloads through shared memory with every shard");
+  EXPECT_EQ(no_rings.weights, grpc.weights);
   // Pull through the region too, and it gives the weights of the last step.
   EXPECT_EQ(shm.shm_pulls, std::vector<uint64_t>({1, 1}));
   EXPECT_EQ(shm.pulled, shm.weights);
@@ -432,8 +454,10 @@ TEST(ClientSharedMemoryTest, AShardThatRefusesItGetsPayloadsOverGrpc) {
   const SharedMemoryRun mixed = RunTenSteps(true, {1});
   const SharedMemoryRun grpc = RunTenSteps(false);
   EXPECT_EQ(mixed.used, std::vector<bool>({true, false}));
+  EXPECT_EQ(mixed.used_rings, std::vector<bool>({true, false}));
   EXPECT_GE(mixed.shm_streams[0], 1u);
   EXPECT_EQ(mixed.shm_streams[1], 0u);
+  EXPECT_EQ(mixed.ring_streams, std::vector<uint64_t>({1, 0}));
   EXPECT_EQ(mixed.shm_pulls, std::vector<uint64_t>({1, 0}));
   EXPECT_EQ(mixed.pulled, grpc.weights);
   EXPECT_EQ(mixed.described,

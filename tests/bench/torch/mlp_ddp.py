@@ -12,7 +12,15 @@ import os
 import sys
 import time
 
-import torch
+# Each process's BLAS threads as --threads says, before torch loads: an
+# OpenBLAS pool larger than that only spins against the other process.
+for _arg in sys.argv[1:]:
+    if _arg.startswith("--threads="):
+        for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                     "MKL_NUM_THREADS"):
+            os.environ[_var] = _arg.split("=", 1)[1]
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
