@@ -817,7 +817,7 @@ grpc::ServerUnaryReactor* ParameterService::Declare(
               : NoSharedMemory();
       if (probe.ok()) {
         resp->set_shared_memory_token((*probe)->data(), 16);
-        resp->set_shared_memory_rings(true);
+        resp->set_shared_memory_rings(options_.shared_memory_rings);
       } else {
         resp->set_shared_memory_error(std::string(probe.status().message()));
       }
@@ -837,6 +837,11 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   absl::StatusOr<std::optional<RingPlace>> rings =
       CallRings(ctx, region->get());
   if (!rings.ok()) return new FailedPushPull(rings.status());
+  if (rings->has_value() && !options_.shared_memory_rings) {
+    return new FailedPushPull(absl::UnavailableError(
+        absl::StrCat(kSharedMemoryErrorPrefix,
+                     "this shard was started with --shared_memory_rings=false")));
+  }
   if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
   if (rings->has_value()) {
     shm_ring_streams_.fetch_add(1, std::memory_order_relaxed);

@@ -29,6 +29,9 @@ struct ServiceOptions {
   // Workers on this machine may move payloads through shared memory
   // (common/shared_memory.h).
   bool shared_memory = true;
+  // And may pass PushPull headers through message rings there
+  // (common/message_ring.h).
+  bool shared_memory_rings = true;
 };
 
 // Serves the store given to Install, which must outlive the service and

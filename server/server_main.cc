@@ -49,6 +49,10 @@ ABSL_FLAG(bool, shared_memory, true,
           "Let workers on this machine move gradients and weights through "
           "shared memory (their memfds, opened by /proc path); false: "
           "everything over gRPC.");
+ABSL_FLAG(bool, shared_memory_rings, true,
+          "With --shared_memory: let those workers pass PushPull headers "
+          "through message rings in that shared memory too (no gRPC message "
+          "per chunk); false: headers over gRPC.");
 ABSL_FLAG(int64_t, fault_drop_reply_every, 0,
           "Testing only: drop every Nth PushPull reply and end its stream "
           "with UNAVAILABLE.");
@@ -112,6 +116,7 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
   }
   o.service.drop_reply_every = absl::GetFlag(FLAGS_fault_drop_reply_every);
   o.service.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  o.service.shared_memory_rings = absl::GetFlag(FLAGS_shared_memory_rings);
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);

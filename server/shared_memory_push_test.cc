@@ -36,10 +36,11 @@ std::vector<float> At(const SharedRegion& r, uint64_t offset, int n) {
 
 class SharedMemoryPushTest : public ::testing::Test {
  protected:
-  void Start(bool shared_memory = true) {
+  void Start(bool shared_memory = true, bool rings = true) {
     ShardServerOptions o;
     o.store.num_workers = 1;
     o.service.shared_memory = shared_memory;
+    o.service.shared_memory_rings = rings;
     // One tensor "w" of 4 floats, all 1; SGD with lr 1.
     ASSERT_NO_FATAL_FAILURE(shard_.Serve(o, SgdDeclaration(4, 0, 1, 0)));
     stub_ = shard_.stub();
@@ -139,6 +140,7 @@ TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {
     ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
   }
   EXPECT_EQ(resp.shared_memory_token(), "0123456789abcdef");
+  EXPECT_TRUE(resp.shared_memory_rings());
   EXPECT_EQ(resp.fingerprint(), shard_.declared().fingerprint());
   req.set_shared_memory_probe("/etc/passwd");
   {
@@ -146,6 +148,7 @@ TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {
     ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
   }
   EXPECT_TRUE(resp.shared_memory_token().empty());
+  EXPECT_FALSE(resp.shared_memory_rings());
   EXPECT_THAT(resp.shared_memory_error(), HasSubstr("/etc/passwd"));
 }
 
@@ -442,6 +445,29 @@ TEST_F(SharedMemoryPushTest, MalformedRingsAreRefusedAndChangeNothing) {
   const v1::GetStatusResponse st = Status();
   EXPECT_EQ(st.pushes_total(), 0u);
   EXPECT_EQ(st.min_version(), 0);
+}
+
+TEST_F(SharedMemoryPushTest, AShardStartedWithoutRingsRefusesThem) {
+  Start(/*shared_memory=*/true, /*rings=*/false);
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
+                               SharedRegion::Create(16));
+  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
+  req.set_shared_memory_probe(probe->path());
+  v1::DeclareResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(resp.shared_memory_token().size(), 16u);  // payloads still
+  EXPECT_FALSE(resp.shared_memory_rings());
+  RingStream rs;
+  rs.Open(stub_, absl::StrCat(128, " ", kRing));
+  const grpc::Status s = rs.stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("shared memory: this shard was started with "
+                        "--shared_memory_rings=false"));
+  EXPECT_EQ(Status().shared_memory_ring_streams_total(), 0u);
 }
 
 }  // namespace
