@@ -838,9 +838,9 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
       CallRings(ctx, region->get());
   if (!rings.ok()) return new FailedPushPull(rings.status());
   if (rings->has_value() && !options_.shared_memory_rings) {
-    return new FailedPushPull(absl::UnavailableError(
-        absl::StrCat(kSharedMemoryErrorPrefix,
-                     "this shard was started with --shared_memory_rings=false")));
+    return new FailedPushPull(absl::UnavailableError(absl::StrCat(
+        kSharedMemoryErrorPrefix,
+        "this shard was started with --shared_memory_rings=false")));
   }
   if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
   if (rings->has_value()) {
