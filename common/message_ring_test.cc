@@ -115,8 +115,8 @@ TEST(MessageRingTest, ScribbledPositionsAndLengthsAreRefused) {
 
 TEST(MessageRingTest, OnlyWellFormedRingsAreAccepted) {
   Ends ends;
-  SHARDPS_EXPECT_OK(MessageRing::Check(ends.region->data(),
-                                       ends.region->size()));
+  SHARDPS_EXPECT_OK(
+      MessageRing::Check(ends.region->data(), ends.region->size()));
   EXPECT_FALSE(MessageRing::Check(ends.region->data() + 8, 4096 + 192).ok());
   EXPECT_FALSE(MessageRing::Check(ends.region->data(), 5000 + 192).ok());
   EXPECT_FALSE(MessageRing::Check(ends.region->data(), 2048 + 192).ok());
