@@ -54,6 +54,15 @@ class SharedMemoryPushTest : public ::testing::Test {
   static std::string Named(const SharedRegion& r) {
     return absl::StrCat(r.path(), " ", r.size());
   }
+  // Declares the shard's model with a fresh 16-byte probe region.
+  void DeclareWithProbe(v1::DeclareResponse* resp) {
+    SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
+                                 SharedRegion::Create(16));
+    v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
+    req.set_shared_memory_probe(probe->path());
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Declare(&ctx, req, resp).ok());
+  }
   v1::GetStatusResponse Status() {
     grpc::ClientContext ctx;
     v1::GetStatusResponse s;
@@ -154,15 +163,8 @@ TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {
 
 TEST_F(SharedMemoryPushTest, AShardStartedWithoutItRefusesRegionsRetryably) {
   Start(/*shared_memory=*/false);
-  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
-                               SharedRegion::Create(16));
-  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
-  req.set_shared_memory_probe(probe->path());
   v1::DeclareResponse resp;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DeclareWithProbe(&resp));
   EXPECT_TRUE(resp.shared_memory_token().empty());
   EXPECT_THAT(resp.shared_memory_error(), HasSubstr("--shared_memory=false"));
   SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
@@ -449,15 +451,8 @@ TEST_F(SharedMemoryPushTest, MalformedRingsAreRefusedAndChangeNothing) {
 
 TEST_F(SharedMemoryPushTest, AShardStartedWithoutRingsRefusesThem) {
   Start(/*shared_memory=*/true, /*rings=*/false);
-  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> probe,
-                               SharedRegion::Create(16));
-  v1::DeclareRequest req = SgdDeclaration(4, 0, 1, 0);
-  req.set_shared_memory_probe(probe->path());
   v1::DeclareResponse resp;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub_->Declare(&ctx, req, &resp).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DeclareWithProbe(&resp));
   EXPECT_EQ(resp.shared_memory_token().size(), 16u);  // payloads still
   EXPECT_FALSE(resp.shared_memory_rings());
   RingStream rs;
