@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
-    absl::string_view path, uint64_t bytes) {
+    absl::string_view path, uint64_t bytes, Mapping mapping) {
   auto refuse = [&](absl::string_view why) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared memory region ", path, ": ", why));
@@ -79,7 +79,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
   if (!IsProcFdPath(path)) return refuse("not a /proc/<pid>/fd/<n> path");
   if (bytes == 0) return refuse("0 bytes");
   const std::string p(path);
-  const int fd = ::open(p.c_str(), O_RDWR | O_CLOEXEC);
+  const bool writable = mapping == Mapping::kReadWrite;
+  const int fd = ::open(p.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     return refuse(absl::StrCat("cannot open it (", ErrnoText(err),
@@ -105,8 +106,9 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
     return close_and_refuse(
         absl::StrCat("it has ", st.st_size, " bytes, not ", bytes));
   }
-  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* m =
+      ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+             writable ? MAP_SHARED | MAP_POPULATE : MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);  // the mapping keeps the pages
   if (m == MAP_FAILED) {

@@ -32,12 +32,18 @@ class SharedRegion {
   // this machine can open by path() while this object lives.
   // ResourceExhausted or Internal naming the failed call.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(uint64_t bytes);
+  // How Open maps a region: read-write with every page mapped at once
+  // (the stream's own regions), or read-only with pages mapped as they are
+  // first read (a worker's gradient region, of which a shard reads only
+  // its own chunks; writing into such a mapping faults).
+  enum class Mapping { kReadWrite, kReadOnly };
   // Maps the region at `path` (as path() names it) that must be `bytes`
   // long. FailedPrecondition naming the path and the reason: not a
   // /proc/<pid>/fd/<n> path, cannot be opened (another machine or pid
   // namespace, another user), not a sealed memfd, another size.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(
-      absl::string_view path, uint64_t bytes);
+      absl::string_view path, uint64_t bytes,
+      Mapping mapping = Mapping::kReadWrite);
   ~SharedRegion();
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;
@@ -69,6 +75,10 @@ inline constexpr char kSharedMemoryMetadata[] = "shardps-shm";
 // requests' ring, then the replies'. A header is at most
 // kRingMessageBytes.
 inline constexpr char kSharedMemoryRingsMetadata[] = "shardps-shm-rings";
+// The metadata key a PushPull stream names the worker's gradient region by
+// (PushPullRequest.shm_in_gradient_region), as "<path> <bytes>".
+inline constexpr char kSharedMemoryGradientsMetadata[] =
+    "shardps-shm-gradients";
 inline constexpr uint64_t kRingMessageBytes = 256;
 // Errors about a stream's region start with this, so a client can tell
 // them from others and go on without shared memory.

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -43,6 +44,21 @@ TEST(SharedRegionTest, AnOpenedRegionSharesThePagesBothWays) {
   // The opener's mapping outlives the creator's object.
   made.reset();
   EXPECT_EQ(std::string(opened->data() + 100, 8), "gradient");
+}
+
+TEST(SharedRegionTest, AReadOnlyMappingSeesTheCreatorsWritesAndCannotWrite) {
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> made,
+                               SharedRegion::Create(1 << 20));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<SharedRegion> opened,
+      SharedRegion::Open(made->path(), 1 << 20,
+                         SharedRegion::Mapping::kReadOnly));
+  // Written after the mapping was made, on a page it had not read yet.
+  std::memcpy(made->data() + (1 << 19) + 7, "gradient", 8);
+  EXPECT_EQ(std::string(opened->data() + (1 << 19) + 7, 8), "gradient");
+  // The pages are not writable through it.
+  EXPECT_EQ(::mprotect(opened->data(), 4096, PROT_READ | PROT_WRITE), -1);
+  EXPECT_EQ(errno, EACCES);
 }
 
 TEST(SharedRegionTest, ContainsChecksBoundsWithoutOverflow) {

@@ -175,9 +175,10 @@ class PushPullReactor final
   static PushPullReactor* Start(ParameterStore* store,
                                 ParameterService* service,
                                 std::unique_ptr<SharedRegion> region,
-                                std::optional<RingPlace> rings) {
-    auto reactor = std::make_shared<PushPullReactor>(store, service,
-                                                     std::move(region), rings);
+                                std::optional<RingPlace> rings,
+                                std::unique_ptr<SharedRegion> gradients) {
+    auto reactor = std::make_shared<PushPullReactor>(
+        store, service, std::move(region), rings, std::move(gradients));
     reactor->self_ = reactor;
     reactor->StartRead(&reactor->buffer_);
     if (reactor->requests_ != nullptr) {
@@ -187,10 +188,12 @@ class PushPullReactor final
   }
   PushPullReactor(ParameterStore* store, ParameterService* service,
                   std::unique_ptr<SharedRegion> region,
-                  std::optional<RingPlace> rings)
+                  std::optional<RingPlace> rings,
+                  std::unique_ptr<SharedRegion> gradients)
       : store_(store),
         service_(service),
         region_(std::move(region)),
+        gradient_region_(std::move(gradients)),
         requests_(rings.has_value()
                       ? std::make_unique<MessageRing>(
                             region_->data() + rings->offset, rings->bytes)
@@ -255,6 +258,9 @@ class PushPullReactor final
   // The pointer is fixed; the shard reads gradients from it in read
   // reactions and writes replies into it in Deliver.
   const std::unique_ptr<SharedRegion> region_;
+  // The worker's gradient region, mapped read-only (null: none); pushes
+  // with shm_in_gradient_region read their payload from it.
+  const std::unique_ptr<SharedRegion> gradient_region_;
   // The message rings in region_ (null: none): the requests' one is read by
   // the ring thread only, the replies' one written under mu_.
   const std::unique_ptr<MessageRing> requests_;
@@ -302,16 +308,31 @@ absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
 
 absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
   const v1::PushPullRequest& r = request_;
-  if (r.shm_bytes() == 0 && !r.has_reply_shm_offset()) return absl::OkStatus();
+  if (r.shm_bytes() == 0 && !r.has_reply_shm_offset() &&
+      !r.shm_in_gradient_region()) {
+    return absl::OkStatus();
+  }
   // Named only on an error: no string built per push.
   auto what = [&r] {
     return absl::StrCat("push of chunk ", r.chunk_id(), " from rank ",
                         r.rank());
   };
-  if (region_ == nullptr) {
+  const bool in_gradients = r.shm_in_gradient_region();
+  // Where the payload lies: the worker's gradient region or the stream's.
+  const SharedRegion* source =
+      in_gradients ? gradient_region_.get() : region_.get();
+  if (in_gradients && r.shm_bytes() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " names the gradient region but no bytes in it"));
+  }
+  if ((r.shm_bytes() > 0 && source == nullptr) ||
+      (r.has_reply_shm_offset() && region_ == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), " refers to shared memory, but its stream names no region (",
-        kSharedMemoryMetadata, " metadata)"));
+        what(), " refers to shared memory, but its stream names no ",
+        source == nullptr && in_gradients
+            ? absl::StrCat("gradient region (", kSharedMemoryGradientsMetadata)
+            : absl::StrCat("region (", kSharedMemoryMetadata),
+        " metadata)"));
   }
   if (r.shm_bytes() > 0) {
     if (payload_.size() != 0) {
@@ -319,14 +340,15 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
           absl::StrCat(what(), " has both a payload and ", r.shm_bytes(),
                        " bytes in shared memory"));
     }
-    if (!region_->Contains(r.shm_offset(), r.shm_bytes())) {
+    if (!source->Contains(r.shm_offset(), r.shm_bytes())) {
       return absl::InvalidArgumentError(
           absl::StrCat(what(), ": shared-memory bytes [", r.shm_offset(), ", +",
-                       r.shm_bytes(), ") lie outside the stream's region of ",
-                       region_->size(), " bytes"));
+                       r.shm_bytes(), ") lie outside the ",
+                       in_gradients ? "gradient region" : "stream's region",
+                       " of ", source->size(), " bytes"));
     }
-    *shared =
-        absl::string_view(region_->data() + r.shm_offset(), r.shm_bytes());
+    *shared = absl::string_view(source->data() + r.shm_offset(), r.shm_bytes());
+    if (in_gradients) service_->CountGradientRegionPush();
   }
   if (r.has_reply_shm_offset()) {
     if (r.reply_shm_offset() >= region_->size()) {
@@ -750,10 +772,12 @@ absl::Status NoSharedMemory() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
-    const grpc::CallbackServerContext* ctx, const ParameterStore* store) const {
+absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::NamedRegion(
+    const grpc::CallbackServerContext* ctx, absl::string_view key,
+    uint64_t limit, absl::string_view needs,
+    SharedRegion::Mapping mapping) const {
   const auto& md = ctx->client_metadata();
-  auto it = md.find(kSharedMemoryMetadata);
+  auto it = md.find(grpc::string_ref(key.data(), key.size()));
   if (it == md.end()) return std::unique_ptr<SharedRegion>();
   const absl::string_view named(it->second.data(), it->second.size());
   auto refuse = [](const absl::Status& why) {
@@ -765,10 +789,22 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
       absl::StrSplit(named, absl::MaxSplits(' ', 1));
   uint64_t bytes = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes)) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat(kSharedMemoryMetadata, " metadata \"", named,
-                     "\" is not \"<path> <bytes>\"")));
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        key, " metadata \"", named, "\" is not \"<path> <bytes>\"")));
   }
+  if (bytes > limit) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat("a region of ", bytes, " bytes is more than ", needs,
+                     " need (", limit, "), named by ", key)));
+  }
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Open(parts[0], bytes, mapping);
+  if (!region.ok()) return refuse(region.status());
+  return region;
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
+    const grpc::CallbackServerContext* ctx, const ParameterStore* store) const {
   // One call's region holds gradients and weights of chunks this shard
   // owns, each at a cache line: at most twice its bytes, plus padding.
   // And two message rings for as many headers as chunks.
@@ -776,15 +812,17 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::CallRegion(
   const uint64_t limit =
       2 * (owned_bytes + 64 * owned_chunks) + 64 +
       2 * MessageRing::BytesFor(owned_chunks, kRingMessageBytes);
-  if (bytes > limit) {
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(
-        "a region of ", bytes, " bytes is more than this shard's chunks need (",
-        limit, ")")));
-  }
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      SharedRegion::Open(parts[0], bytes);
-  if (!region.ok()) return refuse(region.status());
-  return region;
+  return NamedRegion(ctx, kSharedMemoryMetadata, limit, "this shard's chunks",
+                     SharedRegion::Mapping::kReadWrite);
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::GradientRegion(
+    const grpc::CallbackServerContext* ctx, const ParameterStore* store) const {
+  // The whole model's gradients, each tensor (or chunk) at a cache line.
+  const auto [model_bytes, model_chunks] = store->ModelSize();
+  return NamedRegion(ctx, kSharedMemoryGradientsMetadata,
+                     model_bytes + 64 * model_chunks + 64,
+                     "the model's gradients", SharedRegion::Mapping::kReadOnly);
 }
 
 absl::Status ParameterService::NotReady() const {
@@ -842,11 +880,15 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
         kSharedMemoryErrorPrefix,
         "this shard was started with --shared_memory_rings=false")));
   }
+  absl::StatusOr<std::unique_ptr<SharedRegion>> gradients =
+      GradientRegion(ctx, store);
+  if (!gradients.ok()) return new FailedPushPull(gradients.status());
   if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
   if (rings->has_value()) {
     shm_ring_streams_.fetch_add(1, std::memory_order_relaxed);
   }
-  return PushPullReactor::Start(store, this, *std::move(region), *rings);
+  return PushPullReactor::Start(store, this, *std::move(region), *rings,
+                                *std::move(gradients));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
@@ -907,6 +949,8 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
       shm_streams_.load(std::memory_order_relaxed));
   resp->set_shared_memory_ring_streams_total(
       shm_ring_streams_.load(std::memory_order_relaxed));
+  resp->set_shared_memory_gradient_pushes_total(
+      shm_gradient_pushes_.load(std::memory_order_relaxed));
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

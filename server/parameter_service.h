@@ -95,11 +95,20 @@ class ParameterService final
   absl::StatusOr<std::unique_ptr<SharedRegion>> CallRegion(
       const grpc::CallbackServerContext* ctx,
       const ParameterStore* store) const;
+  // Maps, read-only, the worker's gradient region a PushPull call names
+  // (kSharedMemoryGradientsMetadata); null when it names none. Errors as
+  // CallRegion's, the limit being the whole model's gradients.
+  absl::StatusOr<std::unique_ptr<SharedRegion>> GradientRegion(
+      const grpc::CallbackServerContext* ctx,
+      const ParameterStore* store) const;
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
   ServerMetrics* metrics() const { return options_.metrics; }
   bool shared_memory() const { return options_.shared_memory; }
+  void CountGradientRegionPush() {
+    shm_gradient_pushes_.fetch_add(1, std::memory_order_relaxed);
+  }
 
  private:
   std::atomic<ParameterStore*> store_{nullptr};
@@ -108,6 +117,14 @@ class ParameterService final
   // PushPull and Pull calls with a shared-memory region.
   std::atomic<uint64_t> shm_streams_{0};
   std::atomic<uint64_t> shm_ring_streams_{0};  // of them, with rings
+  // Pushes read from a worker's gradient region.
+  std::atomic<uint64_t> shm_gradient_pushes_{0};
+  // The region the call's metadata `key` names, of at most `limit` bytes
+  // (`needs` says whose); errors as CallRegion's.
+  absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(
+      const grpc::CallbackServerContext* ctx, absl::string_view key,
+      uint64_t limit, absl::string_view needs,
+      SharedRegion::Mapping mapping) const;
   const ServiceOptions options_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";

@@ -410,6 +410,14 @@ std::pair<uint64_t, uint64_t> ParameterStore::OwnedSize() const {
   return {st->model->owned_bytes, st->model->owned.size()};
 }
 
+std::pair<uint64_t, uint64_t> ParameterStore::ModelSize() const {
+  const State* st = state();
+  if (st == nullptr) return {0, 0};
+  uint64_t bytes = 0;
+  for (const ChunkSpec& c : st->model->all_chunks) bytes += c.bytes();
+  return {bytes, st->model->all_chunks.size()};
+}
+
 absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
   SHARDPS_RETURN_IF_ERROR(snapshots_->CheckRequest(step));
   const State* st = state();

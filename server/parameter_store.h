@@ -134,6 +134,9 @@ class ParameterStore {
   std::vector<uint32_t> OwnedChunks() const ABSL_LOCKS_EXCLUDED(mu_);
   // Their weight bytes and count (0, 0 before Declare).
   std::pair<uint64_t, uint64_t> OwnedSize() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The same of the whole model, every shard's chunks (0, 0 before
+  // Declare).
+  std::pair<uint64_t, uint64_t> ModelSize() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The shard's report for GetStatus: shape, counters, versions, and the
   // ranks its current step waits for.

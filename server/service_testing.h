@@ -23,11 +23,15 @@ namespace shardps::server {
 inline grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
                                  const v1::PushPullRequest& req,
                                  v1::PushPullResponse* resp,
-                                 const std::string& shm_metadata = "") {
+                                 const std::string& shm_metadata = "",
+                                 const std::string& gradients_metadata = "") {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   if (!shm_metadata.empty()) {
     ctx.AddMetadata(kSharedMemoryMetadata, shm_metadata);
+  }
+  if (!gradients_metadata.empty()) {
+    ctx.AddMetadata(kSharedMemoryGradientsMetadata, gradients_metadata);
   }
   auto stream = stub->PushPull(&ctx);
   stream->Write(req);

@@ -48,8 +48,9 @@ class SharedMemoryPushTest : public ::testing::Test {
   // One PushPull call naming `metadata` (none when empty) with `req`.
   grpc::Status PushOnce(const std::string& metadata,
                         const v1::PushPullRequest& req,
-                        v1::PushPullResponse* resp) {
-    return PushPullOnce(stub_, req, resp, metadata);
+                        v1::PushPullResponse* resp,
+                        const std::string& gradients = "") {
+    return PushPullOnce(stub_, req, resp, metadata, gradients);
   }
   static std::string Named(const SharedRegion& r) {
     return absl::StrCat(r.path(), " ", r.size());
@@ -108,9 +109,10 @@ class SharedMemoryPushTest : public ::testing::Test {
     EXPECT_TRUE(replies.empty());
   }
   void ExpectRefused(const std::string& metadata, const v1::PushPullRequest& r,
-                     grpc::StatusCode code, const std::string& part) {
+                     grpc::StatusCode code, const std::string& part,
+                     const std::string& gradients = "") {
     v1::PushPullResponse resp;
-    const grpc::Status s = PushOnce(metadata, r, &resp);
+    const grpc::Status s = PushOnce(metadata, r, &resp, gradients);
     EXPECT_EQ(s.error_code(), code) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(part));
   }
@@ -134,6 +136,77 @@ TEST_F(SharedMemoryPushTest, GradientInAndWeightsOutThroughTheRegion) {
   const v1::GetStatusResponse st = Status();
   EXPECT_EQ(st.shared_memory_streams_total(), 1u);
   EXPECT_EQ(st.bytes_in_total(), 16u);  // counted like bytes in a message
+}
+
+// The gradient comes from the worker's gradient region (at 32), the weights
+// go into the stream's region (at 64).
+TEST_F(SharedMemoryPushTest, GradientsAreReadFromTheGradientRegion) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> gradients,
+                               SharedRegion::Create(64));
+  const std::vector<float> grad = {2, 2, 2, 2};
+  std::memcpy(gradients->data() + 32, grad.data(), 16);
+  v1::PushPullRequest req = ShmPush();
+  req.set_shm_in_gradient_region(true);
+  req.set_shm_offset(32);
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(PushOnce(Named(*region), req, &reply, Named(*gradients)).ok());
+  EXPECT_EQ(reply.version(), 1);
+  EXPECT_EQ(reply.shm_bytes(), 16u);
+  EXPECT_EQ(At(*region, 64, 4), std::vector<float>({-1, -1, -1, -1}));
+  // The shard only read the gradient region.
+  EXPECT_EQ(At(*gradients, 32, 4), grad);
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.shared_memory_gradient_pushes_total(), 1u);
+  EXPECT_EQ(st.bytes_in_total(), 16u);
+}
+
+TEST_F(SharedMemoryPushTest, MalformedGradientRegionUsesAreRefused) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> gradients,
+                               SharedRegion::Create(64));
+  const std::string named = Named(*region);
+  const std::string grads = Named(*gradients);
+  v1::PushPullRequest r = ShmPush();
+  r.set_shm_in_gradient_region(true);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "push of chunk 0 from rank 0 refers to shared memory, but its "
+                "stream names no gradient region (shardps-shm-gradients "
+                "metadata)");
+  r.set_shm_bytes(0);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "names the gradient region but no bytes in it", grads);
+  r = ShmPush();
+  r.set_shm_in_gradient_region(true);
+  r.set_shm_offset(56);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "shared-memory bytes [56, +16) lie outside the gradient "
+                "region of 64 bytes",
+                grads);
+  // The model's 16 bytes in one chunk need at most 16 + 64 + 64 bytes.
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> big,
+                               SharedRegion::Create(145));
+  ExpectRefused(named, ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "shared memory: a region of 145 bytes is more than the "
+                "model's gradients need (144), named by shardps-shm-gradients",
+                Named(*big));
+  ExpectRefused(named, ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "shared memory: shared memory region /etc/passwd",
+                "/etc/passwd 64");
+  // A NaN there is refused like one in a message.
+  const float nan = std::nanf("");
+  std::memcpy(gradients->data() + 8, &nan, 4);
+  r = ShmPush();
+  r.set_shm_in_gradient_region(true);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "non-finite value at element 2", grads);
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 0u);
+  EXPECT_EQ(st.min_version(), 0);
 }
 
 TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {

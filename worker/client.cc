@@ -155,6 +155,14 @@ class Client::LaneCall final
         region_ = *std::move(region);
         ctx_.AddMetadata(kSharedMemoryMetadata,
                          absl::StrCat(region_->path(), " ", region_->size()));
+        // Gradients computed in the client's gradient region are read
+        // from there: this call keeps the one it names alive.
+        gradients_ = client_->gradient_region_;
+        if (gradients_ != nullptr) {
+          ctx_.AddMetadata(
+              kSharedMemoryGradientsMetadata,
+              absl::StrCat(gradients_->path(), " ", gradients_->size()));
+        }
         if (rings) {
           // shm_bytes is a multiple of 64: the rings start at cache lines.
           char* at = region_->data() + lane_->shm_bytes;
@@ -194,8 +202,8 @@ class Client::LaneCall final
       lane_->ready.pop_front();
       lane_->writing = true;
     }
-    absl::StatusOr<grpc::ByteBuffer> message =
-        client_->ChunkMessage(lane_, id, &header_, region_.get());
+    absl::StatusOr<grpc::ByteBuffer> message = client_->ChunkMessage(
+        lane_, id, &header_, region_.get(), gradients_.get());
     if (!message.ok()) {
       {
         absl::MutexLock lock(&lane_->mu);
@@ -376,7 +384,7 @@ class Client::LaneCall final
     }
     absl::Status s;
     for (uint32_t id : ring_ids_) {
-      if (!client_->IntoRegion(id, &header_, region_.get()) ||
+      if (!client_->IntoRegion(id, &header_, region_.get(), gradients_.get()) ||
           (!header_.push_only() && !header_.has_reply_shm_offset())) {
         s = absl::UnavailableError(absl::StrCat(
             kSharedMemoryErrorPrefix, "chunk ", id,
@@ -447,6 +455,8 @@ class Client::LaneCall final
   grpc::ClientContext ctx_;
   bool clean_ = false;  // BeginClose half-closed (caller's thread only)
   std::unique_ptr<SharedRegion> region_;  // null: payloads in the messages
+  // The client's gradient region this call named (null: none).
+  std::shared_ptr<const SharedRegion> gradients_;
   // The message rings in region_ (null: none), used by the caller's thread
   // only, and its scratch.
   std::unique_ptr<MessageRing> requests_;
@@ -747,6 +757,30 @@ absl::Status Client::Declare(const v1::Layout& layout,
     shm_pull_at_[id] = at;
     at += (static_cast<uint64_t>(chunks[id].bytes()) + 63) / 64 * 64;
   }
+  // The gradient region: every tensor's gradient, in layout order, each at
+  // a cache line; kept while the layout's sizes stay the same.
+  std::vector<uint64_t> gradient_at(layout.tensors_size());
+  uint64_t gradient_bytes = 0;
+  for (int t = 0; t < layout.tensors_size(); ++t) {
+    gradient_at[t] = gradient_bytes;
+    gradient_bytes +=
+        (static_cast<uint64_t>(NumElements(layout.tensors(t))) * 4 + 63) / 64 *
+        64;
+  }
+  const bool any_shm =
+      std::find(shm_shards_.begin(), shm_shards_.end(), 1) != shm_shards_.end();
+  if (!any_shm || gradient_bytes == 0) {
+    gradient_region_.reset();
+  } else if (gradient_region_ == nullptr || gradient_at != gradient_at_ ||
+             gradient_region_->size() != gradient_bytes) {
+    absl::StatusOr<std::unique_ptr<SharedRegion>> made =
+        SharedRegion::Create(gradient_bytes);
+    // Without one (out of memory or descriptors) gradients are copied.
+    gradient_region_ =
+        made.ok() ? std::shared_ptr<const SharedRegion>(*std::move(made))
+                  : nullptr;
+  }
+  gradient_at_ = std::move(gradient_at);
   first_chunk_.assign(layout.tensors_size() + 1, 0);
   for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
   for (int t = 0; t < layout.tensors_size(); ++t) {
@@ -772,6 +806,17 @@ absl::Status Client::Declare(const v1::Layout& layout,
   shard_of_ = std::move(shard_of);
   declared_ = true;
   return absl::OkStatus();
+}
+
+Tensors Client::GradientBuffers() {
+  Tensors buffers;
+  if (gradient_region_ == nullptr) return buffers;
+  for (int t = 0; t < layout_.tensors_size(); ++t) {
+    buffers.emplace_back(
+        reinterpret_cast<float*>(gradient_region_->data() + gradient_at_[t]),
+        NumElements(layout_.tensors(t)));
+  }
+  return buffers;
 }
 
 bool Client::rings(uint32_t shard) const {
@@ -858,7 +903,7 @@ bool Client::Compressed(uint32_t id) const {
 }
 
 bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
-                        SharedRegion* region) {
+                        SharedRegion* region, const SharedRegion* gradients) {
   const ChunkSpec& c = chunks_[id];
   FillHeader(id, header);
   // A region from before the model was declared again may not fit.
@@ -868,6 +913,18 @@ bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
     header->set_reply_shm_offset(shm_weights_at_[id]);
   }
   if (open_->no_gradient[c.tensor]) return true;
+  if (region != nullptr && gradients != nullptr && !Compressed(id)) {
+    // Computed in the gradient region: the shard reads it there.
+    const auto at = reinterpret_cast<uintptr_t>(
+                        open_->gradients[c.tensor].data() + c.offset) -
+                    reinterpret_cast<uintptr_t>(gradients->data());
+    if (gradients->Contains(at, c.bytes())) {
+      header->set_shm_in_gradient_region(true);
+      header->set_shm_offset(at);
+      header->set_shm_bytes(c.bytes());
+      return true;
+    }
+  }
   if (region != nullptr && !Compressed(id) &&
       region->Contains(shm_gradient_at_[id], c.bytes())) {
     std::memcpy(region->data() + shm_gradient_at_[id],
@@ -881,9 +938,11 @@ bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
 
 absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
     Stream* lane, uint32_t id, v1::PushPullRequest* header,
-    SharedRegion* region) {
+    SharedRegion* region, const SharedRegion* gradients) {
   const ChunkSpec& c = chunks_[id];
-  if (IntoRegion(id, header, region)) return lane->Message(*header, nullptr, 0);
+  if (IntoRegion(id, header, region, gradients)) {
+    return lane->Message(*header, nullptr, 0);
+  }
   if (Compressed(id)) {
     absl::string_view& payload = open_->payloads[id];
     if (payload.data() == nullptr) {
@@ -1058,7 +1117,8 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     bool written = true;
     for (uint32_t id : *pending) {
       absl::StatusOr<grpc::ByteBuffer> message =
-          ChunkMessage(lane, id, &header, /*region=*/nullptr);
+          ChunkMessage(lane, id, &header, /*region=*/nullptr,
+                       /*gradients=*/nullptr);
       if (!message.ok()) {
         reply_error = message.status();
         ctx.TryCancel();

@@ -221,6 +221,17 @@ class Client {
   // probe_timeout) when a shard does not answer.
   absl::StatusOr<std::vector<v1::GetStatusResponse>> ShardStatus();
 
+  // After Declare: one buffer per tensor, in layout order, for the caller
+  // to compute its gradients in. A gradient pushed from its buffer
+  // (PushTensor, PushPull) reaches the shards on this machine without a
+  // copy: they read it from this process's shared memory
+  // (PushPullRequest.shm_in_gradient_region). Empty when no shard uses
+  // shared memory. The buffers stay valid, and keep what was written into
+  // them, until a Declare of another layout or the Client's end; the
+  // rules of the step hold as for any gradient buffer (read until
+  // FinishStep returns).
+  Tensors GradientBuffers();
+
   // Time the last PushPull/Push took until every gradient chunk was handed
   // to the transport (the rest of the step is waiting for replies).
   absl::Duration last_push_time() const { return last_push_time_; }
@@ -285,14 +296,18 @@ class Client {
   // element for a value the encoding cannot carry).
   // With `region` (the lane's stream has one) the payload is copied there
   // and the reply asked there.
+  // With `gradients` too (the gradient region the stream named), a
+  // gradient that lies in it is read by the shard from there, not copied.
   absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
                                                 v1::PushPullRequest* header,
-                                                SharedRegion* region);
+                                                SharedRegion* region,
+                                                const SharedRegion* gradients);
   // Fills `header` for chunk `id` of the open step and, with `region`,
-  // copies its gradient there and asks its reply there where they fit.
-  // True when the message needs no payload.
+  // names its gradient where it lies in `gradients` or else copies it
+  // into `region`, and asks its reply there, where they fit. True when the
+  // message needs no payload.
   bool IntoRegion(uint32_t id, v1::PushPullRequest* header,
-                  SharedRegion* region);
+                  SharedRegion* region, const SharedRegion* gradients);
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;
@@ -353,6 +368,11 @@ class Client {
   std::vector<char> ring_shards_;  // by shard: it takes message rings
   std::vector<uint64_t> shm_gradient_at_;
   std::vector<uint64_t> shm_weights_at_;
+  // GradientBuffers(): a region (null: no shard uses shared memory) and,
+  // by tensor, where its gradient lies in it. Streams keep the region they
+  // named alive after a Declare of another layout replaced it.
+  std::shared_ptr<const SharedRegion> gradient_region_;
+  std::vector<uint64_t> gradient_at_;
   // Pull through shared memory: by shard, the region its Pulls reuse (null
   // until the first, and again after a failed one: the shard may still be
   // writing into it) and its size; by chunk id, where its weights lie in

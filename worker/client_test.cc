@@ -342,7 +342,8 @@ namespace {
 // `rings`: headers through message rings too. Returns the final weights,
 // what a Pull then gives and, by shard, whether the client used shared
 // memory (and rings), how many of the shard's calls did (with rings), and
-// how many of those were the last Pull.
+// how many of those were the last Pull. `in_buffers`: the gradients are
+// computed in the client's GradientBuffers().
 struct SharedMemoryRun {
   std::vector<float> weights;
   std::vector<float> pulled;
@@ -351,11 +352,13 @@ struct SharedMemoryRun {
   std::vector<uint64_t> shm_streams;
   std::vector<uint64_t> ring_streams;
   std::vector<uint64_t> shm_pulls;
+  std::vector<uint64_t> gradient_pushes;  // read from the gradient region
+  size_t gradient_buffers = 0;            // GradientBuffers().size()
   std::string described;
 };
 SharedMemoryRun RunTenSteps(bool shared_memory,
                             std::vector<uint32_t> no_shared_memory = {},
-                            bool rings = true) {
+                            bool rings = true, bool in_buffers = false) {
   SharedMemoryRun run;
   server::TestShards shards(2, 1, no_shared_memory);
   EXPECT_TRUE(shards.status().ok()) << shards.status();
@@ -381,7 +384,11 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
   EXPECT_TRUE((*client)->Declare(layout, adam).ok());
   run.weights.assign(1000, 0);
   EXPECT_TRUE((*client)->Pull({absl::MakeSpan(run.weights)}).ok());
-  std::vector<float> grad(1000);
+  std::vector<float> own(1000);
+  const Tensors buffers = (*client)->GradientBuffers();
+  run.gradient_buffers = buffers.size();
+  const absl::Span<float> grad =
+      in_buffers && !buffers.empty() ? buffers[0] : absl::MakeSpan(own);
   for (int64_t step = 0; step < 10; ++step) {
     for (int i = 0; i < 1000; ++i) {
       grad[i] = run.weights[i] * run.weights[i] - 0.1f * (i % 7);
@@ -405,6 +412,8 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
     run.ring_streams.push_back((*status)[s].shared_memory_ring_streams_total());
     run.shm_pulls.push_back((*status)[s].shared_memory_streams_total() -
                             (*before)[s].shared_memory_streams_total());
+    run.gradient_pushes.push_back(
+        (*status)[s].shared_memory_gradient_pushes_total());
   }
   run.described = (*client)->DescribeTransport();
   return run;
@@ -448,6 +457,34 @@ TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
   float moved = 0;
   for (int i = 0; i < 1000; ++i) moved += std::abs(shm.weights[i]);
   EXPECT_GT(moved, 0);
+}
+
+// Gradients computed in GradientBuffers() are read by the shards from
+// there instead of being copied into the stream's region, with the same
+// results bit for bit; a shard without shared memory gets them over gRPC
+// from the same buffers.
+TEST(ClientSharedMemoryTest, GradientsInItsBuffersGoWithoutACopy) {
+  const SharedMemoryRun grpc = RunTenSteps(false);
+  EXPECT_EQ(grpc.gradient_buffers, 0u);  // no shard uses shared memory
+  const SharedMemoryRun copied = RunTenSteps(true);
+  EXPECT_EQ(copied.gradient_buffers, 1u);
+  EXPECT_EQ(copied.gradient_pushes, std::vector<uint64_t>({0, 0}));
+  const SharedMemoryRun in_place = RunTenSteps(true, {}, true, true);
+  EXPECT_EQ(in_place.gradient_buffers, 1u);
+  // 10 steps of 16 chunks, 8 on each shard.
+  EXPECT_EQ(in_place.gradient_pushes, std::vector<uint64_t>({80, 80}));
+  EXPECT_EQ(in_place.ring_streams, std::vector<uint64_t>({1, 1}));
+  ASSERT_EQ(in_place.weights.size(), grpc.weights.size());
+  EXPECT_EQ(std::memcmp(in_place.weights.data(), grpc.weights.data(),
+                        4 * grpc.weights.size()),
+            0);
+  EXPECT_EQ(in_place.weights, copied.weights);
+  const SharedMemoryRun no_rings = RunTenSteps(true, {}, false, true);
+  EXPECT_EQ(no_rings.gradient_pushes, std::vector<uint64_t>({80, 80}));
+  EXPECT_EQ(no_rings.weights, grpc.weights);
+  const SharedMemoryRun mixed = RunTenSteps(true, {1}, true, true);
+  EXPECT_EQ(mixed.gradient_pushes, std::vector<uint64_t>({80, 0}));
+  EXPECT_EQ(mixed.weights, grpc.weights);
 }
 
 TEST(ClientSharedMemoryTest, AShardThatRefusesItGetsPayloadsOverGrpc) {

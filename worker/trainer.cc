@@ -130,10 +130,7 @@ Trainer::Trainer(TrainerOptions options, ModelSpec model, Dataset train,
       backend_(std::move(backend)),
       client_(std::move(client)),
       optimizer_(std::move(optimizer)) {
-  for (const ParamSpec& p : params_) {
-    weights_.emplace_back(p.num_elements());
-    grads_.emplace_back(p.num_elements());
-  }
+  for (const ParamSpec& p : params_) weights_.emplace_back(p.num_elements());
 }
 
 Tensors Trainer::WeightViews() {
@@ -142,9 +139,13 @@ Tensors Trainer::WeightViews() {
   return v;
 }
 
-ConstTensors Trainer::GradientViews() const {
-  ConstTensors v;
-  for (const auto& g : grads_) v.emplace_back(g);
+Tensors Trainer::GradientBuffers() {
+  Tensors v = client_->GradientBuffers();
+  if (!v.empty()) return v;
+  if (grads_.empty()) {
+    for (const ParamSpec& p : params_) grads_.emplace_back(p.num_elements());
+  }
+  for (auto& g : grads_) v.emplace_back(absl::MakeSpan(g));
   return v;
 }
 
@@ -155,8 +156,7 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   train_.FillBatch(indices, x_.data(), labels_.data());
   std::vector<absl::Span<const float>> params(weights_.begin(), weights_.end());
   SHARDPS_RETURN_IF_ERROR(backend_->SetParams(params));
-  std::vector<absl::Span<float>> grads;
-  for (auto& g : grads_) grads.emplace_back(absl::MakeSpan(g));
+  const Tensors grads = GradientBuffers();
   // scale = W / B: the servers average the W contributions, so the update
   // uses the mean gradient over the whole global batch (W: the workers
   // sharing this epoch's batches).
@@ -172,7 +172,7 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
       absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
       absl::MakeConstSpan(labels_.data(), b), scale, grads, [&](int param) {
         if (!first_push.has_value()) first_push = absl::Now();
-        return client_->PushTensor(param, grads_[param]);
+        return client_->PushTensor(param, grads[param]);
       });
   if (!loss.ok()) {
     client_->AbortStep();

@@ -122,7 +122,10 @@ class Trainer {
                                const EvalResult* eval);
   absl::Status WriteModel(int64_t step);
   Tensors WeightViews();
-  ConstTensors GradientViews() const;
+  // Where backward writes this step's gradients: the client's gradient
+  // buffers (pushed to shards on this machine without a copy), else
+  // grads_.
+  Tensors GradientBuffers();
 
   const TrainerOptions options_;
   const ModelSpec model_;
@@ -138,7 +141,7 @@ class Trainer {
   bool metrics_started_ = false;
   int64_t eval_batch_ = 0;
   std::vector<std::vector<float>> weights_;
-  std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> grads_;  // when the client has none
   std::vector<float> x_;  // one batch of inputs, converted from the dataset
   std::vector<int32_t> labels_;
 };
