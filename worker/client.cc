@@ -186,6 +186,11 @@ class Client::LaneCall final
   }
 
   bool ring() const { return requests_ != nullptr; }
+  // The stream names another gradient region than the client's current
+  // one (or none where the client has one now).
+  bool NamesOtherGradients() const {
+    return region_ != nullptr && gradients_ != client_->gradient_region_;
+  }
 
   // Writes the next queued chunk unless a write is in flight; with rings,
   // every queued chunk (caller's thread only).
@@ -773,12 +778,7 @@ absl::Status Client::Declare(const v1::Layout& layout,
     gradient_region_.reset();
   } else if (gradient_region_ == nullptr || gradient_at != gradient_at_ ||
              gradient_region_->size() != gradient_bytes) {
-    absl::StatusOr<std::unique_ptr<SharedRegion>> made =
-        SharedRegion::Create(gradient_bytes);
-    // Without one (out of memory or descriptors) gradients are copied.
-    gradient_region_ =
-        made.ok() ? std::shared_ptr<const SharedRegion>(*std::move(made))
-                  : nullptr;
+    NewGradientRegion(gradient_bytes);
   }
   gradient_at_ = std::move(gradient_at);
   first_chunk_.assign(layout.tensors_size() + 1, 0);
@@ -806,6 +806,27 @@ absl::Status Client::Declare(const v1::Layout& layout,
   shard_of_ = std::move(shard_of);
   declared_ = true;
   return absl::OkStatus();
+}
+
+void Client::NewGradientRegion(uint64_t bytes) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> made =
+      SharedRegion::Create(bytes);
+  // Without one (out of memory or descriptors) gradients are copied.
+  if (made.ok()) ++gradient_regions_;
+  gradient_region_ = made.ok()
+                         ? std::shared_ptr<const SharedRegion>(*std::move(made))
+                         : nullptr;
+}
+
+void Client::RenewGradientRegion() {
+  // A stream that ended without finishing the step may still have a push
+  // being read by its shard: later gradients go into a region of their
+  // own, and streams that name the old one are replaced (Open). The old
+  // one stays mapped until the next renewal: the caller may still read
+  // the gradients it wrote there.
+  if (gradient_region_ == nullptr) return;
+  retired_gradient_region_ = gradient_region_;
+  NewGradientRegion(gradient_region_->size());
 }
 
 Tensors Client::GradientBuffers() {
@@ -1213,6 +1234,13 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
       l->writes_done = open_->start;
       return true;
     };
+    if (lane->call != nullptr && lane->call->NamesOtherGradients()) {
+      // Its stream names a gradient region that was replaced (after a
+      // failed step, or a Declare of another layout): a new stream names
+      // the current one.
+      lane->call->Close(/*cancel=*/false);
+      lane->call.reset();
+    }
     if (!arm(lane.get())) {
       // The server ended it between steps (restarted, or shut down), or
       // sent what nobody asked for: a new stream for this step.
@@ -1408,6 +1436,7 @@ void Client::AbortStep() {
     }
   }
   open_.reset();
+  RenewGradientRegion();
 }
 
 absl::Status Client::FinishStep() {
@@ -1468,6 +1497,7 @@ absl::Status Client::FinishStep() {
   }
   last_push_time_ = pushed - open_->start;
   open_.reset();
+  if (!failed.empty()) RenewGradientRegion();
   return status;
 }
 

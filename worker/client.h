@@ -226,10 +226,13 @@ class Client {
   // (PushTensor, PushPull) reaches the shards on this machine without a
   // copy: they read it from this process's shared memory
   // (PushPullRequest.shm_in_gradient_region). Empty when no shard uses
-  // shared memory. The buffers stay valid, and keep what was written into
-  // them, until a Declare of another layout or the Client's end; the
-  // rules of the step hold as for any gradient buffer (read until
-  // FinishStep returns).
+  // shared memory. The rules of the step hold as for any gradient buffer
+  // (read until FinishStep returns). The buffers move to a fresh region
+  // after a step that failed on some stream (even if retries then
+  // completed it) and after a Declare of another layout, so take them
+  // again for every step; until then they keep what was written into them.
+  // Buffers left behind by a failed step stay readable until the next
+  // failed step.
   Tensors GradientBuffers();
 
   // Time the last PushPull/Push took until every gradient chunk was handed
@@ -251,6 +254,9 @@ class Client {
 
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }
+  // Gradient regions made since creation (GradientBuffers(): one at the
+  // first Declare, another after each step that failed on a stream).
+  int64_t gradient_regions() const { return gradient_regions_; }
 
   int64_t start_step() const { return start_step_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
@@ -331,6 +337,12 @@ class Client {
   // answered.
   absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
+  // A gradient region of `bytes` as gradient_region_ (null when it cannot
+  // be made: gradients are then copied).
+  void NewGradientRegion(uint64_t bytes);
+  // After a step that a stream ended before it finished: a fresh gradient
+  // region, so that nothing a shard may still read is written again.
+  void RenewGradientRegion();
   // Declare on one shard, retrying while the shard answers UNAVAILABLE
   // (not up yet, or not yet aware of this process) until `deadline`.
   absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
@@ -372,6 +384,8 @@ class Client {
   // by tensor, where its gradient lies in it. Streams keep the region they
   // named alive after a Declare of another layout replaced it.
   std::shared_ptr<const SharedRegion> gradient_region_;
+  std::shared_ptr<const SharedRegion> retired_gradient_region_;
+  int64_t gradient_regions_ = 0;
   std::vector<uint64_t> gradient_at_;
   // Pull through shared memory: by shard, the region its Pulls reuse (null
   // until the first, and again after a failed one: the shard may still be

@@ -214,13 +214,14 @@ v1::OptimizerSpec Sgd(float lr) {
 }
 
 // A shard that loses every 37th reply ends that stream with UNAVAILABLE, as
-// a lost connection would, while the client is still writing the lane's 64
+// a lost connection would, while the client is still writing the lane's
 // chunks and reading the replies sent before the fault. Each step retries
 // what was not answered and succeeds, and every chunk is updated once a
 // step: the failed write neither turns the replies still being read into
 // "bad replies" (INTERNAL) nor cancels the call before the shard's status
-// is in (CANCELLED); neither is retried.
-TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
+// is in (CANCELLED); neither is retried. `streams` per shard; `in_buffers`:
+// the gradients are written into the client's GradientBuffers() each step.
+void RunThroughDroppedReplies(int streams, bool in_buffers) {
   server::ShardServerOptions so;
   so.store.num_workers = 1;
   so.service.drop_reply_every = 37;
@@ -229,7 +230,7 @@ TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
   SHARDPS_ASSERT_OK(shard);
   ClientOptions co;
   co.servers = {absl::StrCat("127.0.0.1:", (*shard)->port())};
-  co.streams_per_shard = 1;
+  co.streams_per_shard = streams;
   co.rpc_timeout = absl::Seconds(20);
   co.connect_timeout = absl::Seconds(10);
   co.max_attempts = 100;
@@ -241,17 +242,51 @@ TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
   const v1::Layout layout = OneTensor(1 << 20, 64 << 10);
   const v1::OptimizerSpec sgd = Sgd(0.5f);
   SHARDPS_ASSERT_OK((*client)->Declare(layout, sgd));
-  std::vector<float> weights(1 << 20), grad(1 << 20), want(1 << 20, 0.0f);
-  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.25f * (i % 7 + 1);
+  std::vector<float> weights(1 << 20), own(1 << 20), want(1 << 20, 0.0f);
   constexpr int64_t kSteps = 30;
   for (int64_t step = 0; step < kSteps; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
+    absl::Span<float> grad = absl::MakeSpan(own);
+    if (in_buffers) {
+      const Tensors buffers = (*client)->GradientBuffers();
+      ASSERT_EQ(buffers.size(), 1u);
+      grad = buffers[0];
+    }
+    for (size_t i = 0; i < grad.size(); ++i) {
+      grad[i] = 0.25f * (i % 7 + 1);
+      want[i] -= 0.5f * grad[i];
+    }
     SHARDPS_ASSERT_OK(
         (*client)->PushPull(step, {grad}, {absl::MakeSpan(weights)}));
-    for (size_t i = 0; i < want.size(); ++i) want[i] -= 0.5f * grad[i];
     ASSERT_EQ(weights, want);
   }
   EXPECT_GT((*client)->retries(), 0);
+  if (!in_buffers) return;
+  // Steps with a failed stream moved them to fresh regions, and the
+  // streams named the new ones: the last step's pushes (those not retried
+  // over plain gRPC) were still read from there.
+  EXPECT_GT((*client)->gradient_regions(), 2);
+  auto read_in_place = [&] {
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+        (*client)->ShardStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? (*status)[0].shared_memory_gradient_pushes_total() : 0;
+  };
+  const uint64_t before = read_in_place();
+  const Tensors buffers = (*client)->GradientBuffers();
+  ASSERT_EQ(buffers.size(), 1u);
+  std::fill(buffers[0].begin(), buffers[0].end(), 0.5f);
+  SHARDPS_ASSERT_OK(
+      (*client)->PushPull(kSteps, {buffers[0]}, {absl::MakeSpan(weights)}));
+  EXPECT_GT(read_in_place(), before);
+}
+
+TEST(ClientFaultTest, StepsSurviveStreamsThatEndWithUnavailableMidStep) {
+  RunThroughDroppedReplies(1, false);
+}
+
+TEST(ClientFaultTest, GradientBuffersMoveAfterAStepWithAFailedStream) {
+  RunThroughDroppedReplies(2, true);
 }
 
 // A shard that restarts between steps ended the streams kept open to it:
