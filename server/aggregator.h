@@ -72,6 +72,9 @@ struct AggregatorOptions {
   int64_t staleness = 0;  // ssp only
   // Accept gradients holding NaN or infinity (rejected by default).
   bool allow_nonfinite = false;
+  // Sync: every update runs on the thread that completed its chunk's step
+  // (else updates of large chunks go to the pool, in parallel).
+  bool inline_updates = false;
   // Step and staleness histograms; null: none.
   ServerMetrics* metrics = nullptr;
 };

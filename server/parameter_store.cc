@@ -60,6 +60,7 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) {
   ao.mode = options_.mode;
   ao.staleness = options_.staleness;
   ao.allow_nonfinite = options_.allow_nonfinite;
+  ao.inline_updates = options_.update_threads == 0;
   ao.metrics = options_.metrics;
   state->aggregator =
       Aggregator::Create(ao, state->model->ChunksById(), state->updater.get(),

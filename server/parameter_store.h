@@ -44,7 +44,9 @@ struct StoreOptions {
   // Gradient encodings accepted (shardps-server --encodings); a push in
   // another is INVALID_ARGUMENT.
   EncodingSet accepted_encodings = kAllGradientEncodings;
-  // Threads that run optimizer updates, in parallel across chunks.
+  // Threads that run optimizer updates, in parallel across chunks; 0: each
+  // update runs on the thread that completed its chunk's step (one thread
+  // is still kept for checkpoints).
   int update_threads = 2;
   // Checkpoints: when > 0, each chunk's state is copied when its version
   // reaches a multiple of this, and once every owned chunk has its copy of

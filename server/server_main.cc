@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -41,8 +42,11 @@ ABSL_FLAG(bool, allow_nonfinite, false,
 ABSL_FLAG(std::string, encodings, "all",
           "Gradient encodings accepted from workers: all, or a list of fp32, "
           "bf16, fp16, int8, topk (a push in another is refused).");
-ABSL_FLAG(int32_t, update_threads, 2,
-          "Threads running optimizer updates in parallel across chunks.");
+ABSL_FLAG(int32_t, update_threads, -1,
+          "Threads running optimizer updates in parallel across chunks; 0: "
+          "each update runs on the thread that completed its chunk's step; "
+          "-1: 0 on a machine of at most 2 cores (where handing an update "
+          "to another thread costs more than running it there), else 2.");
 ABSL_FLAG(int32_t, max_message_bytes, 0,
           "Largest gRPC message accepted; 0: 64 MiB plus 64 KiB.");
 ABSL_FLAG(bool, shared_memory, true,
@@ -110,6 +114,14 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
   SHARDPS_ASSIGN_OR_RETURN(o.store.accepted_encodings,
                            ParseEncodingSet(absl::GetFlag(FLAGS_encodings)));
   o.store.update_threads = absl::GetFlag(FLAGS_update_threads);
+  if (o.store.update_threads < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--update_threads=", o.store.update_threads,
+                     " must be -1 (automatic) or in [0, 1024]"));
+  }
+  if (o.store.update_threads == -1) {
+    o.store.update_threads = std::thread::hardware_concurrency() <= 2 ? 0 : 2;
+  }
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (o.max_message_bytes < 0) {
     return absl::InvalidArgumentError("--max_message_bytes is negative");

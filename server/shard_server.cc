@@ -27,9 +27,9 @@ absl::Status ValidateStoreOptions(const StoreOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--num_workers=", o.num_workers, " must be in [1, 65536]"));
   }
-  if (o.update_threads < 1 || o.update_threads > 1024) {
+  if (o.update_threads < 0 || o.update_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--update_threads=", o.update_threads, " must be in [1, 1024]"));
+        "--update_threads=", o.update_threads, " must be in [0, 1024]"));
   }
   return absl::OkStatus();
 }

@@ -176,5 +176,43 @@ TEST_F(RunningSumTest, NoGradientPushesAddZerosInTheirRankPlace) {
   }
 }
 
+// update_threads = 0: the update of a chunk too large to run inline by
+// default (1 MiB) runs on the thread whose push completed the step, so the
+// replies are delivered before that Push returns, and the weights are those
+// the update pool computes.
+TEST(InlineUpdateTest, ZeroUpdateThreadsUpdateOnThePushingThread) {
+  constexpr int64_t n = 1 << 18;  // 1 MiB of floats
+  std::vector<float> grad(n);
+  for (int64_t i = 0; i < n; ++i) grad[i] = 1e-3f * static_cast<float>(i % 97);
+  std::vector<std::vector<float>> weights;
+  for (int threads : {0, 2}) {
+    SCOPED_TRACE(::testing::Message() << "update_threads " << threads);
+    StoreOptions o;
+    o.num_workers = 2;
+    o.update_threads = threads;
+    ParameterStore store(o);
+    SHARDPS_ASSERT_OK(store.Declare(SgdDeclaration(n, 4 << 20, 1, 0)));
+    const std::string bytes = Bytes(grad);
+    StringByteSource payload(bytes);
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (uint32_t rank : {0u, 1u}) {
+      PushArgs args;
+      args.rank = rank;
+      args.payload = &payload;
+      sinks.push_back(std::make_shared<CollectingSink>());
+      SHARDPS_ASSERT_OK(store.Push(args, sinks.back()));
+    }
+    if (threads == 0) {
+      EXPECT_EQ(sinks[0]->count(), 1u);
+      EXPECT_EQ(sinks[1]->count(), 1u);
+    }
+    ASSERT_EQ(sinks[1]->Wait(1).size(), 1u);
+    weights.push_back(Floats(sinks[1]->Wait(1)[0].weights));
+  }
+  ASSERT_EQ(weights[0].size(), static_cast<size_t>(n));
+  EXPECT_EQ(weights[0], weights[1]);
+  EXPECT_EQ(weights[0][5], 1.0f - 5e-3f);
+}
+
 }  // namespace
 }  // namespace shardps::server

@@ -214,7 +214,8 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
 }
 
 void SyncAggregator::ScheduleApply(Step* step) {
-  if (step->chunk->spec.bytes() <= kInlineApplyBytes) {
+  if (options_.inline_updates ||
+      step->chunk->spec.bytes() <= kInlineApplyBytes) {
     // A small chunk: updating it here costs less than a thread hop.
     Apply(step);
   } else {
