@@ -79,7 +79,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
   if (!IsProcFdPath(path)) return refuse("not a /proc/<pid>/fd/<n> path");
   if (bytes == 0) return refuse("0 bytes");
   const std::string p(path);
-  const bool writable = mapping == Mapping::kReadWrite;
+  const bool writable = mapping != Mapping::kReadOnly;
+  const bool populate = mapping == Mapping::kReadWrite;
   const int fd = ::open(p.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -108,7 +109,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
   }
   void* m =
       ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-             writable ? MAP_SHARED | MAP_POPULATE : MAP_SHARED, fd, 0);
+             populate ? MAP_SHARED | MAP_POPULATE : MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);  // the mapping keeps the pages
   if (m == MAP_FAILED) {

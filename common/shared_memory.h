@@ -33,10 +33,12 @@ class SharedRegion {
   // ResourceExhausted or Internal naming the failed call.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(uint64_t bytes);
   // How Open maps a region: read-write with every page mapped at once
-  // (the stream's own regions), or read-only with pages mapped as they are
+  // (the stream's own regions); read-only with pages mapped as they are
   // first read (a worker's gradient region, of which a shard reads only
-  // its own chunks; writing into such a mapping faults).
-  enum class Mapping { kReadWrite, kReadOnly };
+  // its own chunks; writing into such a mapping faults); read-write with
+  // pages mapped as they are first touched (a worker's weight region, of
+  // which a shard writes only its own chunks).
+  enum class Mapping { kReadWrite, kReadOnly, kReadWriteLazy };
   // Maps the region at `path` (as path() names it) that must be `bytes`
   // long. FailedPrecondition naming the path and the reason: not a
   // /proc/<pid>/fd/<n> path, cannot be opened (another machine or pid
@@ -79,6 +81,9 @@ inline constexpr char kSharedMemoryRingsMetadata[] = "shardps-shm-rings";
 // (PushPullRequest.shm_in_gradient_region), as "<path> <bytes>".
 inline constexpr char kSharedMemoryGradientsMetadata[] =
     "shardps-shm-gradients";
+// The metadata key a PushPull stream names the worker's weight region by
+// (PushPullRequest.reply_in_weight_region), as "<path> <bytes>".
+inline constexpr char kSharedMemoryWeightsMetadata[] = "shardps-shm-weights";
 inline constexpr uint64_t kRingMessageBytes = 256;
 // Errors about a stream's region start with this, so a client can tell
 // them from others and go on without shared memory.

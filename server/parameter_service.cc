@@ -176,9 +176,11 @@ class PushPullReactor final
                                 ParameterService* service,
                                 std::unique_ptr<SharedRegion> region,
                                 std::optional<RingPlace> rings,
-                                std::unique_ptr<SharedRegion> gradients) {
+                                std::unique_ptr<SharedRegion> gradients,
+                                std::unique_ptr<SharedRegion> weights) {
     auto reactor = std::make_shared<PushPullReactor>(
-        store, service, std::move(region), rings, std::move(gradients));
+        store, service, std::move(region), rings, std::move(gradients),
+        std::move(weights));
     reactor->self_ = reactor;
     reactor->StartRead(&reactor->buffer_);
     if (reactor->requests_ != nullptr) {
@@ -189,11 +191,13 @@ class PushPullReactor final
   PushPullReactor(ParameterStore* store, ParameterService* service,
                   std::unique_ptr<SharedRegion> region,
                   std::optional<RingPlace> rings,
-                  std::unique_ptr<SharedRegion> gradients)
+                  std::unique_ptr<SharedRegion> gradients,
+                  std::unique_ptr<SharedRegion> weights)
       : store_(store),
         service_(service),
         region_(std::move(region)),
         gradient_region_(std::move(gradients)),
+        weight_region_(std::move(weights)),
         requests_(rings.has_value()
                       ? std::make_unique<MessageRing>(
                             region_->data() + rings->offset, rings->bytes)
@@ -242,8 +246,10 @@ class PushPullReactor final
   // The ring thread: takes pushes from requests_ until the stream is to
   // finish, or the client half-closed and left none.
   void ReadRing();
+  // `region`: where the reply's payload goes (the stream's or the weight
+  // region), at `at`.
   void DeliverToRing(ChunkReply reply, v1::Encoding encoding,
-                     std::optional<uint64_t> at);
+                     SharedRegion* region, std::optional<uint64_t> at);
   // Records the first push's reply encoding; InvalidArgument for one that
   // cannot be sent or differs from it.
   absl::Status TakeReplyEncoding(v1::Encoding asked);
@@ -261,6 +267,9 @@ class PushPullReactor final
   // The worker's gradient region, mapped read-only (null: none); pushes
   // with shm_in_gradient_region read their payload from it.
   const std::unique_ptr<SharedRegion> gradient_region_;
+  // The worker's weight region (null: none); replies asked there
+  // (reply_in_weight_region) are written into it in Deliver.
+  const std::unique_ptr<SharedRegion> weight_region_;
   // The message rings in region_ (null: none): the requests' one is read by
   // the ring thread only, the replies' one written under mu_.
   const std::unique_ptr<MessageRing> requests_;
@@ -276,8 +285,10 @@ class PushPullReactor final
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   // The reply encoding the stream's first push asked for.
   std::optional<v1::Encoding> reply_encoding_ ABSL_GUARDED_BY(mu_);
-  // By chunk id: where in region_ the reply to its push goes.
-  absl::flat_hash_map<uint32_t, uint64_t> reply_at_ ABSL_GUARDED_BY(mu_);
+  // By chunk id: where the reply to its push goes, in region_ or (second)
+  // in weight_region_.
+  absl::flat_hash_map<uint32_t, std::pair<uint64_t, bool>> reply_at_
+      ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_read_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -309,7 +320,7 @@ absl::Status PushPullReactor::TakeReplyEncoding(v1::Encoding asked) {
 absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
   const v1::PushPullRequest& r = request_;
   if (r.shm_bytes() == 0 && !r.has_reply_shm_offset() &&
-      !r.shm_in_gradient_region()) {
+      !r.shm_in_gradient_region() && !r.reply_in_weight_region()) {
     return absl::OkStatus();
   }
   // Named only on an error: no string built per push.
@@ -325,12 +336,32 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
     return absl::InvalidArgumentError(
         absl::StrCat(what(), " names the gradient region but no bytes in it"));
   }
+  const bool in_weights = r.reply_in_weight_region();
+  // Where the reply goes: the worker's weight region or the stream's.
+  const SharedRegion* target =
+      in_weights ? weight_region_.get() : region_.get();
+  if (in_weights && !r.has_reply_shm_offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(),
+                     " asks its reply in the weight region but gives no "
+                     "reply_shm_offset"));
+  }
+  if (in_weights &&
+      EffectiveEncoding(r.reply_encoding()) != v1::ENCODING_FP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " asks its reply in the weight region as ",
+                     EncodingName(r.reply_encoding()),
+                     ": replies there are ENCODING_FP32 only"));
+  }
   if ((r.shm_bytes() > 0 && source == nullptr) ||
-      (r.has_reply_shm_offset() && region_ == nullptr)) {
+      (r.has_reply_shm_offset() && target == nullptr)) {
+    const bool no_gradients = r.shm_bytes() > 0 && source == nullptr;
     return absl::InvalidArgumentError(absl::StrCat(
         what(), " refers to shared memory, but its stream names no ",
-        source == nullptr && in_gradients
+        no_gradients && in_gradients
             ? absl::StrCat("gradient region (", kSharedMemoryGradientsMetadata)
+        : !no_gradients && in_weights
+            ? absl::StrCat("weight region (", kSharedMemoryWeightsMetadata)
             : absl::StrCat("region (", kSharedMemoryMetadata),
         " metadata)"));
   }
@@ -351,13 +382,16 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
     if (in_gradients) service_->CountGradientRegionPush();
   }
   if (r.has_reply_shm_offset()) {
-    if (r.reply_shm_offset() >= region_->size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": reply_shm_offset ", r.reply_shm_offset(),
-          " lies outside the stream's region of ", region_->size(), " bytes"));
+    if (r.reply_shm_offset() >= target->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), ": reply_shm_offset ", r.reply_shm_offset(),
+                       " lies outside the ",
+                       in_weights ? "weight region" : "stream's region", " of ",
+                       target->size(), " bytes"));
     }
+    if (in_weights) service_->CountWeightRegionReply();
     absl::MutexLock lock(&mu_);
-    reply_at_[r.chunk_id()] = r.reply_shm_offset();
+    reply_at_[r.chunk_id()] = {r.reply_shm_offset(), in_weights};
   }
   return absl::OkStatus();
 }
@@ -523,21 +557,24 @@ void PushPullReactor::ReadNext() {
 void PushPullReactor::Deliver(ChunkReply reply) {
   v1::Encoding encoding;
   std::optional<uint64_t> at;
+  SharedRegion* region = region_.get();
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
     encoding = reply_encoding_.value_or(v1::ENCODING_FP32);
     auto it = reply_at_.find(reply.chunk_id);
-    if (it != reply_at_.end()) at = it->second;
+    if (it != reply_at_.end()) {
+      at = it->second.first;
+      if (it->second.second) region = weight_region_.get();
+    }
   }
   if (replies_ != nullptr) {
-    DeliverToRing(std::move(reply), encoding, at);
+    DeliverToRing(std::move(reply), encoding, region, at);
     return;
   }
   // Encoded outside the lock: a BF16 reply converts the whole chunk.
-  grpc::ByteBuffer message =
-      EncodeReply(std::move(reply), encoding, store_, service_->metrics(),
-                  region_.get(), at);
+  grpc::ByteBuffer message = EncodeReply(std::move(reply), encoding, store_,
+                                         service_->metrics(), region, at);
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || finish_wanted_.has_value()) return;
@@ -547,12 +584,13 @@ void PushPullReactor::Deliver(ChunkReply reply) {
 }
 
 void PushPullReactor::DeliverToRing(ChunkReply reply, v1::Encoding encoding,
+                                    SharedRegion* region,
                                     std::optional<uint64_t> at) {
   const uint32_t id = reply.chunk_id;
   v1::PushPullResponse header;
   grpc::Slice payload;
-  EncodeReply(std::move(reply), encoding, store_, service_->metrics(),
-              region_.get(), at, &header, &payload);
+  EncodeReply(std::move(reply), encoding, store_, service_->metrics(), region,
+              at, &header, &payload);
   std::optional<grpc::Status> fail;
   {
     absl::MutexLock lock(&mu_);
@@ -825,6 +863,14 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::GradientRegion(
                      "the model's gradients", SharedRegion::Mapping::kReadOnly);
 }
 
+absl::StatusOr<std::unique_ptr<SharedRegion>> ParameterService::WeightRegion(
+    const grpc::CallbackServerContext* ctx, const ParameterStore* store) const {
+  const auto [model_bytes, model_chunks] = store->ModelSize();
+  return NamedRegion(
+      ctx, kSharedMemoryWeightsMetadata, model_bytes + 64 * model_chunks + 64,
+      "the model's weights", SharedRegion::Mapping::kReadWriteLazy);
+}
+
 absl::Status ParameterService::NotReady() const {
   absl::MutexLock lock(&mu_);
   return absl::UnavailableError(
@@ -883,12 +929,15 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   absl::StatusOr<std::unique_ptr<SharedRegion>> gradients =
       GradientRegion(ctx, store);
   if (!gradients.ok()) return new FailedPushPull(gradients.status());
+  absl::StatusOr<std::unique_ptr<SharedRegion>> weights =
+      WeightRegion(ctx, store);
+  if (!weights.ok()) return new FailedPushPull(weights.status());
   if (*region != nullptr) shm_streams_.fetch_add(1, std::memory_order_relaxed);
   if (rings->has_value()) {
     shm_ring_streams_.fetch_add(1, std::memory_order_relaxed);
   }
   return PushPullReactor::Start(store, this, *std::move(region), *rings,
-                                *std::move(gradients));
+                                *std::move(gradients), *std::move(weights));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
@@ -951,6 +1000,8 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
       shm_ring_streams_.load(std::memory_order_relaxed));
   resp->set_shared_memory_gradient_pushes_total(
       shm_gradient_pushes_.load(std::memory_order_relaxed));
+  resp->set_shared_memory_weight_replies_total(
+      shm_weight_replies_.load(std::memory_order_relaxed));
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

@@ -101,6 +101,12 @@ class ParameterService final
   absl::StatusOr<std::unique_ptr<SharedRegion>> GradientRegion(
       const grpc::CallbackServerContext* ctx,
       const ParameterStore* store) const;
+  // Maps, read-write, the worker's weight region a PushPull call names
+  // (kSharedMemoryWeightsMetadata); null when it names none. Errors as
+  // CallRegion's, the limit being the whole model's weights.
+  absl::StatusOr<std::unique_ptr<SharedRegion>> WeightRegion(
+      const grpc::CallbackServerContext* ctx,
+      const ParameterStore* store) const;
 
   // True when this reply should be dropped (fault injection).
   bool DropNextReply();
@@ -108,6 +114,9 @@ class ParameterService final
   bool shared_memory() const { return options_.shared_memory; }
   void CountGradientRegionPush() {
     shm_gradient_pushes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void CountWeightRegionReply() {
+    shm_weight_replies_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
@@ -119,6 +128,8 @@ class ParameterService final
   std::atomic<uint64_t> shm_ring_streams_{0};  // of them, with rings
   // Pushes read from a worker's gradient region.
   std::atomic<uint64_t> shm_gradient_pushes_{0};
+  // Replies asked in a worker's weight region.
+  std::atomic<uint64_t> shm_weight_replies_{0};
   // The region the call's metadata `key` names, of at most `limit` bytes
   // (`needs` says whose); errors as CallRegion's.
   absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(

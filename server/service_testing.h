@@ -24,7 +24,8 @@ inline grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
                                  const v1::PushPullRequest& req,
                                  v1::PushPullResponse* resp,
                                  const std::string& shm_metadata = "",
-                                 const std::string& gradients_metadata = "") {
+                                 const std::string& gradients_metadata = "",
+                                 const std::string& weights_metadata = "") {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   if (!shm_metadata.empty()) {
@@ -32,6 +33,9 @@ inline grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
   }
   if (!gradients_metadata.empty()) {
     ctx.AddMetadata(kSharedMemoryGradientsMetadata, gradients_metadata);
+  }
+  if (!weights_metadata.empty()) {
+    ctx.AddMetadata(kSharedMemoryWeightsMetadata, weights_metadata);
   }
   auto stream = stub->PushPull(&ctx);
   stream->Write(req);

@@ -49,8 +49,9 @@ class SharedMemoryPushTest : public ::testing::Test {
   grpc::Status PushOnce(const std::string& metadata,
                         const v1::PushPullRequest& req,
                         v1::PushPullResponse* resp,
-                        const std::string& gradients = "") {
-    return PushPullOnce(stub_, req, resp, metadata, gradients);
+                        const std::string& gradients = "",
+                        const std::string& weights = "") {
+    return PushPullOnce(stub_, req, resp, metadata, gradients, weights);
   }
   static std::string Named(const SharedRegion& r) {
     return absl::StrCat(r.path(), " ", r.size());
@@ -110,9 +111,10 @@ class SharedMemoryPushTest : public ::testing::Test {
   }
   void ExpectRefused(const std::string& metadata, const v1::PushPullRequest& r,
                      grpc::StatusCode code, const std::string& part,
-                     const std::string& gradients = "") {
+                     const std::string& gradients = "",
+                     const std::string& weights = "") {
     v1::PushPullResponse resp;
-    const grpc::Status s = PushOnce(metadata, r, &resp, gradients);
+    const grpc::Status s = PushOnce(metadata, r, &resp, gradients, weights);
     EXPECT_EQ(s.error_code(), code) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(part));
   }
@@ -207,6 +209,73 @@ TEST_F(SharedMemoryPushTest, MalformedGradientRegionUsesAreRefused) {
   const v1::GetStatusResponse st = Status();
   EXPECT_EQ(st.pushes_total(), 0u);
   EXPECT_EQ(st.min_version(), 0);
+}
+
+// The gradient comes from the stream's region, the weights go into the
+// worker's weight region (at 16), not into the stream's.
+TEST_F(SharedMemoryPushTest, WeightsAreWrittenIntoTheWeightRegion) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> weights,
+                               SharedRegion::Create(64));
+  const std::vector<float> grad = {2, 2, 2, 2};
+  std::memcpy(region->data(), grad.data(), 16);
+  v1::PushPullRequest req = ShmPush();
+  req.set_reply_in_weight_region(true);
+  req.set_reply_shm_offset(16);
+  v1::PushPullResponse reply;
+  ASSERT_TRUE(PushOnce(Named(*region), req, &reply, "", Named(*weights)).ok());
+  EXPECT_EQ(reply.version(), 1);
+  EXPECT_EQ(reply.shm_bytes(), 16u);
+  EXPECT_TRUE(reply.payload().empty());
+  EXPECT_EQ(At(*weights, 16, 4), std::vector<float>({-1, -1, -1, -1}));
+  EXPECT_EQ(At(*region, 64, 4), std::vector<float>({0, 0, 0, 0}));
+  EXPECT_EQ(Status().shared_memory_weight_replies_total(), 1u);
+}
+
+TEST_F(SharedMemoryPushTest, MalformedWeightRegionUsesAreRefused) {
+  Start();
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
+                               SharedRegion::Create(128));
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> weights,
+                               SharedRegion::Create(64));
+  const std::string named = Named(*region);
+  const std::string w = Named(*weights);
+  v1::PushPullRequest r = ShmPush();
+  r.set_reply_in_weight_region(true);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "push of chunk 0 from rank 0 refers to shared memory, but its "
+                "stream names no weight region (shardps-shm-weights "
+                "metadata)");
+  r.clear_reply_shm_offset();
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "asks its reply in the weight region but gives no "
+                "reply_shm_offset",
+                "", w);
+  r = ShmPush();
+  r.set_reply_in_weight_region(true);
+  r.set_reply_shm_offset(64);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "reply_shm_offset 64 lies outside the weight region of 64 "
+                "bytes",
+                "", w);
+  r.set_reply_shm_offset(0);
+  r.set_reply_encoding(v1::ENCODING_BF16);
+  ExpectRefused(named, r, grpc::StatusCode::INVALID_ARGUMENT,
+                "asks its reply in the weight region as ENCODING_BF16: "
+                "replies there are ENCODING_FP32 only",
+                "", w);
+  SHARDPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> big,
+                               SharedRegion::Create(145));
+  ExpectRefused(named, ShmPush(), grpc::StatusCode::UNAVAILABLE,
+                "shared memory: a region of 145 bytes is more than the "
+                "model's weights need (144), named by shardps-shm-weights",
+                "", Named(*big));
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 0u);
+  EXPECT_EQ(st.min_version(), 0);
+  EXPECT_EQ(At(*weights, 0, 16), std::vector<float>(16, 0.0f));
 }
 
 TEST_F(SharedMemoryPushTest, DeclareReadsTheProbeBackOnlyWhenAllowed) {

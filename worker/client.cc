@@ -156,12 +156,19 @@ class Client::LaneCall final
         ctx_.AddMetadata(kSharedMemoryMetadata,
                          absl::StrCat(region_->path(), " ", region_->size()));
         // Gradients computed in the client's gradient region are read
-        // from there: this call keeps the one it names alive.
+        // from there, and weights kept in its weight region written there:
+        // this call keeps the regions it names alive.
         gradients_ = client_->gradient_region_;
+        weights_ = client_->weight_region_;
         if (gradients_ != nullptr) {
           ctx_.AddMetadata(
               kSharedMemoryGradientsMetadata,
               absl::StrCat(gradients_->path(), " ", gradients_->size()));
+        }
+        if (weights_ != nullptr) {
+          ctx_.AddMetadata(
+              kSharedMemoryWeightsMetadata,
+              absl::StrCat(weights_->path(), " ", weights_->size()));
         }
         if (rings) {
           // shm_bytes is a multiple of 64: the rings start at cache lines.
@@ -186,10 +193,14 @@ class Client::LaneCall final
   }
 
   bool ring() const { return requests_ != nullptr; }
-  // The stream names another gradient region than the client's current
-  // one (or none where the client has one now).
-  bool NamesOtherGradients() const {
-    return region_ != nullptr && gradients_ != client_->gradient_region_;
+  // The stream names other gradient or weight regions than the client's
+  // current ones (or none where the client has them now).
+  bool NamesOtherBuffers() const {
+    return region_ != nullptr && (gradients_ != client_->gradient_region_ ||
+                                  weights_ != client_->weight_region_);
+  }
+  Client::CallRegions regions() const {
+    return {region_.get(), gradients_.get(), weights_.get()};
   }
 
   // Writes the next queued chunk unless a write is in flight; with rings,
@@ -207,8 +218,8 @@ class Client::LaneCall final
       lane_->ready.pop_front();
       lane_->writing = true;
     }
-    absl::StatusOr<grpc::ByteBuffer> message = client_->ChunkMessage(
-        lane_, id, &header_, region_.get(), gradients_.get());
+    absl::StatusOr<grpc::ByteBuffer> message =
+        client_->ChunkMessage(lane_, id, &header_, regions());
     if (!message.ok()) {
       {
         absl::MutexLock lock(&lane_->mu);
@@ -344,7 +355,7 @@ class Client::LaneCall final
       took = s.ok();
       if (took) ++lane_->taking;
     }
-    if (took) s = client_->TakeReply(lane_, &expected_view(), region_.get());
+    if (took) s = client_->TakeReply(lane_, &expected_view(), regions());
     lane_->reply.payload.Clear();
     read_buf_.Clear();
     bool again;
@@ -389,7 +400,7 @@ class Client::LaneCall final
     }
     absl::Status s;
     for (uint32_t id : ring_ids_) {
-      if (!client_->IntoRegion(id, &header_, region_.get(), gradients_.get()) ||
+      if (!client_->IntoRegion(id, &header_, regions()) ||
           (!header_.push_only() && !header_.has_reply_shm_offset())) {
         s = absl::UnavailableError(absl::StrCat(
             kSharedMemoryErrorPrefix, "chunk ", id,
@@ -440,7 +451,7 @@ class Client::LaneCall final
         }
       }
       SHARDPS_RETURN_IF_ERROR(
-          client_->TakeReply(lane_, &expected_view(), region_.get()));
+          client_->TakeReply(lane_, &expected_view(), regions()));
       absl::MutexLock lock(&lane_->mu);
       lane_->answered.push_back(r.response.chunk_id());
     }
@@ -460,8 +471,9 @@ class Client::LaneCall final
   grpc::ClientContext ctx_;
   bool clean_ = false;  // BeginClose half-closed (caller's thread only)
   std::unique_ptr<SharedRegion> region_;  // null: payloads in the messages
-  // The client's gradient region this call named (null: none).
+  // The client's gradient and weight regions this call named (null: none).
   std::shared_ptr<const SharedRegion> gradients_;
+  std::shared_ptr<const SharedRegion> weights_;
   // The message rings in region_ (null: none), used by the caller's thread
   // only, and its scratch.
   std::unique_ptr<MessageRing> requests_;
@@ -774,11 +786,15 @@ absl::Status Client::Declare(const v1::Layout& layout,
   }
   const bool any_shm =
       std::find(shm_shards_.begin(), shm_shards_.end(), 1) != shm_shards_.end();
-  if (!any_shm || gradient_bytes == 0) {
+  // Decided once per layout: a Declare of the same model again (a worker
+  // that recovers) keeps the buffers the caller holds, and what they hold,
+  // whatever the shards now say about shared memory.
+  if (gradient_at != gradient_at_) {
     gradient_region_.reset();
-  } else if (gradient_region_ == nullptr || gradient_at != gradient_at_ ||
-             gradient_region_->size() != gradient_bytes) {
-    NewGradientRegion(gradient_bytes);
+    weight_region_.reset();
+    if (any_shm && gradient_bytes > 0) {
+      NewBufferRegions(gradient_bytes, /*keep_weights=*/false);
+    }
   }
   gradient_at_ = std::move(gradient_at);
   first_chunk_.assign(layout.tensors_size() + 1, 0);
@@ -808,25 +824,43 @@ absl::Status Client::Declare(const v1::Layout& layout,
   return absl::OkStatus();
 }
 
-void Client::NewGradientRegion(uint64_t bytes) {
-  absl::StatusOr<std::unique_ptr<SharedRegion>> made =
+void Client::NewBufferRegions(uint64_t bytes, bool keep_weights) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> gradients =
       SharedRegion::Create(bytes);
-  // Without one (out of memory or descriptors) gradients are copied.
-  if (made.ok()) ++gradient_regions_;
-  gradient_region_ = made.ok()
-                         ? std::shared_ptr<const SharedRegion>(*std::move(made))
-                         : nullptr;
+  absl::StatusOr<std::unique_ptr<SharedRegion>> weights =
+      SharedRegion::Create(bytes);
+  // Without them (out of memory or descriptors) gradients and weights are
+  // copied, or, when renewing, the old ones stay.
+  if (!gradients.ok() || !weights.ok()) return;
+  if (keep_weights && weight_region_ != nullptr) {
+    std::memcpy((*weights)->data(), weight_region_->data(), bytes);
+  }
+  ++buffer_regions_;
+  gradient_region_ = *std::move(gradients);
+  weight_region_ = *std::move(weights);
 }
 
-void Client::RenewGradientRegion() {
+void Client::RenewBufferRegions() {
   // A stream that ended without finishing the step may still have a push
-  // being read by its shard: later gradients go into a region of their
-  // own, and streams that name the old one are replaced (Open). The old
-  // one stays mapped until the next renewal: the caller may still read
-  // the gradients it wrote there.
+  // being read, or a reply being written, by its shard: later steps use
+  // regions of their own (the weights carried over), and streams that name
+  // the old ones are replaced (Open). The old ones stay mapped until the
+  // next renewal: the caller may still read what it left there.
   if (gradient_region_ == nullptr) return;
   retired_gradient_region_ = gradient_region_;
-  NewGradientRegion(gradient_region_->size());
+  retired_weight_region_ = weight_region_;
+  NewBufferRegions(gradient_region_->size(), /*keep_weights=*/true);
+}
+
+Tensors Client::WeightBuffers() {
+  Tensors buffers;
+  if (weight_region_ == nullptr) return buffers;
+  for (int t = 0; t < layout_.tensors_size(); ++t) {
+    buffers.emplace_back(
+        reinterpret_cast<float*>(weight_region_->data() + gradient_at_[t]),
+        NumElements(layout_.tensors(t)));
+  }
+  return buffers;
 }
 
 Tensors Client::GradientBuffers() {
@@ -923,25 +957,49 @@ bool Client::Compressed(uint32_t id) const {
          !open_->no_gradient[chunks_[id].tensor] && compressor_->compresses(id);
 }
 
+std::optional<uint64_t> Client::PlaceIn(const SharedRegion* region,
+                                        const void* p, int64_t bytes) {
+  if (region == nullptr) return std::nullopt;
+  const auto at = reinterpret_cast<uintptr_t>(p) -
+                  reinterpret_cast<uintptr_t>(region->data());
+  if (!region->Contains(at, static_cast<uint64_t>(bytes))) return std::nullopt;
+  return at;
+}
+
+std::optional<uint64_t> Client::ReplyInWeightRegion(
+    const ChunkSpec& c, const CallRegions& regions) const {
+  if (regions.stream == nullptr || open_->push_only ||
+      EffectiveEncoding(options_.compression.weights) != v1::ENCODING_FP32) {
+    return std::nullopt;
+  }
+  return PlaceIn(regions.weights, open_->weights[c.tensor].data() + c.offset,
+                 c.bytes());
+}
+
 bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
-                        SharedRegion* region, const SharedRegion* gradients) {
+                        const CallRegions& regions) {
   const ChunkSpec& c = chunks_[id];
+  SharedRegion* region = regions.stream;
   FillHeader(id, header);
-  // A region from before the model was declared again may not fit.
-  if (region != nullptr && !open_->push_only &&
-      options_.compression.weights != v1::ENCODING_TOPK &&
-      region->Contains(shm_weights_at_[id], c.bytes())) {
+  // Kept in the weight region: the shard writes the weights there.
+  // Otherwise into the stream's region; one from before the model was
+  // declared again may not fit.
+  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
+    header->set_reply_in_weight_region(true);
+    header->set_reply_shm_offset(*at);
+  } else if (region != nullptr && !open_->push_only &&
+             options_.compression.weights != v1::ENCODING_TOPK &&
+             region->Contains(shm_weights_at_[id], c.bytes())) {
     header->set_reply_shm_offset(shm_weights_at_[id]);
   }
   if (open_->no_gradient[c.tensor]) return true;
-  if (region != nullptr && gradients != nullptr && !Compressed(id)) {
+  if (region != nullptr && !Compressed(id)) {
     // Computed in the gradient region: the shard reads it there.
-    const auto at = reinterpret_cast<uintptr_t>(
-                        open_->gradients[c.tensor].data() + c.offset) -
-                    reinterpret_cast<uintptr_t>(gradients->data());
-    if (gradients->Contains(at, c.bytes())) {
+    if (const std::optional<uint64_t> at =
+            PlaceIn(regions.gradients,
+                    open_->gradients[c.tensor].data() + c.offset, c.bytes())) {
       header->set_shm_in_gradient_region(true);
-      header->set_shm_offset(at);
+      header->set_shm_offset(*at);
       header->set_shm_bytes(c.bytes());
       return true;
     }
@@ -959,9 +1017,9 @@ bool Client::IntoRegion(uint32_t id, v1::PushPullRequest* header,
 
 absl::StatusOr<grpc::ByteBuffer> Client::ChunkMessage(
     Stream* lane, uint32_t id, v1::PushPullRequest* header,
-    SharedRegion* region, const SharedRegion* gradients) {
+    const CallRegions& regions) {
   const ChunkSpec& c = chunks_[id];
-  if (IntoRegion(id, header, region, gradients)) {
+  if (IntoRegion(id, header, regions)) {
     return lane->Message(*header, nullptr, 0);
   }
   if (Compressed(id)) {
@@ -991,7 +1049,7 @@ void Client::set_rollback_id(uint64_t id) {
 }
 
 absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected,
-                               const SharedRegion* region) {
+                               const CallRegions& regions) {
   const uint32_t id = lane->reply.response.chunk_id();
   if (id >= chunks_.size() || lane_of_[id] != lane->index || !(*expected)[id]) {
     return absl::InternalError(
@@ -1008,9 +1066,12 @@ absl::Status Client::TakeReply(Stream* lane, std::vector<bool>* expected,
     return absl::OkStatus();
   }
   const ChunkSpec& c = chunks_[id];
-  return ReadWeights(&lane->reply, c,
-                     open_->weights[c.tensor].data() + c.offset, region,
-                     shm_weights_at_[id]);
+  float* out = open_->weights[c.tensor].data() + c.offset;
+  // Where this chunk's push asked for its reply (IntoRegion).
+  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
+    return ReadWeights(&lane->reply, c, out, regions.weights, *at);
+  }
+  return ReadWeights(&lane->reply, c, out, regions.stream, shm_weights_at_[id]);
 }
 
 absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out,
@@ -1056,7 +1117,11 @@ absl::Status Client::ReadWeights(Reply* r, const ChunkSpec& c, float* out,
   }
   float* whole = sparse ? copies_[c.id].data() : out;
   if (got == v1::ENCODING_FP32) {
-    payload.CopyTo(reinterpret_cast<char*>(whole));
+    // Written in place by the shard (the weight region): nothing to copy.
+    if (in_shm == 0 ||
+        region->data() + at != reinterpret_cast<const char*>(whole)) {
+      payload.CopyTo(reinterpret_cast<char*>(whole));
+    }
   } else {
     r->scratch.resize(payload.size());
     payload.CopyTo(r->scratch.data());
@@ -1138,8 +1203,7 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
     bool written = true;
     for (uint32_t id : *pending) {
       absl::StatusOr<grpc::ByteBuffer> message =
-          ChunkMessage(lane, id, &header, /*region=*/nullptr,
-                       /*gradients=*/nullptr);
+          ChunkMessage(lane, id, &header, CallRegions());
       if (!message.ok()) {
         reply_error = message.status();
         ctx.TryCancel();
@@ -1161,7 +1225,7 @@ absl::Status Client::Attempt(Stream* lane, std::vector<uint32_t>* pending) {
       reply_error = DecodeWithPayload(buffer, &lane->reply.response,
                                       &lane->reply.payload);
       if (reply_error.ok()) {
-        reply_error = TakeReply(lane, &asked, /*region=*/nullptr);
+        reply_error = TakeReply(lane, &asked, CallRegions());
       }
       if (!reply_error.ok()) {
         ctx.TryCancel();
@@ -1234,10 +1298,10 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
       l->writes_done = open_->start;
       return true;
     };
-    if (lane->call != nullptr && lane->call->NamesOtherGradients()) {
-      // Its stream names a gradient region that was replaced (after a
-      // failed step, or a Declare of another layout): a new stream names
-      // the current one.
+    if (lane->call != nullptr && lane->call->NamesOtherBuffers()) {
+      // Its stream names a gradient or weight region that was replaced
+      // (after a failed step, or a Declare of another layout): a new stream
+      // names the current ones.
       lane->call->Close(/*cancel=*/false);
       lane->call.reset();
     }
@@ -1436,7 +1500,7 @@ void Client::AbortStep() {
     }
   }
   open_.reset();
-  RenewGradientRegion();
+  RenewBufferRegions();
 }
 
 absl::Status Client::FinishStep() {
@@ -1497,7 +1561,7 @@ absl::Status Client::FinishStep() {
   }
   last_push_time_ = pushed - open_->start;
   open_.reset();
-  if (!failed.empty()) RenewGradientRegion();
+  if (!failed.empty()) RenewBufferRegions();
   return status;
 }
 

@@ -234,6 +234,13 @@ class Client {
   // Buffers left behind by a failed step stay readable until the next
   // failed step.
   Tensors GradientBuffers();
+  // After Declare, like GradientBuffers: one buffer per tensor for the
+  // caller to keep its weights in. Replies of a step whose weights are
+  // these buffers are written into them by the shards on this machine
+  // (PushPullRequest.reply_in_weight_region), fp32 weights only. They move
+  // with the gradient buffers, keeping their values; take them again for
+  // every step.
+  Tensors WeightBuffers();
 
   // Time the last PushPull/Push took until every gradient chunk was handed
   // to the transport (the rest of the step is waiting for replies).
@@ -254,9 +261,10 @@ class Client {
 
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }
-  // Gradient regions made since creation (GradientBuffers(): one at the
-  // first Declare, another after each step that failed on a stream).
-  int64_t gradient_regions() const { return gradient_regions_; }
+  // Gradient and weight regions made since creation (GradientBuffers(),
+  // WeightBuffers(): one of each at the first Declare, another after each
+  // step that failed on a stream).
+  int64_t buffer_regions() const { return buffer_regions_; }
 
   int64_t start_step() const { return start_step_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
@@ -273,6 +281,13 @@ class Client {
   struct Stream;    // one (shard, stream) lane and its reusable messages
   class LaneCall;   // a lane's PushPull stream, open across steps
   struct OpenStep;  // the step between BeginStep and FinishStep
+  // The regions a PushPull call named (null: none): its own, for payloads
+  // and rings, and the client's gradient and weight regions.
+  struct CallRegions {
+    SharedRegion* stream = nullptr;
+    const SharedRegion* gradients = nullptr;
+    const SharedRegion* weights = nullptr;
+  };
   explicit Client(ClientOptions options);
 
   absl::Status CheckTensors(const ConstTensors& gradients,
@@ -300,20 +315,27 @@ class Client {
   // The message of chunk `id` of the open step on `lane`, its gradient
   // encoded first when compressed (InvalidArgument naming the tensor and
   // element for a value the encoding cannot carry).
-  // With `region` (the lane's stream has one) the payload is copied there
-  // and the reply asked there.
-  // With `gradients` too (the gradient region the stream named), a
-  // gradient that lies in it is read by the shard from there, not copied.
+  // With the regions the lane's stream named, the payload and the reply go
+  // through them (IntoRegion).
   absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
                                                 v1::PushPullRequest* header,
-                                                SharedRegion* region,
-                                                const SharedRegion* gradients);
-  // Fills `header` for chunk `id` of the open step and, with `region`,
-  // names its gradient where it lies in `gradients` or else copies it
-  // into `region`, and asks its reply there, where they fit. True when the
-  // message needs no payload.
+                                                const CallRegions& regions);
+  // Fills `header` for chunk `id` of the open step and, with a stream
+  // region, names its gradient where it lies in the gradient region or
+  // else copies it into the stream's region, and asks its reply where the
+  // caller's weights lie in the weight region or else in the stream's
+  // region, where they fit. True when the message needs no payload.
   bool IntoRegion(uint32_t id, v1::PushPullRequest* header,
-                  SharedRegion* region, const SharedRegion* gradients);
+                  const CallRegions& regions);
+  // Where `bytes` at `p` lie in `region` (none: not all of them, or no
+  // region).
+  static std::optional<uint64_t> PlaceIn(const SharedRegion* region,
+                                         const void* p, int64_t bytes);
+  // Where in regions.weights the reply to chunk `c` of the open step is
+  // asked (the caller's weights lie there, fp32 replies, a stream region);
+  // none: elsewhere.
+  std::optional<uint64_t> ReplyInWeightRegion(const ChunkSpec& c,
+                                              const CallRegions& regions) const;
   // The chunk's gradient goes out compressed (not no_gradient, not
   // initial values).
   bool Compressed(uint32_t id) const;
@@ -323,7 +345,7 @@ class Client {
   // `region`: the stream's shared memory (null: none), where a reply with
   // shm_bytes left its payload.
   absl::Status TakeReply(Stream* lane, std::vector<bool>* expected,
-                         const SharedRegion* region);
+                         const CallRegions& regions);
   // Decodes the weights of reply `r` (chunk `c`) into out[0,
   // c.num_elements); InternalError for a malformed one or another encoding
   // than asked.
@@ -337,12 +359,14 @@ class Client {
   // answered.
   absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
-  // A gradient region of `bytes` as gradient_region_ (null when it cannot
-  // be made: gradients are then copied).
-  void NewGradientRegion(uint64_t bytes);
-  // After a step that a stream ended before it finished: a fresh gradient
-  // region, so that nothing a shard may still read is written again.
-  void RenewGradientRegion();
+  // Gradient and weight regions of `bytes` each as gradient_region_ and
+  // weight_region_ (both null when they cannot be made: gradients and
+  // weights are then copied); `keep_weights`: the weights carried over.
+  void NewBufferRegions(uint64_t bytes, bool keep_weights);
+  // After a step that a stream ended before it finished: fresh regions,
+  // so that nothing a shard may still read or write there is touched
+  // again.
+  void RenewBufferRegions();
   // Declare on one shard, retrying while the shard answers UNAVAILABLE
   // (not up yet, or not yet aware of this process) until `deadline`.
   absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
@@ -385,7 +409,10 @@ class Client {
   // named alive after a Declare of another layout replaced it.
   std::shared_ptr<const SharedRegion> gradient_region_;
   std::shared_ptr<const SharedRegion> retired_gradient_region_;
-  int64_t gradient_regions_ = 0;
+  // WeightBuffers(): the same for weights, at the same offsets.
+  std::shared_ptr<const SharedRegion> weight_region_;
+  std::shared_ptr<const SharedRegion> retired_weight_region_;
+  int64_t buffer_regions_ = 0;
   std::vector<uint64_t> gradient_at_;
   // Pull through shared memory: by shard, the region its Pulls reuse (null
   // until the first, and again after a failed one: the shard may still be

@@ -247,25 +247,34 @@ void RunThroughDroppedReplies(int streams, bool in_buffers) {
   for (int64_t step = 0; step < kSteps; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     absl::Span<float> grad = absl::MakeSpan(own);
+    absl::Span<float> w = absl::MakeSpan(weights);
     if (in_buffers) {
+      // Taken again every step: they move (with the weights) after a step
+      // with a failed stream.
       const Tensors buffers = (*client)->GradientBuffers();
+      const Tensors weight_buffers = (*client)->WeightBuffers();
       ASSERT_EQ(buffers.size(), 1u);
+      ASSERT_EQ(weight_buffers.size(), 1u);
       grad = buffers[0];
+      w = weight_buffers[0];
     }
     for (size_t i = 0; i < grad.size(); ++i) {
       grad[i] = 0.25f * (i % 7 + 1);
       want[i] -= 0.5f * grad[i];
     }
-    SHARDPS_ASSERT_OK(
-        (*client)->PushPull(step, {grad}, {absl::MakeSpan(weights)}));
-    ASSERT_EQ(weights, want);
+    SHARDPS_ASSERT_OK((*client)->PushPull(step, {grad}, {w}));
+    ASSERT_TRUE(std::equal(w.begin(), w.end(), want.begin()));
+    if (in_buffers) {
+      const Tensors now = (*client)->WeightBuffers();
+      ASSERT_TRUE(std::equal(now[0].begin(), now[0].end(), want.begin()));
+    }
   }
   EXPECT_GT((*client)->retries(), 0);
   if (!in_buffers) return;
   // Steps with a failed stream moved them to fresh regions, and the
   // streams named the new ones: the last step's pushes (those not retried
   // over plain gRPC) were still read from there.
-  EXPECT_GT((*client)->gradient_regions(), 2);
+  EXPECT_GT((*client)->buffer_regions(), 2);
   auto read_in_place = [&] {
     absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
         (*client)->ShardStatus();
@@ -276,8 +285,8 @@ void RunThroughDroppedReplies(int streams, bool in_buffers) {
   const Tensors buffers = (*client)->GradientBuffers();
   ASSERT_EQ(buffers.size(), 1u);
   std::fill(buffers[0].begin(), buffers[0].end(), 0.5f);
-  SHARDPS_ASSERT_OK(
-      (*client)->PushPull(kSteps, {buffers[0]}, {absl::MakeSpan(weights)}));
+  SHARDPS_ASSERT_OK((*client)->PushPull(kSteps, {buffers[0]},
+                                        {(*client)->WeightBuffers()[0]}));
   EXPECT_GT(read_in_place(), before);
 }
 
@@ -388,6 +397,7 @@ struct SharedMemoryRun {
   std::vector<uint64_t> ring_streams;
   std::vector<uint64_t> shm_pulls;
   std::vector<uint64_t> gradient_pushes;  // read from the gradient region
+  std::vector<uint64_t> weight_replies;   // written into the weight region
   size_t gradient_buffers = 0;            // GradientBuffers().size()
   std::string described;
 };
@@ -422,16 +432,23 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
   std::vector<float> own(1000);
   const Tensors buffers = (*client)->GradientBuffers();
   run.gradient_buffers = buffers.size();
-  const absl::Span<float> grad =
-      in_buffers && !buffers.empty() ? buffers[0] : absl::MakeSpan(own);
+  const Tensors weight_buffers = (*client)->WeightBuffers();
+  EXPECT_EQ(weight_buffers.size(), buffers.size());
+  const bool use_buffers = in_buffers && !buffers.empty();
+  const absl::Span<float> grad = use_buffers ? buffers[0] : absl::MakeSpan(own);
+  // The weights are kept in the weight buffers too, where the shards write
+  // them.
+  const absl::Span<float> weights =
+      use_buffers ? weight_buffers[0] : absl::MakeSpan(run.weights);
+  std::copy(run.weights.begin(), run.weights.end(), weights.begin());
   for (int64_t step = 0; step < 10; ++step) {
     for (int i = 0; i < 1000; ++i) {
-      grad[i] = run.weights[i] * run.weights[i] - 0.1f * (i % 7);
+      grad[i] = weights[i] * weights[i] - 0.1f * (i % 7);
     }
-    const absl::Status s =
-        (*client)->PushPull(step, {grad}, {absl::MakeSpan(run.weights)});
+    const absl::Status s = (*client)->PushPull(step, {grad}, {weights});
     EXPECT_TRUE(s.ok()) << s;
   }
+  std::copy(weights.begin(), weights.end(), run.weights.begin());
   absl::StatusOr<std::vector<v1::GetStatusResponse>> before =
       (*client)->ShardStatus();
   EXPECT_TRUE(before.ok()) << before.status();
@@ -449,6 +466,8 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
                             (*before)[s].shared_memory_streams_total());
     run.gradient_pushes.push_back(
         (*status)[s].shared_memory_gradient_pushes_total());
+    run.weight_replies.push_back(
+        (*status)[s].shared_memory_weight_replies_total());
   }
   run.described = (*client)->DescribeTransport();
   return run;
@@ -495,19 +514,22 @@ TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
 }
 
 // Gradients computed in GradientBuffers() are read by the shards from
-// there instead of being copied into the stream's region, with the same
-// results bit for bit; a shard without shared memory gets them over gRPC
-// from the same buffers.
-TEST(ClientSharedMemoryTest, GradientsInItsBuffersGoWithoutACopy) {
+// there instead of being copied into the stream's region, and weights kept
+// in WeightBuffers() are written there by the shards, with the same results
+// bit for bit; a shard without shared memory gets and sends them over gRPC
+// from and into the same buffers.
+TEST(ClientSharedMemoryTest, GradientsAndWeightsInItsBuffersGoWithoutACopy) {
   const SharedMemoryRun grpc = RunTenSteps(false);
   EXPECT_EQ(grpc.gradient_buffers, 0u);  // no shard uses shared memory
   const SharedMemoryRun copied = RunTenSteps(true);
   EXPECT_EQ(copied.gradient_buffers, 1u);
   EXPECT_EQ(copied.gradient_pushes, std::vector<uint64_t>({0, 0}));
+  EXPECT_EQ(copied.weight_replies, std::vector<uint64_t>({0, 0}));
   const SharedMemoryRun in_place = RunTenSteps(true, {}, true, true);
   EXPECT_EQ(in_place.gradient_buffers, 1u);
   // 10 steps of 16 chunks, 8 on each shard.
   EXPECT_EQ(in_place.gradient_pushes, std::vector<uint64_t>({80, 80}));
+  EXPECT_EQ(in_place.weight_replies, std::vector<uint64_t>({80, 80}));
   EXPECT_EQ(in_place.ring_streams, std::vector<uint64_t>({1, 1}));
   ASSERT_EQ(in_place.weights.size(), grpc.weights.size());
   EXPECT_EQ(std::memcmp(in_place.weights.data(), grpc.weights.data(),
@@ -516,9 +538,11 @@ TEST(ClientSharedMemoryTest, GradientsInItsBuffersGoWithoutACopy) {
   EXPECT_EQ(in_place.weights, copied.weights);
   const SharedMemoryRun no_rings = RunTenSteps(true, {}, false, true);
   EXPECT_EQ(no_rings.gradient_pushes, std::vector<uint64_t>({80, 80}));
+  EXPECT_EQ(no_rings.weight_replies, std::vector<uint64_t>({80, 80}));
   EXPECT_EQ(no_rings.weights, grpc.weights);
   const SharedMemoryRun mixed = RunTenSteps(true, {1}, true, true);
   EXPECT_EQ(mixed.gradient_pushes, std::vector<uint64_t>({80, 0}));
+  EXPECT_EQ(mixed.weight_replies, std::vector<uint64_t>({80, 0}));
   EXPECT_EQ(mixed.weights, grpc.weights);
 }
 

@@ -70,6 +70,15 @@ std::vector<uint32_t> RanksSharingTheBatch(
 Recovery::Recovery(RecoveryOptions options, Client* client, Tensors weights,
                    int64_t steps_per_epoch, int64_t total_steps,
                    RollbackNews rollback, bool rejoin_when_dropped)
+    : Recovery(
+          std::move(options), client, [weights] { return weights; },
+          steps_per_epoch, total_steps, std::move(rollback),
+          rejoin_when_dropped) {}
+
+Recovery::Recovery(RecoveryOptions options, Client* client,
+                   std::function<Tensors()> weights, int64_t steps_per_epoch,
+                   int64_t total_steps, RollbackNews rollback,
+                   bool rejoin_when_dropped)
     : options_(std::move(options)),
       client_(client),
       weights_(std::move(weights)),
@@ -185,7 +194,7 @@ absl::StatusOr<bool> Recovery::AwaitRollback(uint64_t id, int64_t step,
     SHARDPS_RETURN_IF_ERROR(client_->JoinAt(join_step_));
     SHARDPS_RETURN_IF_ERROR(AwaitJobAt(join_step_));
   }
-  SHARDPS_RETURN_IF_ERROR(client_->Pull(weights_));
+  SHARDPS_RETURN_IF_ERROR(client_->Pull(weights_()));
   return true;
 }
 
@@ -216,7 +225,7 @@ absl::StatusOr<int64_t> Recovery::Recover(const absl::Status& why, int64_t at) {
         LogWarning("the servers refused this worker's push (%s); joining again",
                    why.message());
         SHARDPS_ASSIGN_OR_RETURN(const int64_t step, JoinRunningJob());
-        SHARDPS_RETURN_IF_ERROR(client_->Pull(weights_));
+        SHARDPS_RETURN_IF_ERROR(client_->Pull(weights_()));
         return step;
       }
       // Still a member: wait for a rollback; an ABORTED Declare means the

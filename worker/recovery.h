@@ -92,6 +92,12 @@ class Recovery {
   Recovery(RecoveryOptions options, Client* client, Tensors weights,
            int64_t steps_per_epoch, int64_t total_steps, RollbackNews rollback,
            bool rejoin_when_dropped);
+  // The same with the buffers asked for at each use (they may move, as
+  // Client::WeightBuffers() do).
+  Recovery(RecoveryOptions options, Client* client,
+           std::function<Tensors()> weights, int64_t steps_per_epoch,
+           int64_t total_steps, RollbackNews rollback,
+           bool rejoin_when_dropped);
 
   // After the first Client::Declare: notes the job's consistency mode and
   // the rollback the job is at (later pushes say they know of it).
@@ -126,7 +132,7 @@ class Recovery {
 
   const RecoveryOptions options_;
   Client* const client_;
-  const Tensors weights_;
+  const std::function<Tensors()> weights_;
   const int64_t steps_per_epoch_;
   const int64_t total_steps_;
   const RollbackNews rollback_;

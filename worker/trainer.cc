@@ -134,9 +134,15 @@ Trainer::Trainer(TrainerOptions options, ModelSpec model, Dataset train,
 }
 
 Tensors Trainer::WeightViews() {
-  Tensors v;
+  Tensors v = client_->WeightBuffers();
+  if (!v.empty()) return v;
   for (auto& w : weights_) v.emplace_back(absl::MakeSpan(w));
   return v;
+}
+
+ConstTensors Trainer::Params() {
+  const Tensors weights = WeightViews();
+  return ConstTensors(weights.begin(), weights.end());
 }
 
 Tensors Trainer::GradientBuffers() {
@@ -154,8 +160,7 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   const absl::Time start = absl::Now();
   const int b = static_cast<int>(indices.size());
   train_.FillBatch(indices, x_.data(), labels_.data());
-  std::vector<absl::Span<const float>> params(weights_.begin(), weights_.end());
-  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(params));
+  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(Params()));
   const Tensors grads = GradientBuffers();
   // scale = W / B: the servers average the W contributions, so the update
   // uses the mean gradient over the whole global batch (W: the workers
@@ -203,8 +208,7 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate() {
-  std::vector<absl::Span<const float>> params(weights_.begin(), weights_.end());
-  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(params));
+  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(Params()));
   EvalResult total;
   const int64_t n = test_->num_samples();
   std::vector<int64_t> indices;
@@ -270,9 +274,10 @@ absl::Status Trainer::WriteMetricsRow(int epoch, int64_t step,
 
 absl::Status Trainer::WriteModel(int64_t step) {
   if (options_.model_out.empty()) return absl::OkStatus();
+  const Tensors weights = WeightViews();
   std::vector<SafetensorsTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
-    tensors.push_back({params_[i].name, params_[i].shape, weights_[i].data()});
+    tensors.push_back({params_[i].name, params_[i].shape, weights[i].data()});
   }
   return WriteSafetensors(options_.model_out, tensors,
                           {{"format", "pt"},
@@ -303,9 +308,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
           ? std::min<int64_t>(options_.max_steps,
                               steps_per_epoch * options_.epochs)
           : steps_per_epoch * options_.epochs;
-  Recovery recovery(options_.recovery, client_.get(), WeightViews(),
-                    steps_per_epoch, total_steps, options_.rollback,
-                    options_.rejoin_when_dropped);
+  Recovery recovery(
+      options_.recovery, client_.get(), [this] { return WeightViews(); },
+      steps_per_epoch, total_steps, options_.rollback,
+      options_.rejoin_when_dropped);
   recovery.Start();
   int64_t step = client_->start_step();
   if (client_->must_join()) {

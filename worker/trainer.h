@@ -121,7 +121,11 @@ class Trainer {
                                absl::Duration epoch_time,
                                const EvalResult* eval);
   absl::Status WriteModel(int64_t step);
+  // The weights: the client's weight buffers (replies written into them by
+  // shards on this machine), else weights_. Taken again for every use:
+  // they move after a failed step.
   Tensors WeightViews();
+  ConstTensors Params();  // WeightViews(), read-only
   // Where backward writes this step's gradients: the client's gradient
   // buffers (pushed to shards on this machine without a copy), else
   // grads_.
@@ -140,8 +144,8 @@ class Trainer {
   bool resumed_ = false;  // started from a restored checkpoint's step
   bool metrics_started_ = false;
   int64_t eval_batch_ = 0;
-  std::vector<std::vector<float>> weights_;
-  std::vector<std::vector<float>> grads_;  // when the client has none
+  std::vector<std::vector<float>> weights_;  // when the client has none
+  std::vector<std::vector<float>> grads_;    // when the client has none
   std::vector<float> x_;  // one batch of inputs, converted from the dataset
   std::vector<int32_t> labels_;
 };
