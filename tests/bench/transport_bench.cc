@@ -227,10 +227,11 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
 
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> grads(workers), weights(workers);
-  // Where each worker's gradient lies: as shardps-worker computes it, in
-  // the client's gradient buffers when it has them (a shard on this
-  // machine), else in a buffer of its own.
+  // Where each worker's gradient and weights lie: as shardps-worker keeps
+  // them, in the client's gradient and weight buffers when it has them (a
+  // shard on this machine), else in buffers of its own.
   std::vector<absl::Span<const float>> gradient(workers);
+  std::vector<absl::Span<float>> weight(workers);
   for (uint32_t r = 0; r < workers; ++r) {
     ClientOptions co;
     co.servers = addresses;
@@ -240,15 +241,18 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
     SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Create(co));
     SHARDPS_RETURN_IF_ERROR(c->Declare(layout, opt));
     const Tensors buffers = c->GradientBuffers();
+    const Tensors weight_buffers = c->WeightBuffers();
     if (buffers.empty()) {
       grads[r].assign(elements, 1e-3f * (r + 1));
       gradient[r] = grads[r];
+      weights[r].assign(elements, 0.0f);
+      weight[r] = absl::MakeSpan(weights[r]);
     } else {
       std::fill(buffers[0].begin(), buffers[0].end(), 1e-3f * (r + 1));
       gradient[r] = buffers[0];
+      weight[r] = weight_buffers[0];
     }
     clients.push_back(std::move(c));
-    weights[r].assign(elements, 0.0f);
   }
   std::vector<ChunkSpec> chunks = MakeChunks(layout);
   std::vector<uint32_t> shard_of = PartitionChunks(chunks, shards);
@@ -263,7 +267,7 @@ absl::Status RunConfig(const TransportOptions& o, const Network& net,
   for (Kind kind : {Kind::kPushPull, Kind::kPush, Kind::kPull}) {
     auto one_step = [&](uint32_t r) -> absl::Status {
       ConstTensors g = {gradient[r]};
-      Tensors w = {absl::MakeSpan(weights[r])};
+      Tensors w = {weight[r]};
       switch (kind) {
         case Kind::kPushPull:
           return clients[r]->PushPull(step, g, w);
@@ -675,8 +679,8 @@ absl::Status RunTransportBench(const TransportOptions& o) {
       o.model_bytes / 1048576.0, o.chunk_bytes / 1048576.0, o.streams_per_shard,
       o.steps, o.warmup_steps, where,
       link == nullptr && o.shared_memory
-          ? "through shared memory, gradients pushed from the clients' "
-            "gradient buffers (--shared_memory=false: over gRPC)"
+          ? "through shared memory, gradients and weights in the clients' "
+            "buffers (--shared_memory=false: over gRPC)"
           : "over gRPC");
   if (link != nullptr) {
     absl::PrintF(
