@@ -774,13 +774,13 @@ absl::Status Client::Declare(const v1::Layout& layout,
     shm_pull_at_[id] = at;
     at += (static_cast<uint64_t>(chunks[id].bytes()) + 63) / 64 * 64;
   }
-  // The gradient region: every tensor's gradient, in layout order, each at
-  // a cache line; kept while the layout's sizes stay the same.
-  std::vector<uint64_t> gradient_at(layout.tensors_size());
-  uint64_t gradient_bytes = 0;
+  // The gradient and weight regions: every tensor, in layout order, each
+  // at a cache line.
+  std::vector<uint64_t> tensor_at(layout.tensors_size());
+  uint64_t buffer_bytes = 0;
   for (int t = 0; t < layout.tensors_size(); ++t) {
-    gradient_at[t] = gradient_bytes;
-    gradient_bytes +=
+    tensor_at[t] = buffer_bytes;
+    buffer_bytes +=
         (static_cast<uint64_t>(NumElements(layout.tensors(t))) * 4 + 63) / 64 *
         64;
   }
@@ -789,14 +789,14 @@ absl::Status Client::Declare(const v1::Layout& layout,
   // Decided once per layout: a Declare of the same model again (a worker
   // that recovers) keeps the buffers the caller holds, and what they hold,
   // whatever the shards now say about shared memory.
-  if (gradient_at != gradient_at_) {
+  if (tensor_at != tensor_at_) {
     gradient_region_.reset();
     weight_region_.reset();
-    if (any_shm && gradient_bytes > 0) {
-      NewBufferRegions(gradient_bytes, /*keep_weights=*/false);
+    if (any_shm && buffer_bytes > 0) {
+      NewBufferRegions(buffer_bytes, /*keep_weights=*/false);
     }
   }
-  gradient_at_ = std::move(gradient_at);
+  tensor_at_ = std::move(tensor_at);
   first_chunk_.assign(layout.tensors_size() + 1, 0);
   for (const ChunkSpec& c : chunks) ++first_chunk_[c.tensor + 1];
   for (int t = 0; t < layout.tensors_size(); ++t) {
@@ -852,27 +852,20 @@ void Client::RenewBufferRegions() {
   NewBufferRegions(gradient_region_->size(), /*keep_weights=*/true);
 }
 
-Tensors Client::WeightBuffers() {
+Tensors Client::TensorsIn(const SharedRegion* region) const {
   Tensors buffers;
-  if (weight_region_ == nullptr) return buffers;
+  if (region == nullptr) return buffers;
   for (int t = 0; t < layout_.tensors_size(); ++t) {
     buffers.emplace_back(
-        reinterpret_cast<float*>(weight_region_->data() + gradient_at_[t]),
+        reinterpret_cast<float*>(region->data() + tensor_at_[t]),
         NumElements(layout_.tensors(t)));
   }
   return buffers;
 }
 
-Tensors Client::GradientBuffers() {
-  Tensors buffers;
-  if (gradient_region_ == nullptr) return buffers;
-  for (int t = 0; t < layout_.tensors_size(); ++t) {
-    buffers.emplace_back(
-        reinterpret_cast<float*>(gradient_region_->data() + gradient_at_[t]),
-        NumElements(layout_.tensors(t)));
-  }
-  return buffers;
-}
+Tensors Client::GradientBuffers() { return TensorsIn(gradient_region_.get()); }
+
+Tensors Client::WeightBuffers() { return TensorsIn(weight_region_.get()); }
 
 bool Client::rings(uint32_t shard) const {
   return shared_memory(shard) && shard < ring_shards_.size() &&

@@ -367,6 +367,9 @@ class Client {
   // so that nothing a shard may still read or write there is touched
   // again.
   void RenewBufferRegions();
+  // Views of every tensor in `region` (a gradient or weight region), in
+  // layout order; none without one.
+  Tensors TensorsIn(const SharedRegion* region) const;
   // Declare on one shard, retrying while the shard answers UNAVAILABLE
   // (not up yet, or not yet aware of this process) until `deadline`.
   absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
@@ -404,16 +407,16 @@ class Client {
   std::vector<char> ring_shards_;  // by shard: it takes message rings
   std::vector<uint64_t> shm_gradient_at_;
   std::vector<uint64_t> shm_weights_at_;
-  // GradientBuffers(): a region (null: no shard uses shared memory) and,
-  // by tensor, where its gradient lies in it. Streams keep the region they
-  // named alive after a Declare of another layout replaced it.
+  // GradientBuffers() and WeightBuffers(): their regions (null: no shard
+  // used shared memory when the layout was declared), the ones they
+  // replaced last (kept mapped for the caller), and by tensor where it
+  // lies in each. Streams keep the regions they named alive.
   std::shared_ptr<const SharedRegion> gradient_region_;
   std::shared_ptr<const SharedRegion> retired_gradient_region_;
-  // WeightBuffers(): the same for weights, at the same offsets.
   std::shared_ptr<const SharedRegion> weight_region_;
   std::shared_ptr<const SharedRegion> retired_weight_region_;
   int64_t buffer_regions_ = 0;
-  std::vector<uint64_t> gradient_at_;
+  std::vector<uint64_t> tensor_at_;
   // Pull through shared memory: by shard, the region its Pulls reuse (null
   // until the first, and again after a failed one: the shard may still be
   // writing into it) and its size; by chunk id, where its weights lie in
