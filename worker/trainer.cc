@@ -129,15 +129,27 @@ Trainer::Trainer(TrainerOptions options, ModelSpec model, Dataset train,
       test_(std::move(test)),
       backend_(std::move(backend)),
       client_(std::move(client)),
-      optimizer_(std::move(optimizer)) {
-  for (const ParamSpec& p : params_) weights_.emplace_back(p.num_elements());
+      optimizer_(std::move(optimizer)) {}
+
+namespace {
+
+// Buffers of the trainer's own, made at first use, where the client has
+// none (no shard on this machine).
+Tensors OwnBuffers(const std::vector<ParamSpec>& params,
+                   std::vector<std::vector<float>>* buffers) {
+  if (buffers->empty()) {
+    for (const ParamSpec& p : params) buffers->emplace_back(p.num_elements());
+  }
+  Tensors v;
+  for (auto& b : *buffers) v.emplace_back(absl::MakeSpan(b));
+  return v;
 }
+
+}  // namespace
 
 Tensors Trainer::WeightViews() {
   Tensors v = client_->WeightBuffers();
-  if (!v.empty()) return v;
-  for (auto& w : weights_) v.emplace_back(absl::MakeSpan(w));
-  return v;
+  return v.empty() ? OwnBuffers(params_, &weights_) : v;
 }
 
 ConstTensors Trainer::Params() {
@@ -147,12 +159,7 @@ ConstTensors Trainer::Params() {
 
 Tensors Trainer::GradientBuffers() {
   Tensors v = client_->GradientBuffers();
-  if (!v.empty()) return v;
-  if (grads_.empty()) {
-    for (const ParamSpec& p : params_) grads_.emplace_back(p.num_elements());
-  }
-  for (auto& g : grads_) v.emplace_back(absl::MakeSpan(g));
-  return v;
+  return v.empty() ? OwnBuffers(params_, &grads_) : v;
 }
 
 absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
@@ -168,8 +175,9 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   const float scale = static_cast<float>(epoch_workers_) /
                       static_cast<float>(options_.batch_size);
   // Each layer's gradients go to the shards as backward produces them
-  // (the last layer first); their weights come back into weights_ while
-  // backward runs, which is safe: the backend computes on its own copy.
+  // (the last layer first); their weights come back into WeightViews()
+  // while backward runs, which is safe: the backend computes on its own
+  // copy.
   const absl::Time opened = absl::Now();
   SHARDPS_RETURN_IF_ERROR(client_->BeginStep(step, WeightViews()));
   std::optional<absl::Time> first_push;
