@@ -353,17 +353,20 @@ absl::Status PushPullReactor::TakeSharedMemory(absl::string_view* shared) {
                      EncodingName(r.reply_encoding()),
                      ": replies there are ENCODING_FP32 only"));
   }
-  if ((r.shm_bytes() > 0 && source == nullptr) ||
-      (r.has_reply_shm_offset() && target == nullptr)) {
-    const bool no_gradients = r.shm_bytes() > 0 && source == nullptr;
+  // `name` (named by the metadata `key`) is needed but the stream has none.
+  auto no_region = [&what](absl::string_view name, absl::string_view key) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), " refers to shared memory, but its stream names no ",
-        no_gradients && in_gradients
-            ? absl::StrCat("gradient region (", kSharedMemoryGradientsMetadata)
-        : !no_gradients && in_weights
-            ? absl::StrCat("weight region (", kSharedMemoryWeightsMetadata)
-            : absl::StrCat("region (", kSharedMemoryMetadata),
-        " metadata)"));
+        what(), " refers to shared memory, but its stream names no ", name,
+        " (", key, " metadata)"));
+  };
+  if (r.shm_bytes() > 0 && source == nullptr) {
+    return in_gradients
+               ? no_region("gradient region", kSharedMemoryGradientsMetadata)
+               : no_region("region", kSharedMemoryMetadata);
+  }
+  if (r.has_reply_shm_offset() && target == nullptr) {
+    return in_weights ? no_region("weight region", kSharedMemoryWeightsMetadata)
+                      : no_region("region", kSharedMemoryMetadata);
   }
   if (r.shm_bytes() > 0) {
     if (payload_.size() != 0) {
