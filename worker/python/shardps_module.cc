@@ -370,6 +370,30 @@ void DefineModule(py::module_& m) {
             return Unlocked([&] { return p.s().ActiveRanks(); });
           },
           "The ranks sharing the global batch now, ascending.")
+      .def(
+          "gradient_buffers",
+          [](py::object self) {
+            // Views of the client's region: the session (their base) keeps
+            // it mapped while it is current and until the next renewal.
+            py::list out;
+            for (absl::Span<float> t :
+                 self.cast<PySession&>().s().client().GradientBuffers()) {
+              out.append(
+                  py::array_t<float>({static_cast<py::ssize_t>(t.size())},
+                                     {sizeof(float)}, t.data(), self));
+            }
+            return out;
+          },
+          "After declare: one writable float32 array per tensor in the "
+          "client's gradient region, which the shards on this machine read "
+          "without a copy (an empty list when no shard takes shared memory). "
+          "Valid until buffer_regions changes twice (or another layout is "
+          "declared): take them again when it changes.")
+      .def_property_readonly(
+          "buffer_regions",
+          [](PySession& p) { return p.s().client().buffer_regions(); },
+          "Gradient and weight regions made so far: a new value means new "
+          "gradient_buffers (after a step that failed on a stream).")
       .def("begin_step", &PySession::BeginStep)
       .def("push", &PySession::Push, py::arg("tensor"), py::arg("gradient"),
            py::arg("learning_rate"), py::arg("name"),
