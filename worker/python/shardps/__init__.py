@@ -7,15 +7,16 @@ takes float32 buffers, never torch tensors, so it works with any torch.
 """
 
 from ._errors import (Aborted, Cancelled, DeadlineExceeded, Error,
-                      FailedPrecondition, Internal, InvalidArgument, NotFound,
-                      OutOfRange, PermissionDenied, ResourceExhausted,
-                      Unauthenticated, Unavailable)
+                      FailedPrecondition, GradientChanged, Internal,
+                      InvalidArgument, NotFound, OutOfRange, PermissionDenied,
+                      ResourceExhausted, Unauthenticated, Unavailable)
 from ._shardps import (Session, epoch_permutation, worker_slice,
                        write_safetensors)
 
 __all__ = [
     "Aborted", "Cancelled", "DeadlineExceeded", "Error", "FailedPrecondition",
-    "Internal", "InvalidArgument", "NotFound", "OutOfRange",
-    "PermissionDenied", "ResourceExhausted", "Session", "Unauthenticated",
-    "Unavailable", "epoch_permutation", "worker_slice", "write_safetensors",
+    "GradientChanged", "Internal", "InvalidArgument", "NotFound",
+    "OutOfRange", "PermissionDenied", "ResourceExhausted", "Session",
+    "Unauthenticated", "Unavailable", "epoch_permutation", "worker_slice",
+    "write_safetensors",
 ]

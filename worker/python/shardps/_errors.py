@@ -32,6 +32,11 @@ class FailedPrecondition(Error):
     code = "FAILED_PRECONDITION"
 
 
+class GradientChanged(FailedPrecondition, RuntimeError):
+    """p.grad changed between backward and step(): the step was taken with
+    the gradients as backward produced them (shardps.torch)."""
+
+
 class NotFound(Error):
     code = "NOT_FOUND"
 

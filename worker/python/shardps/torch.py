@@ -28,8 +28,16 @@ What runs where:
   * A gradient is pushed as soon as backward has accumulated it (reverse
     layer order), so communication overlaps the rest of backward; step()
     waits for the replies and copies the new weights into the parameters.
-  * Gradients are used as they are when they are pushed: changing p.grad
-    after backward (clip_grad_norm_) has no effect on the servers' update.
+    The push copies p.grad into the layer's own buffer (the client's
+    gradient region, which servers on this machine read through shared
+    memory), so nothing the script holds is read while the step runs.
+  * A gradient is used as it was when it was pushed: changing p.grad after
+    backward (clip_grad_norm_, clip_grad_value_, p.grad.mul_(...), a loss
+    scaler's unscale_) cannot reach the servers, so step() takes the step
+    as pushed and then raises shardps.GradientChanged naming the
+    parameters. Scale the loss instead of the gradients, clip values in a
+    hook on the parameter (p.register_hook), which runs before the push,
+    or leave p.grad unchanged until step().
   * Buffers (BatchNorm statistics) are not synchronised: each worker keeps
     its own.
   * Parameters must be float32, contiguous and on the CPU (there is no GPU
@@ -315,6 +323,22 @@ def _check_parameter(name, p, shape=None):
             f"{list(p.shape)} after the model was declared")
 
 
+def _changed_message(names):
+    shown = ", ".join(names[:5])
+    if len(names) > 5:
+        shown += f" and {len(names) - 5} more"
+    return (
+        f"p.grad of {shown} changed between backward and step() (an "
+        "in-place op such as clip_grad_norm_ or p.grad.mul_, or a new "
+        "tensor). shardps pushes each gradient to the servers as backward "
+        "produces it: this step was taken with the gradients as backward "
+        "left them, and the change was not applied. Change gradients before "
+        "the push instead: scale the loss rather than p.grad, clip values in "
+        "a hook on the parameter (p.register_hook(lambda g: "
+        "g.clamp(-c, c))), or leave p.grad unchanged until step(); clipping "
+        "by the global norm is not available yet")
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update runs on the shardps servers.
 
@@ -426,7 +450,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._load_weights()
         self._passes = [0] * len(self._params)
         self._pushed = [False] * len(self._params)
+        # By tensor, what the step pushed: (p.grad, its _version, the
+        # scale); None for no gradient or not yet pushed.
+        self._sent = [None] * len(self._params)
         self._open = False
+        # By tensor, (array, tensor view) of the buffer its gradient is
+        # copied into, and the session's buffer_regions they were taken at.
+        self._buffers = None
+        self._regions = None
         self._grad_accs = []
         for i, p in enumerate(self._params):
             if p.requires_grad:
@@ -473,7 +504,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
             session.abort_step()
         self._passes = [0] * len(self._params)
         self._pushed = [False] * len(self._params)
+        self._sent = [None] * len(self._params)
         self._open = False
+
+    def _take_buffers(self):
+        # The client's gradient region where a server is on this machine
+        # (the shard reads the pushed copy there); otherwise buffers of our
+        # own. A step that failed on a stream gives the client new regions.
+        session = self._ctx.session
+        if self._buffers is not None and (
+                session.buffer_regions == self._regions):
+            return
+        self._regions = session.buffer_regions
+        arrays = session.gradient_buffers() or [
+            np.empty(p.numel(), dtype=np.float32) for p in self._params]
+        self._buffers = [(a, torch.from_numpy(a).view(shape))
+                         for a, shape in zip(arrays, self._shapes)]
 
     def _begin(self):
         for gi, group in enumerate(self.param_groups):
@@ -488,6 +534,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for name, p, shape in zip(self._names, self._params, self._shapes):
             _check_parameter(name, p, shape)
         self._ctx.session.begin_step()
+        self._take_buffers()
         self._open = True
 
     def _push(self, i, grad):
@@ -509,12 +556,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if g.dtype != torch.float32 or g.device.type != "cpu":
                 raise ValueError(f"the gradient of {name} is {g.dtype} on "
                                  f"{g.device}: want float32 on the CPU")
+            # The client reads the gradient until the step ends: it gets
+            # our copy, never memory the script can still change.
+            array, copy = self._buffers[i]
             scale = self._ctx.grad_scale
             if scale != 1.0:
-                g = g * scale
-            array = g.contiguous().numpy().reshape(-1)
+                torch.mul(g, scale, out=copy)
+            else:
+                copy.copy_(g)
+            self._sent[i] = (grad, grad._version, scale)
         self._pushed[i] = True
         self._ctx.session.push(i, array, lr, name)
+
+    def _changed(self):
+        """The names of the parameters whose p.grad changed since its push:
+        another tensor, an in-place op (its version counter, shared with
+        .detach() views) or different values (an op on p.grad.data, as
+        torch 1.13's clip_grad_value_, bumps no version)."""
+        changed = []
+        for i, sent in enumerate(self._sent):
+            if sent is None:
+                continue
+            grad, version, scale = sent
+            now = self._params[i].grad
+            if now is not grad or now._version != version:
+                changed.append(self._names[i])
+                continue
+            g = now.detach()
+            if scale != 1.0:
+                g = g * scale
+            # Bitwise, so that a NaN pushed is a NaN unchanged.
+            if not torch.equal(g.view(torch.int32),
+                               self._buffers[i][1].view(torch.int32)):
+                changed.append(self._names[i])
+        return changed
 
     def step(self, closure=None):
         """Waits for the servers' update of this step and writes the new
@@ -522,6 +597,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         (p.grad is None) are skipped by the servers, as torch skips them.
 
         Returns the closure's loss (if a closure was given).
+
+        Raises:
+            shardps.GradientChanged: p.grad of a parameter changed after
+                backward pushed it (clip_grad_norm_, clip_grad_value_, an
+                in-place op, another tensor). The step was taken with the
+                gradients as pushed (the job stays consistent; the weights
+                are loaded) and the change was not applied.
+            RuntimeError: step() without backward, or before the last of
+                backward_passes_per_step.
         """
         loss = None
         if closure is not None:
@@ -540,6 +624,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for i, p in enumerate(self._params):
                 if not self._pushed[i]:
                     self._push(i, p.grad)
+            # Checked while the replies are on their way.
+            changed = self._changed()
             self._ctx.session.finish_step()
         finally:
             self._reset_step()
@@ -549,6 +635,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The job's weights after the step (or at the step the job went
         # back to after a rollback: the sampler follows session.step).
         self._load_weights()
+        if changed:
+            raise _errors.GradientChanged(_changed_message(changed))
         return loss
 
     def zero_grad(self, set_to_none=False):

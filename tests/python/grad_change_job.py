@@ -1,0 +1,144 @@
+"""A one-worker shardps.torch job that changes p.grad between backward and
+step() in the ways training scripts do, for test_torch_grad_changes.py.
+
+Each case trains one step: the change must raise shardps.GradientChanged
+naming the changed parameters, after the step was taken with the gradients
+as backward produced them (plain SGD, so the expected weights are
+w - lr * g). Steps without a change, after zero_grad() and a new backward,
+must go through, and parameters without a gradient are never named. Prints
+one line per case and exits non-zero at the first that fails.
+"""
+
+import sys
+
+import torch
+import torch.nn as nn
+
+import shardps
+import shardps.torch as spt
+
+LR = 0.1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+        self.frozen = nn.Parameter(torch.ones(5), requires_grad=False)
+        self.unused = nn.Parameter(torch.ones(3))  # in no forward
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def clip_norm(model):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+
+
+def clip_value(model):
+    # torch 1.13 clamps p.grad.data: no version counter sees it.
+    torch.nn.utils.clip_grad_value_(model.parameters(), 1e-5)
+
+
+def mul(model):
+    model.fc2.bias.grad.mul_(0.5)
+
+
+def unscale(model):
+    # What a loss scaler's unscale_ does after a scaled backward (torch
+    # 1.13's GradScaler runs on CUDA only, so it is written out here).
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(1024.0)
+
+
+def replace(model):
+    model.fc1.weight.grad = model.fc1.weight.grad.clone()
+
+
+ALL = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+# name -> (change, the names it must report, loss scale of the backward)
+CASES = {
+    "clip_grad_norm_": (clip_norm, ALL, 1.0),
+    "clip_grad_value_": (clip_value, ALL, 1.0),
+    "p.grad.mul_": (mul, ["fc2.bias"], 1.0),
+    "unscale_": (unscale, ALL, 1024.0),
+    "p.grad = clone": (replace, ["fc1.weight"], 1.0),
+}
+
+
+def fail(message):
+    print(f"FAILED: {message}", flush=True)
+    sys.exit(1)
+
+
+def main():
+    torch.manual_seed(7)
+    ctx = spt.init()
+    model = Net()
+    opt = spt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters())
+    print(f"gradient buffers in shared memory: "
+          f"{len(ctx.session.gradient_buffers())}", flush=True)
+    x = torch.randn(32, 8)
+    y = torch.randint(0, 4, (32,))
+
+    def step(name, change=None, scale=1.0, set_to_none=False):
+        opt.zero_grad(set_to_none=set_to_none)
+        loss = nn.functional.cross_entropy(model(x), y) * scale
+        loss.backward()
+        expected = {n: (p.detach() - LR * p.grad).clone()
+                    for n, p in model.named_parameters() if p.grad is not None}
+        untouched = {n: p.detach().clone()
+                     for n, p in model.named_parameters() if p.grad is None}
+        before = ctx.step
+        error = None
+        if change is not None:
+            change(model)
+        try:
+            opt.step()
+        except shardps.GradientChanged as e:
+            error = e
+        if ctx.step != before + 1:
+            fail(f"{name}: the step did not complete ({before} -> "
+                 f"{ctx.step})")
+        for n, p in model.named_parameters():
+            want = expected.get(n, untouched.get(n))
+            if not torch.allclose(p.detach(), want, rtol=1e-6, atol=1e-6):
+                fail(f"{name}: {n} is not the step of the gradient as "
+                     "backward produced it")
+        return error
+
+    for name, (change, names, scale) in CASES.items():
+        error = step(name, change, scale)
+        if error is None:
+            fail(f"{name}: no error")
+        message = str(error)
+        print(f"{name}: {message}", flush=True)
+        if not isinstance(error, RuntimeError):
+            fail(f"{name}: {type(error).__name__} is not a RuntimeError")
+        reported = message.split("p.grad of ")[1].split(" changed")[0]
+        if reported.split(", ") != names:
+            fail(f"{name}: names {reported}, not {', '.join(names)}")
+        if "was not applied" not in message:
+            fail(f"{name}: the message does not say the change was lost")
+        # zero_grad() and a new backward: not a change.
+        for set_to_none in (False, True):
+            if step(f"{name} then a clean step", set_to_none=set_to_none):
+                fail(f"{name}: a clean step after it raised")
+        print(f"{name}: raised, then clean steps went through", flush=True)
+    # What the message advises: a hook on the parameter clips before the
+    # push, and the step applies the clipped gradient.
+    hook = model.fc2.bias.register_hook(lambda g: g.clamp(-1e-5, 1e-5))
+    if step("clipped in a hook"):
+        fail("clipping in a hook raised")
+    if model.fc2.bias.grad.abs().max() > 1e-5:
+        fail("the hook did not clip")
+    hook.remove()
+    print("clipped in a hook: went through", flush=True)
+    print(f"final: step={ctx.step}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
