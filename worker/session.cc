@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "server/coordinator/cluster_view.h"
+#include "coordinator/client/cluster_view.h"
 #include "worker/worker_job.h"
 
 namespace shardps::worker {
@@ -22,10 +22,10 @@ constexpr int64_t kNoLastStep = std::numeric_limits<int64_t>::max() / 4;
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(3);
 constexpr absl::Duration kFinishTimeout = absl::Seconds(60);
 
-}  // namespace
+} // namespace
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Start(
-    SessionOptions options) {
+absl::StatusOr<std::unique_ptr<Session>>
+Session::Start(SessionOptions options) {
   if (options.rank < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " must be -1 (any) or >= 0"));
@@ -39,11 +39,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
         "no coordinator and no servers given: set SHARDPS_COORDINATOR "
         "(host:port) or SHARDPS_SERVERS (host:port,...)");
   }
-  if (options.label.empty()) options.label = ProcessLabel();
+  if (options.label.empty())
+    options.label = ProcessLabel();
   const uint64_t incarnation =
       options.coordinator.empty() ? 0 : ProcessIncarnation();
   std::unique_ptr<Session> session(new Session);
-  Session& s = *session;
+  Session &s = *session;
   if (options.coordinator.empty()) {
     s.rank_ = static_cast<uint32_t>(std::max(options.rank, 0));
     s.num_workers_ = options.num_workers.value_or(1);
@@ -54,11 +55,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     }
     s.servers_ = options.servers;
   } else {
-    SHARDPS_ASSIGN_OR_RETURN(
-        s.coordinator_,
-        JoinAsWorker(options.coordinator, options.job_id, options.rank,
-                     incarnation, options.security, options.label,
-                     options.connect_timeout));
+    SHARDPS_ASSIGN_OR_RETURN(s.coordinator_,
+                             JoinAsWorker(options.coordinator, options.job_id,
+                                          options.rank, incarnation,
+                                          options.security, options.label,
+                                          options.connect_timeout));
     s.rank_ = s.coordinator_->index();
     s.num_workers_ = s.coordinator_->view().num_workers();
     LogInfo("joined job %s as rank %d of %d (%s)", options.job_id, s.rank_,
@@ -99,30 +100,34 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
 }
 
 Session::~Session() {
-  if (client_ != nullptr) client_->AbortStep();
-  if (!done_) Leave().IgnoreError();
+  if (client_ != nullptr)
+    client_->AbortStep();
+  if (!done_)
+    Leave().IgnoreError();
 }
 
 bool Session::IsLead() const {
-  if (coordinator_ == nullptr) return rank_ == 0;
+  if (coordinator_ == nullptr)
+    return rank_ == 0;
   return LeadRank(coordinator_->view(), rank_) == rank_;
 }
 
-absl::Status Session::Declare(const v1::Layout& layout,
-                              const v1::OptimizerSpec& optimizer,
-                              const ConstTensors& initial, Tensors weights) {
+absl::Status Session::Declare(const v1::Layout &layout,
+                              const v1::OptimizerSpec &optimizer,
+                              const ConstTensors &initial, Tensors weights) {
   SHARDPS_RETURN_IF_ERROR(client_->Declare(layout, optimizer));
   LogInfo("%s", client_->DescribeTransport());
   weights_ = std::move(weights);
   recovery_.reset();
   bool provided = false;
-  for (const v1::TensorSpec& t : layout.tensors()) {
+  for (const v1::TensorSpec &t : layout.tensors()) {
     provided = provided || t.init().kind() == v1::InitSpec::KIND_PROVIDED;
   }
   step_ = client_->start_step();
-  if (client_->must_join()) return absl::OkStatus();  // StartEpochs joins
+  if (client_->must_join())
+    return absl::OkStatus(); // StartEpochs joins
   bool awaiting = false;
-  for (const v1::DeclareResponse& r : client_->declared()) {
+  for (const v1::DeclareResponse &r : client_->declared()) {
     awaiting = awaiting || r.awaiting_values();
   }
   if (provided && awaiting && rank_ == 0) {
@@ -138,11 +143,11 @@ absl::Status Session::Declare(const v1::Layout& layout,
   return client_->PullWhenReady(weights_, options_.connect_timeout);
 }
 
-Recovery& Session::recovery() {
+Recovery &Session::recovery() {
   if (recovery_ == nullptr) {
     RollbackNews rollback;
     if (coordinator_ != nullptr) {
-      coordinator::CoordinatorClient* c = coordinator_.get();
+      coordinator::CoordinatorClient *c = coordinator_.get();
       rollback = [c] {
         const v1::ClusterView view = c->view();
         return std::make_pair(view.rollback_id(), view.rollback_step());
@@ -164,7 +169,8 @@ absl::StatusOr<int64_t> Session::StartEpochs(int64_t steps_per_epoch) {
   if (client_->declared().empty()) {
     return absl::FailedPreconditionError("StartEpochs before Declare");
   }
-  if (steps_per_epoch != steps_per_epoch_) recovery_.reset();
+  if (steps_per_epoch != steps_per_epoch_)
+    recovery_.reset();
   steps_per_epoch_ = steps_per_epoch;
   if (client_->must_join()) {
     SHARDPS_ASSIGN_OR_RETURN(step_, recovery().JoinRunningJob());
@@ -178,7 +184,7 @@ absl::StatusOr<int64_t> Session::StartEpochs(int64_t steps_per_epoch) {
 std::vector<uint32_t> Session::ActiveRanks() {
   std::function<std::vector<uint32_t>()> view_ranks;
   if (coordinator_ != nullptr) {
-    coordinator::CoordinatorClient* c = coordinator_.get();
+    coordinator::CoordinatorClient *c = coordinator_.get();
     view_ranks = [c] { return AliveRanks(c->view()); };
   }
   return RanksSharingTheBatch(client_.get(), view_ranks, num_workers_, rank_);
@@ -189,7 +195,7 @@ absl::Status Session::BeginStep() {
     return absl::FailedPreconditionError(
         "this worker already finished or left the job");
   }
-  recovery();  // knows the job's rollback before the first push
+  recovery(); // knows the job's rollback before the first push
   return client_->BeginStep(step_, weights_);
 }
 
@@ -205,7 +211,8 @@ absl::Status Session::PushNoGradient(int tensor, float learning_rate) {
 absl::StatusOr<bool> Session::FinishStep() {
   // A tensor not pushed is the caller's to fix; the job's refusals (a
   // rollback, a drop) are recovered from.
-  if (client_->tensors_left() > 0) return client_->FinishStep();
+  if (client_->tensors_left() > 0)
+    return client_->FinishStep();
   const absl::Status pushed = client_->FinishStep();
   if (pushed.ok()) {
     ++step_;
@@ -219,23 +226,28 @@ absl::StatusOr<bool> Session::FinishStep() {
 void Session::AbortStep() { client_->AbortStep(); }
 
 void Session::SetProgress(int64_t step, int64_t epoch) {
-  if (coordinator_ != nullptr) coordinator_->SetProgress(step, epoch);
+  if (coordinator_ != nullptr)
+    coordinator_->SetProgress(step, epoch);
 }
 
 absl::Status Session::Finish() {
-  if (done_) return absl::OkStatus();
+  if (done_)
+    return absl::OkStatus();
   done_ = true;
-  if (coordinator_ == nullptr) return absl::OkStatus();
+  if (coordinator_ == nullptr)
+    return absl::OkStatus();
   SHARDPS_RETURN_IF_ERROR(coordinator_->Finish(absl::Now() + kFinishTimeout));
   LogInfo("told the coordinator that rank %d finished", rank_);
   return absl::OkStatus();
 }
 
 absl::Status Session::Leave() {
-  if (done_) return absl::OkStatus();
+  if (done_)
+    return absl::OkStatus();
   done_ = true;
-  if (coordinator_ == nullptr) return absl::OkStatus();
+  if (coordinator_ == nullptr)
+    return absl::OkStatus();
   return coordinator_->Leave(absl::Now() + kLeaveTimeout);
 }
 
-}  // namespace shardps::worker
+} // namespace shardps::worker
