@@ -22,10 +22,10 @@ constexpr int64_t kNoLastStep = std::numeric_limits<int64_t>::max() / 4;
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(3);
 constexpr absl::Duration kFinishTimeout = absl::Seconds(60);
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Session>>
-Session::Start(SessionOptions options) {
+absl::StatusOr<std::unique_ptr<Session>> Session::Start(
+    SessionOptions options) {
   if (options.rank < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " must be -1 (any) or >= 0"));
@@ -39,12 +39,11 @@ Session::Start(SessionOptions options) {
         "no coordinator and no servers given: set SHARDPS_COORDINATOR "
         "(host:port) or SHARDPS_SERVERS (host:port,...)");
   }
-  if (options.label.empty())
-    options.label = ProcessLabel();
+  if (options.label.empty()) options.label = ProcessLabel();
   const uint64_t incarnation =
       options.coordinator.empty() ? 0 : ProcessIncarnation();
   std::unique_ptr<Session> session(new Session);
-  Session &s = *session;
+  Session& s = *session;
   if (options.coordinator.empty()) {
     s.rank_ = static_cast<uint32_t>(std::max(options.rank, 0));
     s.num_workers_ = options.num_workers.value_or(1);
@@ -55,11 +54,11 @@ Session::Start(SessionOptions options) {
     }
     s.servers_ = options.servers;
   } else {
-    SHARDPS_ASSIGN_OR_RETURN(s.coordinator_,
-                             JoinAsWorker(options.coordinator, options.job_id,
-                                          options.rank, incarnation,
-                                          options.security, options.label,
-                                          options.connect_timeout));
+    SHARDPS_ASSIGN_OR_RETURN(
+        s.coordinator_,
+        JoinAsWorker(options.coordinator, options.job_id, options.rank,
+                     incarnation, options.security, options.label,
+                     options.connect_timeout));
     s.rank_ = s.coordinator_->index();
     s.num_workers_ = s.coordinator_->view().num_workers();
     LogInfo("joined job %s as rank %d of %d (%s)", options.job_id, s.rank_,
@@ -79,17 +78,8 @@ Session::Start(SessionOptions options) {
     }
     s.servers_ = *std::move(servers);
   }
-  ClientOptions co;
-  co.servers = s.servers_;
-  co.rank = s.rank_;
-  co.incarnation = incarnation;
-  co.security = options.security;
-  co.streams_per_shard = options.streams_per_shard;
-  co.shared_memory = options.shared_memory;
-  co.connect_timeout = options.connect_timeout;
-  co.rpc_timeout = options.rpc_timeout;
-  co.compression = options.compression;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(
+      MemberClientOptions(options, s.servers_, s.rank_, incarnation));
   if (!client.ok()) {
     s.Leave().IgnoreError();
     return client.status();
@@ -100,34 +90,30 @@ Session::Start(SessionOptions options) {
 }
 
 Session::~Session() {
-  if (client_ != nullptr)
-    client_->AbortStep();
-  if (!done_)
-    Leave().IgnoreError();
+  if (client_ != nullptr) client_->AbortStep();
+  if (!done_) Leave().IgnoreError();
 }
 
 bool Session::IsLead() const {
-  if (coordinator_ == nullptr)
-    return rank_ == 0;
+  if (coordinator_ == nullptr) return rank_ == 0;
   return LeadRank(coordinator_->view(), rank_) == rank_;
 }
 
-absl::Status Session::Declare(const v1::Layout &layout,
-                              const v1::OptimizerSpec &optimizer,
-                              const ConstTensors &initial, Tensors weights) {
+absl::Status Session::Declare(const v1::Layout& layout,
+                              const v1::OptimizerSpec& optimizer,
+                              const ConstTensors& initial, Tensors weights) {
   SHARDPS_RETURN_IF_ERROR(client_->Declare(layout, optimizer));
   LogInfo("%s", client_->DescribeTransport());
   weights_ = std::move(weights);
   recovery_.reset();
   bool provided = false;
-  for (const v1::TensorSpec &t : layout.tensors()) {
+  for (const v1::TensorSpec& t : layout.tensors()) {
     provided = provided || t.init().kind() == v1::InitSpec::KIND_PROVIDED;
   }
   step_ = client_->start_step();
-  if (client_->must_join())
-    return absl::OkStatus(); // StartEpochs joins
+  if (client_->must_join()) return absl::OkStatus();  // StartEpochs joins
   bool awaiting = false;
-  for (const v1::DeclareResponse &r : client_->declared()) {
+  for (const v1::DeclareResponse& r : client_->declared()) {
     awaiting = awaiting || r.awaiting_values();
   }
   if (provided && awaiting && rank_ == 0) {
@@ -143,11 +129,11 @@ absl::Status Session::Declare(const v1::Layout &layout,
   return client_->PullWhenReady(weights_, options_.connect_timeout);
 }
 
-Recovery &Session::recovery() {
+Recovery& Session::recovery() {
   if (recovery_ == nullptr) {
     RollbackNews rollback;
     if (coordinator_ != nullptr) {
-      coordinator::CoordinatorClient *c = coordinator_.get();
+      coordinator::CoordinatorClient* c = coordinator_.get();
       rollback = [c] {
         const v1::ClusterView view = c->view();
         return std::make_pair(view.rollback_id(), view.rollback_step());
@@ -169,8 +155,7 @@ absl::StatusOr<int64_t> Session::StartEpochs(int64_t steps_per_epoch) {
   if (client_->declared().empty()) {
     return absl::FailedPreconditionError("StartEpochs before Declare");
   }
-  if (steps_per_epoch != steps_per_epoch_)
-    recovery_.reset();
+  if (steps_per_epoch != steps_per_epoch_) recovery_.reset();
   steps_per_epoch_ = steps_per_epoch;
   if (client_->must_join()) {
     SHARDPS_ASSIGN_OR_RETURN(step_, recovery().JoinRunningJob());
@@ -184,7 +169,7 @@ absl::StatusOr<int64_t> Session::StartEpochs(int64_t steps_per_epoch) {
 std::vector<uint32_t> Session::ActiveRanks() {
   std::function<std::vector<uint32_t>()> view_ranks;
   if (coordinator_ != nullptr) {
-    coordinator::CoordinatorClient *c = coordinator_.get();
+    coordinator::CoordinatorClient* c = coordinator_.get();
     view_ranks = [c] { return AliveRanks(c->view()); };
   }
   return RanksSharingTheBatch(client_.get(), view_ranks, num_workers_, rank_);
@@ -195,7 +180,7 @@ absl::Status Session::BeginStep() {
     return absl::FailedPreconditionError(
         "this worker already finished or left the job");
   }
-  recovery(); // knows the job's rollback before the first push
+  recovery();  // knows the job's rollback before the first push
   return client_->BeginStep(step_, weights_);
 }
 
@@ -211,8 +196,7 @@ absl::Status Session::PushNoGradient(int tensor, float learning_rate) {
 absl::StatusOr<bool> Session::FinishStep() {
   // A tensor not pushed is the caller's to fix; the job's refusals (a
   // rollback, a drop) are recovered from.
-  if (client_->tensors_left() > 0)
-    return client_->FinishStep();
+  if (client_->tensors_left() > 0) return client_->FinishStep();
   const absl::Status pushed = client_->FinishStep();
   if (pushed.ok()) {
     ++step_;
@@ -226,28 +210,23 @@ absl::StatusOr<bool> Session::FinishStep() {
 void Session::AbortStep() { client_->AbortStep(); }
 
 void Session::SetProgress(int64_t step, int64_t epoch) {
-  if (coordinator_ != nullptr)
-    coordinator_->SetProgress(step, epoch);
+  if (coordinator_ != nullptr) coordinator_->SetProgress(step, epoch);
 }
 
 absl::Status Session::Finish() {
-  if (done_)
-    return absl::OkStatus();
+  if (done_) return absl::OkStatus();
   done_ = true;
-  if (coordinator_ == nullptr)
-    return absl::OkStatus();
+  if (coordinator_ == nullptr) return absl::OkStatus();
   SHARDPS_RETURN_IF_ERROR(coordinator_->Finish(absl::Now() + kFinishTimeout));
   LogInfo("told the coordinator that rank %d finished", rank_);
   return absl::OkStatus();
 }
 
 absl::Status Session::Leave() {
-  if (done_)
-    return absl::OkStatus();
+  if (done_) return absl::OkStatus();
   done_ = true;
-  if (coordinator_ == nullptr)
-    return absl::OkStatus();
+  if (coordinator_ == nullptr) return absl::OkStatus();
   return coordinator_->Leave(absl::Now() + kLeaveTimeout);
 }
 
-} // namespace shardps::worker
+}  // namespace shardps::worker

@@ -21,10 +21,10 @@ namespace {
 struct Placement {
   uint32_t rank = 0;
   uint32_t num_workers = 1;
-  std::vector<std::string> servers; // shard order
+  std::vector<std::string> servers;  // shard order
 };
 
-absl::StatusOr<Placement> StaticPlacement(const WorkerJobOptions &o) {
+absl::StatusOr<Placement> StaticPlacement(const WorkerJobOptions& o) {
   Placement p;
   p.rank = static_cast<uint32_t>(std::max(o.rank, 0));
   p.num_workers = o.num_workers.value_or(1);
@@ -41,19 +41,16 @@ absl::StatusOr<Placement> StaticPlacement(const WorkerJobOptions &o) {
   return p;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string &name,
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
                                                      int threads) {
-  if (name == "cpu")
-    return NewCpuBackend(threads);
-  if (name == "cuda")
-    return NewCudaBackend(0);
+  if (name == "cpu") return NewCpuBackend(threads);
+  if (name == "cuda") return NewCudaBackend(0);
   if (name != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=", name, " is not one of: auto, cpu, cuda"));
   }
   absl::StatusOr<std::unique_ptr<Backend>> cuda = NewCudaBackend(0);
-  if (cuda.ok())
-    return cuda;
+  if (cuda.ok()) return cuda;
   LogInfo("no usable GPU (%s): using the CPU backend", cuda.status().message());
   return NewCpuBackend(threads);
 }
@@ -69,11 +66,10 @@ struct TrainingData {
 // would put a file read and a parse in the middle of the job's epoch end:
 // every rank loads it at the start (it is small: Fashion-MNIST's is a sixth
 // of the training set). A static job's lead is always rank 0.
-absl::StatusOr<TrainingData> LoadData(const WorkerJobOptions &o,
+absl::StatusOr<TrainingData> LoadData(const WorkerJobOptions& o,
                                       bool may_lead) {
   SHARDPS_ASSIGN_OR_RETURN(Dataset train, LoadDatasetSpec(o.dataset, true));
-  if (o.train_limit > 0)
-    train.Truncate(o.train_limit);
+  if (o.train_limit > 0) train.Truncate(o.train_limit);
   TrainingData data{std::move(train), std::nullopt};
   if (may_lead) {
     absl::StatusOr<Dataset> loaded =
@@ -81,8 +77,7 @@ absl::StatusOr<TrainingData> LoadData(const WorkerJobOptions &o,
                         {data.train.num_features(), data.train.num_classes()});
     if (loaded.ok()) {
       data.test = *std::move(loaded);
-      if (o.test_limit > 0)
-        data.test->Truncate(o.test_limit);
+      if (o.test_limit > 0) data.test->Truncate(o.test_limit);
     } else if (absl::IsNotFound(loaded.status())) {
       LogWarning("no test set (%s): training without evaluation",
                  loaded.status().message());
@@ -97,8 +92,8 @@ absl::StatusOr<TrainingData> LoadData(const WorkerJobOptions &o,
 }
 
 // Loads the data, waits for the cluster (with a coordinator), trains.
-absl::Status Train(const WorkerJobOptions &options, Placement placement,
-                   coordinator::CoordinatorClient *coordinator) {
+absl::Status Train(const WorkerJobOptions& options, Placement placement,
+                   coordinator::CoordinatorClient* coordinator) {
   TrainerOptions o = options.trainer;
   o.rank = placement.rank;
   o.num_workers = placement.num_workers;
@@ -112,13 +107,12 @@ absl::Status Train(const WorkerJobOptions &options, Placement placement,
       int64_t steps_per_epoch,
       StepsPerEpoch(data.train.num_samples(), o.batch_size, o.num_workers));
   int64_t total_steps = steps_per_epoch * o.epochs;
-  if (o.max_steps > 0)
-    total_steps = std::min(total_steps, o.max_steps);
+  if (o.max_steps > 0) total_steps = std::min(total_steps, o.max_steps);
   SHARDPS_ASSIGN_OR_RETURN(v1::OptimizerSpec optimizer,
                            MakeOptimizerSpec(options.optimizer, total_steps));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            MakeBackend(options.backend, options.threads));
-  ClientOptions co;
+  uint64_t incarnation = 0;  // static mode: none
   if (coordinator != nullptr) {
     SHARDPS_ASSIGN_OR_RETURN(
         placement.servers,
@@ -131,20 +125,15 @@ absl::Status Train(const WorkerJobOptions &options, Placement placement,
     o.lead = [coordinator, rank] {
       return LeadRank(coordinator->view(), rank) == rank;
     };
-    co.incarnation = options.incarnation;
+    incarnation = options.incarnation;
     o.rejoin_when_dropped = true;
     o.rollback = [coordinator] {
       const v1::ClusterView view = coordinator->view();
       return std::make_pair(view.rollback_id(), view.rollback_step());
     };
   }
-  co.servers = placement.servers;
-  co.rank = o.rank;
-  co.security = options.security;
-  co.streams_per_shard = options.streams_per_shard;
-  co.shared_memory = options.shared_memory;
-  co.connect_timeout = options.connect_timeout;
-  co.compression = options.compression;
+  const ClientOptions co =
+      MemberClientOptions(options, placement.servers, o.rank, incarnation);
   LogInfo("rank %d of %d, backend %s, %d servers, %s, %s on the wire", o.rank,
           o.num_workers, backend->name(), co.servers.size(),
           DescribeClientSecurity(options.security),
@@ -164,7 +153,7 @@ absl::Status Train(const WorkerJobOptions &options, Placement placement,
 
 // Joins, trains, and tells the coordinator this rank finished (or leaves,
 // after a failure).
-absl::Status RunCoordinated(const WorkerJobOptions &o) {
+absl::Status RunCoordinated(const WorkerJobOptions& o) {
   SHARDPS_ASSIGN_OR_RETURN(
       std::unique_ptr<coordinator::CoordinatorClient> coordinator,
       JoinAsWorker(o.coordinator, o.job_id, o.rank, o.incarnation, o.security,
@@ -172,8 +161,7 @@ absl::Status RunCoordinated(const WorkerJobOptions &o) {
   Placement placement;
   placement.rank = coordinator->index();
   placement.num_workers = coordinator->view().num_workers();
-  if (o.on_rank)
-    o.on_rank(placement.rank);
+  if (o.on_rank) o.on_rank(placement.rank);
   LogInfo("joined job %s as rank %d of %d (%s)", o.job_id, placement.rank,
           placement.num_workers,
           coordinator::DescribeView(coordinator->view()));
@@ -192,40 +180,35 @@ absl::Status RunCoordinated(const WorkerJobOptions &o) {
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
-std::vector<uint32_t> AliveRanks(const v1::ClusterView &view) {
+std::vector<uint32_t> AliveRanks(const v1::ClusterView& view) {
   std::vector<uint32_t> ranks;
-  for (const v1::WorkerSlot &w : view.workers()) {
-    if (w.alive())
-      ranks.push_back(w.rank());
+  for (const v1::WorkerSlot& w : view.workers()) {
+    if (w.alive()) ranks.push_back(w.rank());
   }
   return ranks;
 }
 
-uint32_t LeadRank(const v1::ClusterView &view, uint32_t self) {
-  for (const v1::WorkerSlot &w : view.workers()) {
-    if (w.alive() || w.finished() || w.rank() == self)
-      return w.rank();
+uint32_t LeadRank(const v1::ClusterView& view, uint32_t self) {
+  for (const v1::WorkerSlot& w : view.workers()) {
+    if (w.alive() || w.finished() || w.rank() == self) return w.rank();
   }
   return self;
 }
 
-bool ReadyToJoin(const v1::ClusterView &view) {
-  if (coordinator::ReadyToTrain(view))
-    return true;
-  if (view.global_step() == 0)
-    return false;
-  for (const v1::ServerSlot &s : view.servers()) {
-    if (!s.alive())
-      return false;
+bool ReadyToJoin(const v1::ClusterView& view) {
+  if (coordinator::ReadyToTrain(view)) return true;
+  if (view.global_step() == 0) return false;
+  for (const v1::ServerSlot& s : view.servers()) {
+    if (!s.alive()) return false;
   }
   return true;
 }
 
-absl::StatusOr<std::vector<std::string>>
-WaitForCluster(const coordinator::CoordinatorClient &client,
-               absl::Duration timeout, absl::Duration log_every) {
+absl::StatusOr<std::vector<std::string>> WaitForCluster(
+    const coordinator::CoordinatorClient& client, absl::Duration timeout,
+    absl::Duration log_every) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<v1::ClusterView> view = client.WaitForView(
       ReadyToJoin, std::min(deadline, absl::Now() + absl::Milliseconds(10)));
@@ -245,7 +228,7 @@ WaitForCluster(const coordinator::CoordinatorClient &client,
                               std::min(deadline, absl::Now() + log_every));
   }
   std::vector<std::string> servers;
-  for (const v1::ServerSlot &s : view->servers()) {
+  for (const v1::ServerSlot& s : view->servers()) {
     servers.push_back(s.address());
   }
   LogInfo("every member joined (%s): training with %d server(s)",
@@ -253,11 +236,10 @@ WaitForCluster(const coordinator::CoordinatorClient &client,
   return servers;
 }
 
-absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>>
-JoinAsWorker(const std::string &coordinator, const std::string &job_id,
-             int32_t rank, uint64_t incarnation,
-             const SecurityOptions &security, const std::string &label,
-             absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorClient>> JoinAsWorker(
+    const std::string& coordinator, const std::string& job_id, int32_t rank,
+    uint64_t incarnation, const SecurityOptions& security,
+    const std::string& label, absl::Duration timeout) {
   coordinator::JoinOptions join;
   join.client.coordinator = coordinator;
   join.client.incarnation = incarnation;
@@ -267,7 +249,7 @@ JoinAsWorker(const std::string &coordinator, const std::string &job_id,
   join.requested_index = rank;
   join.job_id = job_id;
   join.timeout = timeout;
-  join.on_retry = [](const std::string &line) { LogInfo("%s", line); };
+  join.on_retry = [](const std::string& line) { LogInfo("%s", line); };
   LogInfo("joining job %s at coordinator %s, rank %s", job_id, coordinator,
           rank < 0 ? "any" : absl::StrCat(rank));
   return coordinator::JoinJob(std::move(join));
@@ -279,8 +261,7 @@ uint64_t ProcessIncarnation() {
 
 std::string ProcessLabel() {
   char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0)
-    name[0] = '\0';
+  if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
   return absl::StrCat(name[0] != '\0' ? name : "worker", "/", getpid());
 }
 
@@ -293,12 +274,10 @@ absl::Status RunWorker(WorkerJobOptions options) {
     return absl::InvalidArgumentError(
         "give either --servers (static mode) or --coordinator, not both");
   }
-  if (!options.coordinator.empty())
-    return RunCoordinated(options);
+  if (!options.coordinator.empty()) return RunCoordinated(options);
   SHARDPS_ASSIGN_OR_RETURN(Placement placement, StaticPlacement(options));
-  if (options.on_rank)
-    options.on_rank(placement.rank);
+  if (options.on_rank) options.on_rank(placement.rank);
   return Train(options, std::move(placement), nullptr);
 }
 
-} // namespace shardps::worker
+}  // namespace shardps::worker

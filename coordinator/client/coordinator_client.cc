@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "coordinator/coordinator_protocol.h"
@@ -27,7 +28,7 @@ std::chrono::system_clock::time_point ToChrono(absl::Time t) {
 // Join failures that go away by themselves: the coordinator is not up yet,
 // an old membership of the index has not expired yet, or every index is
 // held right now.
-bool RetryableJoinError(const absl::Status &s) {
+bool RetryableJoinError(const absl::Status& s) {
   return IsRetryable(s) || absl::IsAlreadyExists(s) ||
          absl::IsResourceExhausted(s);
 }
@@ -35,8 +36,8 @@ bool RetryableJoinError(const absl::Status &s) {
 // The channel reconnects on the join backoff's scale, not gRPC's default (up
 // to 120 s), so that a member starting before the coordinator joins soon
 // after it comes up.
-std::shared_ptr<grpc::Channel>
-CoordinatorChannel(const CoordinatorClientOptions &o) {
+std::shared_ptr<grpc::Channel> CoordinatorChannel(
+    const CoordinatorClientOptions& o) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(o.initial_backoff)));
@@ -45,10 +46,10 @@ CoordinatorChannel(const CoordinatorClientOptions &o) {
   return MakeChannel(o.coordinator, o.security, args);
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<CoordinatorClient>>
-CoordinatorClient::Create(CoordinatorClientOptions options) {
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    CoordinatorClientOptions options) {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("the coordinator address is empty");
   }
@@ -64,13 +65,14 @@ CoordinatorClient::Create(CoordinatorClientOptions options) {
 }
 
 CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options)
-    : options_(std::move(options)), channel_(CoordinatorChannel(options_)),
+    : options_(std::move(options)),
+      channel_(CoordinatorChannel(options_)),
       stub_(v1::Coordinator::NewStub(channel_)) {}
 
 CoordinatorClient::~CoordinatorClient() { StopThreads(); }
 
-absl::StatusOr<v1::JoinResponse>
-CoordinatorClient::JoinOnce(const v1::JoinRequest &request) {
+absl::StatusOr<v1::JoinResponse> CoordinatorClient::JoinOnce(
+    const v1::JoinRequest& request) {
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(absl::Now() + options_.rpc_timeout));
   v1::JoinResponse response;
@@ -80,9 +82,9 @@ CoordinatorClient::JoinOnce(const v1::JoinRequest &request) {
   return response;
 }
 
-absl::Status CoordinatorClient::Join(v1::Role role, const std::string &address,
+absl::Status CoordinatorClient::Join(v1::Role role, const std::string& address,
                                      int32_t requested_index,
-                                     const std::string &job_id,
+                                     const std::string& job_id,
                                      absl::Time deadline) {
   v1::JoinRequest request;
   request.set_job_id(job_id);
@@ -96,7 +98,7 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string &address,
   }
   request.set_requested_index(requested_index < 0 ? kAnyIndex
                                                   : requested_index);
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (true) {
     absl::StatusOr<v1::JoinResponse> response = JoinOnce(request);
     if (response.ok()) {
@@ -108,22 +110,19 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string &address,
       StartThreads();
       return absl::OkStatus();
     }
-    if (!RetryableJoinError(response.status()))
-      return response.status();
+    if (!RetryableJoinError(response.status())) return response.status();
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(
           absl::StrCat("gave up joining job \"", job_id,
                        "\": ", response.status().ToString()));
     }
-    const absl::Duration wait = std::min(backoff, left);
-    if (options_.on_retry)
-      options_.on_retry(response.status(), wait);
+    const absl::Duration wait = std::min(backoff.Next(), left);
+    if (options_.on_retry) options_.on_retry(response.status(), wait);
     if (!WaitBeforeRetry(absl::Now() + wait)) {
       return absl::CancelledError(
           absl::StrCat("stopped joining job \"", job_id, "\""));
     }
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 
@@ -134,8 +133,7 @@ bool CoordinatorClient::WaitBeforeRetry(absl::Time until) {
   // once it connects. Connected (the coordinator said no), just wait.
   const bool connected = channel_->GetState(false) == GRPC_CHANNEL_READY;
   while (absl::Now() < until) {
-    if (options_.cancelled && options_.cancelled())
-      return false;
+    if (options_.cancelled && options_.cancelled()) return false;
     const absl::Time slice =
         std::min(until, absl::Now() + kCancelCheckInterval);
     if (connected) {
@@ -147,7 +145,7 @@ bool CoordinatorClient::WaitBeforeRetry(absl::Time until) {
   return !(options_.cancelled && options_.cancelled());
 }
 
-void CoordinatorClient::Adopt(const v1::JoinResponse &response) {
+void CoordinatorClient::Adopt(const v1::JoinResponse& response) {
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   index_ = response.index();
@@ -166,28 +164,22 @@ void CoordinatorClient::Adopt(const v1::JoinResponse &response) {
 
 void CoordinatorClient::StartThreads() {
   absl::MutexLock lock(&mu_);
-  if (threads_started_)
-    return;
+  if (threads_started_) return;
   threads_started_ = true;
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   watch_thread_ = std::thread([this] { WatchLoop(); });
 }
 
 void CoordinatorClient::StopThreads() {
-  if (!stop_.HasBeenNotified())
-    stop_.Notify();
+  if (!stop_.HasBeenNotified()) stop_.Notify();
   {
     // A stream opened after this sees stop_ and does not start.
     absl::MutexLock lock(&mu_);
-    if (watch_ctx_ != nullptr)
-      watch_ctx_->TryCancel();
-    if (beat_ctx_ != nullptr)
-      beat_ctx_->TryCancel();
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+    if (beat_ctx_ != nullptr) beat_ctx_->TryCancel();
   }
-  if (heartbeat_thread_.joinable())
-    heartbeat_thread_.join();
-  if (watch_thread_.joinable())
-    watch_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (watch_thread_.joinable()) watch_thread_.join();
 }
 
 uint32_t CoordinatorClient::index() const {
@@ -233,8 +225,7 @@ void CoordinatorClient::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       interval = heartbeat_interval_;
     }
-    if (stop_.WaitForNotificationWithTimeout(interval))
-      return;
+    if (stop_.WaitForNotificationWithTimeout(interval)) return;
     Beat();
   }
 }
@@ -249,8 +240,7 @@ void CoordinatorClient::Beat() {
   {
     absl::MutexLock lock(&mu_);
     // Registered under the lock, after which StopThreads cancels it.
-    if (stop_.HasBeenNotified())
-      return;
+    if (stop_.HasBeenNotified()) return;
     beat_ctx_ = &ctx;
     request.set_member_id(member_id_);
     request.set_step(step_);
@@ -264,8 +254,7 @@ void CoordinatorClient::Beat() {
     absl::MutexLock lock(&mu_);
     beat_ctx_ = nullptr;
   }
-  if (stop_.HasBeenNotified())
-    return;
+  if (stop_.HasBeenNotified()) return;
   if (absl::IsNotFound(s)) {
     Rejoin();
     return;
@@ -278,8 +267,7 @@ void CoordinatorClient::Beat() {
     return;
   }
   health_ = absl::OkStatus();
-  if (response.job_finished())
-    job_finished_ = true;
+  if (response.job_finished()) job_finished_ = true;
 }
 
 void CoordinatorClient::Rejoin() {
@@ -302,14 +290,14 @@ void CoordinatorClient::Rejoin() {
 }
 
 void CoordinatorClient::WatchLoop() {
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (!stop_.HasBeenNotified()) {
     if (WatchOnce()) {
-      backoff = options_.initial_backoff;
+      backoff.Reset();
     } else {
-      backoff = std::min(backoff * 2, options_.max_backoff);
+      backoff.Next();
     }
-    stop_.WaitForNotificationWithTimeout(backoff);
+    stop_.WaitForNotificationWithTimeout(backoff.Peek());
   }
 }
 
@@ -320,8 +308,7 @@ bool CoordinatorClient::WatchOnce() {
   v1::WatchRequest request;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_.HasBeenNotified())
-      return false;
+    if (stop_.HasBeenNotified()) return false;
     watch_ctx_ = &ctx;
     request.set_after_generation(view_.generation());
   }
@@ -342,20 +329,18 @@ bool CoordinatorClient::WatchOnce() {
   return got;
 }
 
-void CoordinatorClient::Offer(const v1::ClusterView &view, bool replace) {
+void CoordinatorClient::Offer(const v1::ClusterView& view, bool replace) {
   absl::MutexLock lock(&mu_);
   OfferLocked(view, replace);
 }
 
-void CoordinatorClient::OfferLocked(const v1::ClusterView &view, bool replace) {
-  if (replace || view.generation() > view_.generation())
-    view_ = view;
-  if (view.job_finished())
-    job_finished_ = true;
+void CoordinatorClient::OfferLocked(const v1::ClusterView& view, bool replace) {
+  if (replace || view.generation() > view_.generation()) view_ = view;
+  if (view.job_finished()) job_finished_ = true;
 }
 
 absl::StatusOr<v1::ClusterView> CoordinatorClient::WaitForView(
-    const std::function<bool(const v1::ClusterView &)> &ready,
+    const std::function<bool(const v1::ClusterView&)>& ready,
     absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   auto holds = [this, &ready]()
@@ -411,11 +396,10 @@ absl::Status CoordinatorClient::Finish(absl::Time deadline) {
 }
 
 absl::Status CoordinatorClient::End(bool finished, absl::Time deadline) {
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (true) {
     absl::Status s = LeaveOnce(finished, deadline);
-    if (s.ok())
-      return s;
+    if (s.ok()) return s;
     if (finished && absl::IsNotFound(s)) {
       // Expired, or a restarted coordinator: take the rank again and finish
       // it, so that the job can still end.
@@ -429,15 +413,12 @@ absl::Status CoordinatorClient::End(bool finished, absl::Time deadline) {
         s = response.status();
       } else {
         Adopt(*response);
-        if (absl::Now() < deadline)
-          continue;
+        if (absl::Now() < deadline) continue;
       }
     }
-    if (!IsRetryable(s) || absl::Now() + backoff > deadline)
-      return s;
-    WaitBeforeRetry(absl::Now() + backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    if (!IsRetryable(s) || absl::Now() + backoff.Peek() > deadline) return s;
+    WaitBeforeRetry(absl::Now() + backoff.Next());
   }
 }
 
-} // namespace shardps::coordinator
+}  // namespace shardps::coordinator
