@@ -7,8 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
 #include "common/status.h"
+#include "server/async_aggregator.h"
 #include "server/gradient_decode.h"
 #include "server/server_metrics.h"
+#include "server/sync_aggregator.h"
 
 namespace shardps::server {
 
@@ -22,25 +24,45 @@ ParameterStore::ParameterStore(StoreOptions options)
           pool_.get())) {}
 
 ParameterStore::~ParameterStore() {
-  pool_.reset(); // runs what is queued while the chunks still exist
+  pool_.reset();  // runs what is queued while the chunks still exist
 }
 
-const ParameterStore::State *ParameterStore::state() const {
+const ParameterStore::State* ParameterStore::state() const {
   absl::MutexLock lock(&mu_);
   return state_.get();
 }
 
 bool ParameterStore::Publish(std::unique_ptr<State> built) {
   absl::MutexLock lock(&mu_);
-  if (state_ != nullptr)
-    return false;
+  if (state_ != nullptr) return false;
   snapshots_->SetNumChunks(built->model->owned.size());
   state_ = std::move(built);
   return true;
 }
 
+namespace {
+
+// The policy of `options.mode` for `chunks` (indexed by chunk id; null where
+// another shard owns the chunk). The chunks, `updater`, `ranks` and `pool`
+// (which runs large updates) must outlive the aggregator.
+std::unique_ptr<Aggregator> NewAggregator(const AggregatorOptions& options,
+                                          std::vector<Chunk*> chunks,
+                                          const ChunkUpdater* updater,
+                                          const RankTracker* ranks,
+                                          ThreadPool* pool) {
+  if (options.mode == v1::CONSISTENCY_ASYNC ||
+      options.mode == v1::CONSISTENCY_SSP) {
+    return std::make_unique<AsyncAggregator>(options, std::move(chunks),
+                                             updater, ranks);
+  }
+  return std::make_unique<SyncAggregator>(options, std::move(chunks), updater,
+                                          ranks, pool);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ParameterStore::State>>
-ParameterStore::BuildState(const v1::DeclareRequest &req) {
+ParameterStore::BuildState(const v1::DeclareRequest& req) {
   if (req.layout().sparse_weights_ratio() > 0 &&
       options_.mode != v1::CONSISTENCY_SYNC) {
     // Every worker must hold the same copy, which only sync steps give.
@@ -63,14 +85,13 @@ ParameterStore::BuildState(const v1::DeclareRequest &req) {
   ao.allow_nonfinite = options_.allow_nonfinite;
   ao.inline_updates = options_.update_threads == 0;
   ao.metrics = options_.metrics;
-  state->aggregator =
-      Aggregator::Create(ao, state->model->ChunksById(), state->updater.get(),
-                         &ranks_, pool_.get());
+  state->aggregator = NewAggregator(ao, state->model->ChunksById(),
+                                    state->updater.get(), &ranks_, pool_.get());
   return state;
 }
 
-absl::StatusOr<v1::DeclareResponse>
-ParameterStore::Declare(const v1::DeclareRequest &req) {
+absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
+    const v1::DeclareRequest& req) {
   if (req.num_shards() != options_.num_shards ||
       req.shard_index() != options_.shard_index) {
     return absl::FailedPreconditionError(
@@ -92,7 +113,7 @@ ParameterStore::Declare(const v1::DeclareRequest &req) {
   // One declaration is built at a time: concurrent first Declares from every
   // worker must not each allocate a whole shard.
   absl::MutexLock declare_lock(&declare_mu_);
-  const State *existing = state();
+  const State* existing = state();
   bool created = false;
   if (existing == nullptr) {
     // Built outside mu_: initialising a large shard takes a while.
@@ -100,7 +121,7 @@ ParameterStore::Declare(const v1::DeclareRequest &req) {
     created = Publish(std::move(built));
     existing = state();
   }
-  const ShardModel &model = *existing->model;
+  const ShardModel& model = *existing->model;
   if (!created) {
     SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
     const uint64_t fp = Fingerprint(req.layout(), req.optimizer());
@@ -111,14 +132,13 @@ ParameterStore::Declare(const v1::DeclareRequest &req) {
           absl::Hex(model.fingerprint), ", request ", absl::Hex(fp), ")"));
     }
   }
-  if (req.join())
-    SHARDPS_RETURN_IF_ERROR(Join(*existing, req));
+  if (req.join()) SHARDPS_RETURN_IF_ERROR(Join(*existing, req));
   v1::DeclareResponse resp;
   resp.set_fingerprint(model.fingerprint);
   resp.set_created(created);
   int64_t min_version = -1;
   int64_t max_version = 0;
-  for (Chunk *chunk : model.owned) {
+  for (Chunk* chunk : model.owned) {
     resp.add_chunk_ids(chunk->spec.id);
     absl::MutexLock lock(&chunk->mu);
     if (min_version < 0 || chunk->version < min_version) {
@@ -137,13 +157,12 @@ ParameterStore::Declare(const v1::DeclareRequest &req) {
     resp.add_active_ranks(r);
   const RankTracker::Standing standing = ranks_.standing(req.rank());
   resp.set_must_join(standing.must_join);
-  if (standing.active)
-    resp.set_join_step(standing.from_step);
+  if (standing.active) resp.set_join_step(standing.from_step);
   return resp;
 }
 
-absl::Status ParameterStore::Join(const State &state,
-                                  const v1::DeclareRequest &req) {
+absl::Status ParameterStore::Join(const State& state,
+                                  const v1::DeclareRequest& req) {
   SHARDPS_ASSIGN_OR_RETURN(
       const RankTracker::JoinToken token,
       ranks_.BeginJoin(req.rank(), req.incarnation(), req.join_step()));
@@ -151,28 +170,26 @@ absl::Status ParameterStore::Join(const State &state,
   // after the join step makes the join too late.
   const int64_t past =
       state.aggregator->PrepareJoin(req.rank(), req.join_step());
-  if (past >= 0)
-    ranks_.UndoJoin(token);
+  if (past >= 0) ranks_.UndoJoin(token);
   // A step that waited for the rank at an earlier join step may be complete
   // without it now.
   state.aggregator->MembershipChanged();
-  if (past < 0)
-    return absl::OkStatus();
+  if (past < 0) return absl::OkStatus();
   return absl::OutOfRangeError(absl::StrCat(
       "shard ", options_.shard_index, " is at step ", past, ", past join step ",
       req.join_step(), ": join at a later step"));
 }
 
-absl::Status ParameterStore::Restore(const v1::DeclareRequest &declaration,
+absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
                                      std::vector<ChunkState> chunks) {
   v1::DeclareRequest req = declaration;
   req.set_num_shards(options_.num_shards);
   req.set_shard_index(options_.shard_index);
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<State> built, BuildState(req));
   SHARDPS_RETURN_IF_ERROR(CheckSavedChunks(*built->model, chunks));
-  std::vector<std::shared_ptr<ReplySink>> none; // nobody waits yet
-  for (ChunkState &saved : chunks) {
-    Chunk *chunk = built->model->chunks[saved.chunk_id].get();
+  std::vector<std::shared_ptr<ReplySink>> none;  // nobody waits yet
+  for (ChunkState& saved : chunks) {
+    Chunk* chunk = built->model->chunks[saved.chunk_id].get();
     absl::MutexLock lock(&chunk->mu);
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
@@ -191,9 +208,9 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest &declaration,
 }
 
 absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
-                                     const absl::Status &why,
+                                     const absl::Status& why,
                                      uint64_t rollback_id) {
-  const State *st = state();
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard: nothing to reset");
@@ -203,12 +220,12 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   // Every chunk at once (ascending ids; nobody else holds two chunk locks),
   // so no push, update or snapshot sees some chunks reset and others not.
   std::vector<std::unique_ptr<absl::MutexLock>> locks;
-  for (Chunk *chunk : st->model->owned) {
+  for (Chunk* chunk : st->model->owned) {
     locks.push_back(std::make_unique<absl::MutexLock>(&chunk->mu));
   }
   snapshots_->Reset(chunks.empty() ? 0 : chunks.front().version);
-  for (ChunkState &saved : chunks) {
-    Chunk *chunk = st->model->chunks[saved.chunk_id].get();
+  for (ChunkState& saved : chunks) {
+    Chunk* chunk = st->model->chunks[saved.chunk_id].get();
     chunk->mu.AssertHeld();
     // A new buffer: replies being sent may still hold the old one.
     chunk->weights =
@@ -221,13 +238,12 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   }
   rollback_id_.store(rollback_id);
   locks.clear();
-  for (const auto &sink : failed)
-    sink->Fail(why);
+  for (const auto& sink : failed) sink->Fail(why);
   return absl::OkStatus();
 }
 
-absl::Status ParameterStore::CheckPush(const PushArgs &args,
-                                       const Chunk &chunk) const {
+absl::Status ParameterStore::CheckPush(const PushArgs& args,
+                                       const Chunk& chunk) const {
   if (args.rank >= options_.num_workers) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", args.rank, " is out of range: the job has ",
@@ -260,8 +276,7 @@ absl::Status ParameterStore::CheckPush(const PushArgs &args,
                      ": it must be finite and >= 0"));
   }
   if (args.no_gradient) {
-    if (args.payload->size() == 0)
-      return absl::OkStatus();
+    if (args.payload->size() == 0) return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat(what(), " has no_gradient but a payload of ",
                      args.payload->size(), " bytes (it must be empty)"));
@@ -272,7 +287,7 @@ absl::Status ParameterStore::CheckPush(const PushArgs &args,
                                          options_.accepted_encodings));
 }
 
-absl::Status ParameterStore::Push(const PushArgs &args,
+absl::Status ParameterStore::Push(const PushArgs& args,
                                   std::shared_ptr<ReplySink> sink) {
   const uint64_t bytes = args.payload->size();
   uint64_t fp32_bytes = 0;
@@ -290,18 +305,17 @@ absl::Status ParameterStore::Push(const PushArgs &args,
   return status;
 }
 
-absl::Status ParameterStore::Route(const PushArgs &args,
+absl::Status ParameterStore::Route(const PushArgs& args,
                                    std::shared_ptr<ReplySink> sink,
-                                   uint64_t *fp32_bytes) {
-  const State *st = state();
+                                   uint64_t* fp32_bytes) {
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
   }
   SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(args.chunk_id));
   SHARDPS_RETURN_IF_ERROR(CheckPush(args, *chunk));
-  if (!args.no_gradient)
-    *fp32_bytes = chunk->spec.bytes();
+  if (!args.no_gradient) *fp32_bytes = chunk->spec.bytes();
   if (args.initial_values) {
     // No rollback or step check: the values are the same whenever they
     // come, and only the first ones count.
@@ -326,9 +340,9 @@ absl::Status ParameterStore::Route(const PushArgs &args,
   return st->aggregator->Push(args, chunk, std::move(sink));
 }
 
-absl::Status ParameterStore::SetInitialValues(const State &state,
-                                              const PushArgs &args,
-                                              Chunk *chunk,
+absl::Status ParameterStore::SetInitialValues(const State& state,
+                                              const PushArgs& args,
+                                              Chunk* chunk,
                                               std::shared_ptr<ReplySink> sink) {
   // Decoded and checked outside the chunk's lock, into a buffer of its own:
   // on success it becomes the chunk's weights as it is.
@@ -364,7 +378,7 @@ absl::Status ParameterStore::SetInitialValues(const State &state,
 }
 
 absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
-  const State *st = state();
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
@@ -376,18 +390,18 @@ absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
 }
 
 absl::Status ParameterStore::CheckReadable(uint32_t chunk_id) const {
-  const State *st = state();
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
   }
-  SHARDPS_ASSIGN_OR_RETURN(const Chunk *chunk, st->model->Find(chunk_id));
+  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, st->model->Find(chunk_id));
   absl::MutexLock lock(&chunk->mu);
   return CheckNotAwaiting(*chunk);
 }
 
 absl::StatusOr<v1::DeclareRequest> ParameterStore::declaration() const {
-  const State *st = state();
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError("no model is declared on this shard");
   }
@@ -396,34 +410,29 @@ absl::StatusOr<v1::DeclareRequest> ParameterStore::declaration() const {
 
 std::vector<uint32_t> ParameterStore::OwnedChunks() const {
   std::vector<uint32_t> ids;
-  const State *st = state();
-  if (st == nullptr)
-    return ids;
-  for (const Chunk *chunk : st->model->owned)
-    ids.push_back(chunk->spec.id);
+  const State* st = state();
+  if (st == nullptr) return ids;
+  for (const Chunk* chunk : st->model->owned) ids.push_back(chunk->spec.id);
   return ids;
 }
 
 std::pair<uint64_t, uint64_t> ParameterStore::OwnedSize() const {
-  const State *st = state();
-  if (st == nullptr)
-    return {0, 0};
+  const State* st = state();
+  if (st == nullptr) return {0, 0};
   return {st->model->owned_bytes, st->model->owned.size()};
 }
 
 std::pair<uint64_t, uint64_t> ParameterStore::ModelSize() const {
-  const State *st = state();
-  if (st == nullptr)
-    return {0, 0};
+  const State* st = state();
+  if (st == nullptr) return {0, 0};
   uint64_t bytes = 0;
-  for (const ChunkSpec &c : st->model->all_chunks)
-    bytes += c.bytes();
+  for (const ChunkSpec& c : st->model->all_chunks) bytes += c.bytes();
   return {bytes, st->model->all_chunks.size()};
 }
 
 absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
   SHARDPS_RETURN_IF_ERROR(snapshots_->CheckRequest(step));
-  const State *st = state();
+  const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: nothing to checkpoint");
@@ -431,22 +440,20 @@ absl::Status ParameterStore::RequestCheckpoint(int64_t step) {
   return snapshots_->Request(step, st->model->owned);
 }
 
-std::vector<std::string>
-ParameterStore::ApplyView(const v1::ClusterView &view) {
+std::vector<std::string> ParameterStore::ApplyView(
+    const v1::ClusterView& view) {
   bool released = false;
   std::vector<std::string> changes = ranks_.ApplyView(view, &released);
   if (released) {
-    if (const State *st = state())
-      st->aggregator->MembershipChanged();
+    if (const State* st = state()) st->aggregator->MembershipChanged();
   }
   return changes;
 }
 
-std::vector<StalledChunk>
-ParameterStore::Stalled(absl::Duration timeout) const {
-  const State *st = state();
-  if (st == nullptr)
-    return {};
+std::vector<StalledChunk> ParameterStore::Stalled(
+    absl::Duration timeout) const {
+  const State* st = state();
+  if (st == nullptr) return {};
   return st->aggregator->Stalled(timeout);
 }
 
@@ -464,22 +471,20 @@ v1::GetStatusResponse ParameterStore::Report() const {
   resp.set_bytes_out_total(counters_.bytes_out.load());
   resp.set_bytes_in_fp32_total(counters_.bytes_in_fp32.load());
   resp.set_bytes_out_fp32_total(counters_.bytes_out_fp32.load());
-  for (std::string &name : EncodingSetNames(options_.accepted_encodings)) {
+  for (std::string& name : EncodingSetNames(options_.accepted_encodings)) {
     resp.add_accepted_encodings(std::move(name));
   }
   resp.set_weight_copies_total(counters_.weight_copies.load());
   resp.set_rollback_id(rollback_id_.load());
-  const State *st = state();
-  if (st == nullptr)
-    return resp;
+  const State* st = state();
+  if (st == nullptr) return resp;
   resp.set_declared(true);
   resp.set_fingerprint(st->model->fingerprint);
   resp.set_owned_bytes(st->model->owned_bytes);
   int64_t lo = -1, hi = -1;
-  for (const Chunk *chunk : st->model->owned) {
+  for (const Chunk* chunk : st->model->owned) {
     absl::MutexLock lock(&chunk->mu);
-    if (lo < 0 || chunk->version < lo)
-      lo = chunk->version;
+    if (lo < 0 || chunk->version < lo) lo = chunk->version;
     hi = std::max(hi, chunk->version);
   }
   resp.set_num_chunks(st->model->owned.size());
@@ -491,4 +496,4 @@ v1::GetStatusResponse ParameterStore::Report() const {
   return resp;
 }
 
-} // namespace shardps::server
+}  // namespace shardps::server
