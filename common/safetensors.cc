@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
-#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,10 +27,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 // also bounds what a corrupt length field can make us parse.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr char kMetadataKey[] = "__metadata__";
-
-std::string ErrnoText() {
-  return std::error_code(errno, std::generic_category()).message();
-}
 
 void AppendJsonString(absl::string_view s, std::string* out) {
   out->push_back('"');
@@ -231,7 +226,7 @@ absl::StatusOr<std::vector<TensorEntry>> ParseHeader(
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
-    const std::string why = ErrnoText();
+    const std::string why = ErrnoText(errno);
     return errno == ENOENT
                ? absl::NotFoundError(absl::StrCat(path, ": ", why))
                : absl::InternalError(absl::StrCat("open ", path, ": ", why));

@@ -6,20 +6,16 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 
 namespace shardps {
 namespace {
-
-std::string ErrnoText(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
 
 // True for "/proc/<digits>/fd/<digits>".
 bool IsProcFdPath(absl::string_view path) {

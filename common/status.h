@@ -1,9 +1,12 @@
 // Status helpers shared by every library: early-return macros for
-// absl::Status and absl::StatusOr, and context added to a status's message.
+// absl::Status and absl::StatusOr, context added to a status's message, and
+// an errno's text for one.
 // The test assertions that print the status are in status_matchers.h.
 #ifndef SHARDPS_COMMON_STATUS_H_
 #define SHARDPS_COMMON_STATUS_H_
 
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -39,6 +42,11 @@ inline absl::Status WithPrefix(absl::string_view prefix,
   if (status.ok()) return status;
   return absl::Status(status.code(),
                       absl::StrCat(prefix, ": ", status.message()));
+}
+
+// The text of the errno value `err` ("No such file or directory").
+inline std::string ErrnoText(int err) {
+  return std::error_code(err, std::generic_category()).message();
 }
 
 }  // namespace shardps

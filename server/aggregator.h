@@ -15,7 +15,6 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/encoding.h"
-#include "common/thread_pool.h"
 #include "server/chunk.h"
 #include "server/rank_tracker.h"
 #include "shardps/v1/parameter_server.pb.h"
@@ -89,14 +88,6 @@ struct Waiter {
 
 class Aggregator {
  public:
-  // The policy of `options.mode` for `chunks` (indexed by chunk id; null
-  // where another shard owns the chunk). The chunks, `updater`, `ranks` and
-  // `pool` (which runs large updates) must outlive the aggregator.
-  static std::unique_ptr<Aggregator> Create(const AggregatorOptions& options,
-                                            std::vector<Chunk*> chunks,
-                                            const ChunkUpdater* updater,
-                                            const RankTracker* ranks,
-                                            ThreadPool* pool);
   virtual ~Aggregator() = default;
 
   // Records one gradient push the caller validated (chunk owned and not

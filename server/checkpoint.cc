@@ -38,10 +38,6 @@ constexpr char kManifestMagic[] = "shardps-checkpoint 1";
 // A manifest lists a few lines per shard; anything bigger is garbage.
 constexpr size_t kMaxManifestBytes = 1 << 20;
 
-std::string ErrnoText(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
-
 // Reads the whole file, or its first `limit` bytes, and computes the CRC32C
 // and size of the whole file. NotFound when it does not exist.
 struct FileScan {

@@ -9,7 +9,6 @@
 #include "absl/time/clock.h"
 #include "common/codec.h"
 #include "server/server_metrics.h"
-#include "server/snapshot_scheduler.h"
 
 namespace shardps::server {
 

@@ -23,7 +23,6 @@
 namespace shardps::server {
 
 class ServerMetrics;
-class SnapshotScheduler;
 
 // The weights of one chunk at one version. Shared with the transport, which
 // sends straight from this buffer; the store never writes to a buffer while
@@ -89,6 +88,15 @@ struct Chunk {
   bool awaiting_values ABSL_GUARDED_BY(mu) = false;
 };
 
+// Told right after a chunk's version changed, under the chunk's lock: the
+// shard's checkpoint copies (SnapshotScheduler) follow updates through it.
+class UpdateObserver {
+ public:
+  virtual ~UpdateObserver() = default;
+  virtual void AfterUpdate(const Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) = 0;
+};
+
 // UNAVAILABLE naming the chunk and its tensor when `chunk` awaits its
 // initial values, else OK.
 absl::Status CheckNotAwaiting(const Chunk& chunk)
@@ -124,7 +132,7 @@ class ChunkUpdater {
  public:
   // `metrics` and `snapshots` may be null (none kept, no checkpoints).
   ChunkUpdater(ShardCounters* counters, ServerMetrics* metrics,
-               SnapshotScheduler* snapshots)
+               UpdateObserver* snapshots)
       : counters_(counters), metrics_(metrics), snapshots_(snapshots) {}
 
   // Applies update number chunk->version with chunk->optimizer to the
@@ -152,7 +160,7 @@ class ChunkUpdater {
 
   ShardCounters* const counters_;
   ServerMetrics* const metrics_;
-  SnapshotScheduler* const snapshots_;
+  UpdateObserver* const snapshots_;
 };
 
 // Replies built under a chunk's lock, delivered after it is released.

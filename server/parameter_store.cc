@@ -7,8 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
 #include "common/status.h"
+#include "server/async_aggregator.h"
 #include "server/gradient_decode.h"
 #include "server/server_metrics.h"
+#include "server/sync_aggregator.h"
 
 namespace shardps::server {
 
@@ -38,6 +40,27 @@ bool ParameterStore::Publish(std::unique_ptr<State> built) {
   return true;
 }
 
+namespace {
+
+// The policy of `options.mode` for `chunks` (indexed by chunk id; null where
+// another shard owns the chunk). The chunks, `updater`, `ranks` and `pool`
+// (which runs large updates) must outlive the aggregator.
+std::unique_ptr<Aggregator> NewAggregator(const AggregatorOptions& options,
+                                          std::vector<Chunk*> chunks,
+                                          const ChunkUpdater* updater,
+                                          const RankTracker* ranks,
+                                          ThreadPool* pool) {
+  if (options.mode == v1::CONSISTENCY_ASYNC ||
+      options.mode == v1::CONSISTENCY_SSP) {
+    return std::make_unique<AsyncAggregator>(options, std::move(chunks),
+                                             updater, ranks);
+  }
+  return std::make_unique<SyncAggregator>(options, std::move(chunks), updater,
+                                          ranks, pool);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ParameterStore::State>>
 ParameterStore::BuildState(const v1::DeclareRequest& req) {
   if (req.layout().sparse_weights_ratio() > 0 &&
@@ -62,9 +85,8 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) {
   ao.allow_nonfinite = options_.allow_nonfinite;
   ao.inline_updates = options_.update_threads == 0;
   ao.metrics = options_.metrics;
-  state->aggregator =
-      Aggregator::Create(ao, state->model->ChunksById(), state->updater.get(),
-                         &ranks_, pool_.get());
+  state->aggregator = NewAggregator(ao, state->model->ChunksById(),
+                                    state->updater.get(), &ranks_, pool_.get());
   return state;
 }
 
@@ -220,17 +242,6 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   return absl::OkStatus();
 }
 
-namespace {
-
-// `status` with "`what`: " in front of its message (OK stays OK).
-absl::Status Prefixed(const std::string& what, absl::Status status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(what, ": ", status.message()));
-}
-
-}  // namespace
-
 absl::Status ParameterStore::CheckPush(const PushArgs& args,
                                        const Chunk& chunk) const {
   if (args.rank >= options_.num_workers) {
@@ -249,10 +260,10 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
           what() + " sets both initial_values and no_gradient");
     }
     // Any step: the values do not belong to one. Exact weights only.
-    return Prefixed(what() + " (initial values)",
-                    CheckGradientPayload(args.encoding, args.payload->size(),
-                                         chunk.spec.num_elements,
-                                         EncodingBit(v1::ENCODING_FP32)));
+    return WithPrefix(what() + " (initial values)",
+                      CheckGradientPayload(args.encoding, args.payload->size(),
+                                           chunk.spec.num_elements,
+                                           EncodingBit(v1::ENCODING_FP32)));
   }
   if (args.step < 0) {
     return absl::InvalidArgumentError(
@@ -270,10 +281,10 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
         absl::StrCat(what(), " has no_gradient but a payload of ",
                      args.payload->size(), " bytes (it must be empty)"));
   }
-  return Prefixed(what(),
-                  CheckGradientPayload(args.encoding, args.payload->size(),
-                                       chunk.spec.num_elements,
-                                       options_.accepted_encodings));
+  return WithPrefix(what(),
+                    CheckGradientPayload(args.encoding, args.payload->size(),
+                                         chunk.spec.num_elements,
+                                         options_.accepted_encodings));
 }
 
 absl::Status ParameterStore::Push(const PushArgs& args,

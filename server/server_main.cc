@@ -20,7 +20,7 @@
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
-#include "server/coordinator/member_flags.h"
+#include "coordinator/client/member_flags.h"
 #include "server/gradient_decode.h"
 #include "server/shard_lifecycle.h"
 

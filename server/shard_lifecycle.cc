@@ -11,10 +11,10 @@
 #include "absl/time/clock.h"
 #include "common/security.h"
 #include "common/status.h"
+#include "coordinator/client/cluster_view.h"
+#include "coordinator/client/join_job.h"
 #include "server/aggregator.h"
 #include "server/checkpoint.h"
-#include "server/coordinator/cluster_view.h"
-#include "server/coordinator/join_job.h"
 
 namespace shardps::server {
 namespace {

@@ -20,8 +20,8 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "server/coordinator/coordinator_client.h"
-#include "server/coordinator/coordinator_protocol.h"
+#include "coordinator/client/coordinator_client.h"
+#include "coordinator/coordinator_protocol.h"
 #include "server/server_metrics.h"
 #include "server/shard_server.h"
 

@@ -21,10 +21,10 @@
 #include "common/chunking.h"
 #include "common/grpc_server.h"
 #include "common/status_matchers.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/membership.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
-#include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/membership.h"
 #include "server/optimizer.h"
 #include "tests/testing/daemon.h"
 

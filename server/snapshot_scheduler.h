@@ -32,7 +32,7 @@ struct SnapshotOptions {
       on_checkpoint;
 };
 
-class SnapshotScheduler {
+class SnapshotScheduler : public UpdateObserver {
  public:
   // `pool` runs the hand-overs and must outlive the scheduler.
   SnapshotScheduler(SnapshotOptions options, ThreadPool* pool);
@@ -44,7 +44,7 @@ class SnapshotScheduler {
   // Called right after `chunk`'s version changed: copies its state when a
   // checkpoint is due at the new version.
   void AfterUpdate(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_) override;
 
   // InvalidArgument for a negative step; FailedPrecondition without
   // on_checkpoint.

@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "server/aggregator.h"
 
 namespace shardps::server {

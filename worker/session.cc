@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "server/coordinator/cluster_view.h"
+#include "coordinator/client/cluster_view.h"
 #include "worker/worker_job.h"
 
 namespace shardps::worker {
@@ -78,17 +78,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     }
     s.servers_ = *std::move(servers);
   }
-  ClientOptions co;
-  co.servers = s.servers_;
-  co.rank = s.rank_;
-  co.incarnation = incarnation;
-  co.security = options.security;
-  co.streams_per_shard = options.streams_per_shard;
-  co.shared_memory = options.shared_memory;
-  co.connect_timeout = options.connect_timeout;
-  co.rpc_timeout = options.rpc_timeout;
-  co.compression = options.compression;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(
+      MemberClientOptions(options, s.servers_, s.rank_, incarnation));
   if (!client.ok()) {
     s.Leave().IgnoreError();
     return client.status();

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/security.h"
-#include "server/coordinator/coordinator_client.h"
+#include "coordinator/client/coordinator_client.h"
 #include "worker/client.h"
 #include "worker/compression.h"
 #include "worker/recovery.h"

@@ -11,8 +11,8 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "server/coordinator/cluster_view.h"
-#include "server/coordinator/join_job.h"
+#include "coordinator/client/cluster_view.h"
+#include "coordinator/client/join_job.h"
 
 namespace shardps::worker {
 namespace {
@@ -112,7 +112,7 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
                            MakeOptimizerSpec(options.optimizer, total_steps));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            MakeBackend(options.backend, options.threads));
-  ClientOptions co;
+  uint64_t incarnation = 0;  // static mode: none
   if (coordinator != nullptr) {
     SHARDPS_ASSIGN_OR_RETURN(
         placement.servers,
@@ -125,20 +125,15 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
     o.lead = [coordinator, rank] {
       return LeadRank(coordinator->view(), rank) == rank;
     };
-    co.incarnation = options.incarnation;
+    incarnation = options.incarnation;
     o.rejoin_when_dropped = true;
     o.rollback = [coordinator] {
       const v1::ClusterView view = coordinator->view();
       return std::make_pair(view.rollback_id(), view.rollback_step());
     };
   }
-  co.servers = placement.servers;
-  co.rank = o.rank;
-  co.security = options.security;
-  co.streams_per_shard = options.streams_per_shard;
-  co.shared_memory = options.shared_memory;
-  co.connect_timeout = options.connect_timeout;
-  co.compression = options.compression;
+  const ClientOptions co =
+      MemberClientOptions(options, placement.servers, o.rank, incarnation);
   LogInfo("rank %d of %d, backend %s, %d servers, %s, %s on the wire", o.rank,
           o.num_workers, backend->name(), co.servers.size(),
           DescribeClientSecurity(options.security),

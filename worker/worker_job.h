@@ -13,13 +13,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/security.h"
-#include "server/coordinator/coordinator_client.h"
+#include "coordinator/client/coordinator_client.h"
+#include "worker/client.h"
 #include "worker/compression.h"
 #include "worker/trainer.h"
 
@@ -88,6 +90,7 @@ struct WorkerJobOptions {
   // How long to wait for the servers to come up and, with a coordinator,
   // to join and for every member to join.
   absl::Duration connect_timeout = absl::Seconds(120);
+  absl::Duration rpc_timeout = absl::Seconds(300);  // ClientOptions
   SecurityOptions security;
   // Training; rank, num_workers and the coordinator's functions (on_step,
   // active_ranks, lead, rollback) are filled in here.
@@ -104,6 +107,28 @@ struct WorkerJobOptions {
   // worth waiting for.
   absl::Duration finish_timeout = absl::Seconds(60);
 };
+
+// The options of a job member's Client: `servers` (shard order), `rank` and
+// `incarnation`, and the link settings that WorkerJobOptions and
+// SessionOptions both carry under the same names (security, streams per
+// shard, shared memory, timeouts, compression), so that shardps-worker and a
+// Session make the same client.
+template <typename MemberOptions>
+ClientOptions MemberClientOptions(const MemberOptions& options,
+                                  std::vector<std::string> servers,
+                                  uint32_t rank, uint64_t incarnation) {
+  ClientOptions co;
+  co.servers = std::move(servers);
+  co.rank = rank;
+  co.incarnation = incarnation;
+  co.security = options.security;
+  co.streams_per_shard = options.streams_per_shard;
+  co.shared_memory = options.shared_memory;
+  co.connect_timeout = options.connect_timeout;
+  co.rpc_timeout = options.rpc_timeout;
+  co.compression = options.compression;
+  return co;
+}
 
 // Runs this worker's part in the job to its end. InvalidArgument for bad
 // options; otherwise the first error of joining, loading, training.

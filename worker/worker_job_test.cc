@@ -8,14 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/port_reservation.h"
 #include "common/status_matchers.h"
+#include "coordinator/coordinator_protocol.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/membership.h"
 #include "grpc/grpc.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_protocol.h"
-#include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/membership.h"
 
 namespace shardps::worker {
 namespace {

@@ -15,7 +15,7 @@
 #include "common/metrics.h"
 #include "common/security_flags.h"
 #include "common/status.h"
-#include "server/coordinator/member_flags.h"
+#include "coordinator/client/member_flags.h"
 #include "worker/training_flags.h"
 #include "worker/worker_job.h"
 #include "worker/worker_metrics.h"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian packages, via apt) and builds shardps.
+# Installs what is missing (Debian packages, via apt) and builds shardps:
+# every target, or only the targets given as arguments (and what they need).
 # Idempotent and quick when everything is present. Used by the training
-# command (deploy/local/train.sh) and the tests (tests/run.sh).
+# command (deploy/local/train.sh: only the daemons and the launcher) and the
+# tests (tests/run.sh: everything).
+#   deploy/local/build.sh [TARGET...]   e.g. deploy/local/build.sh shardps-local
 #   SHARDPS_BUILD_DIR  build directory (default: build, or build-<sanitizer>)
 #   SHARDPS_SANITIZE   address or thread: a sanitizer build
 #   SHARDPS_JOBS       parallel compile jobs (default: 2)
@@ -25,6 +28,8 @@ log "configure $build_dir${sanitize:+ (sanitizer: $sanitize)}"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
   -DSHARDPS_SANITIZE="$sanitize" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
   ${SHARDPS_CMAKE_ARGS:-} >&2
-log "build"
-cmake --build "$build_dir" -j "${SHARDPS_JOBS:-2}" >&2
+targets=()
+if [ $# -gt 0 ]; then targets=(--target "$@"); fi
+log "build${*:+: $*}"
+cmake --build "$build_dir" -j "${SHARDPS_JOBS:-2}" "${targets[@]}" >&2
 echo "$build_dir"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A PyTorch example in one command: installs what is missing (Debian's
-# python3-torch; bible-kjv for the GPT), builds, then runs the example as
+# python3-torch; bible-kjv for the GPT), builds what it runs (shardps-local,
+# its daemons and the Python package), then runs the example as
 # the workers of a local job (2 parameter servers, 2 workers):
 #   deploy/local/train_torch.sh cnn [ARGS]   # CNN on Fashion-MNIST
 #   deploy/local/train_torch.sh gpt [ARGS]   # LLaMA-style GPT on the KJV Bible
@@ -18,7 +19,8 @@ shift
 packages=(python3-torch python3-numpy)
 [ "$example" = gpt ] && packages+=(bible-kjv bible-kjv-text)
 deploy/local/apt_install.sh "${packages[@]}"
-build_dir=$(deploy/local/build.sh)
+build_dir=$(deploy/local/build.sh shardps-local shardps-coordinator \
+  shardps-server _shardps)
 # Debian's torch is for the system interpreter, whatever python3 PATH finds.
 # shellcheck disable=SC2086
 exec "$build_dir/deploy/local/shardps-local" ${SHARDPS_LOCAL_ARGS:-} \

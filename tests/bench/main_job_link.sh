@@ -42,7 +42,7 @@ for end in "$srv vs$$" "$wrk vw$$"; do
     latency 5ms
   shift 2
 done
-ip netns exec "$srv" "$build/server/coordinator/shardps-coordinator" \
+ip netns exec "$srv" "$build/server/shardps-coordinator" \
   --host=10.214.0.1 --port=0 --port_file="$dir/coordinator.port" \
   --num_servers=2 --num_workers=2 >"$dir/coordinator.log" 2>&1 &
 disown

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -65,8 +64,6 @@ absl::StatusOr<std::string> RunLogged(const std::string& command) {
   LogInfo("link: %s", command);
   return RunCommand(command + " 2>&1");
 }
-
-std::string ErrnoText() { return strerror(errno); }
 
 }  // namespace
 
@@ -149,7 +146,7 @@ absl::StatusOr<std::unique_ptr<NetnsLink>> NetnsLink::Create(
   link->signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC);
   link->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   if (link->signal_fd_ < 0 || link->stop_fd_ < 0) {
-    return absl::InternalError(absl::StrCat("signalfd: ", ErrnoText()));
+    return absl::InternalError(absl::StrCat("signalfd: ", ErrnoText(errno)));
   }
   link->signal_thread_ =
       std::make_unique<std::thread>([l = link.get()] { l->WatchSignals(); });
@@ -276,20 +273,21 @@ absl::Status NetnsLink::EnterWorkerNamespace() {
   const std::string path = "/run/netns/" + worker_ns_;
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (home_ns_fd_ < 0 || fd < 0) {
-    return absl::InternalError(absl::StrCat("open ", path, ": ", ErrnoText()));
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", ErrnoText(errno)));
   }
   const int rc = setns(fd, CLONE_NEWNET);
   close(fd);
   if (rc != 0) {
     return absl::InternalError(
-        absl::StrCat("setns(", path, "): ", ErrnoText()));
+        absl::StrCat("setns(", path, "): ", ErrnoText(errno)));
   }
   // Opened here, the file keeps showing this namespace's devices to any
   // thread that reads it.
   net_dev_fd_ = open("/proc/thread-self/net/dev", O_RDONLY | O_CLOEXEC);
   if (net_dev_fd_ < 0) {
     return absl::InternalError(
-        absl::StrCat("open /proc/thread-self/net/dev: ", ErrnoText()));
+        absl::StrCat("open /proc/thread-self/net/dev: ", ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -298,7 +296,8 @@ absl::StatusOr<LinkBytes> NetnsLink::Bytes() const {
   std::string text;
   char buf[4096];
   if (lseek(net_dev_fd_, 0, SEEK_SET) != 0) {
-    return absl::InternalError(absl::StrCat("/proc/net/dev: ", ErrnoText()));
+    return absl::InternalError(
+        absl::StrCat("/proc/net/dev: ", ErrnoText(errno)));
   }
   for (ssize_t n; (n = read(net_dev_fd_, buf, sizeof(buf))) > 0;) {
     text.append(buf, n);

@@ -1,4 +1,4 @@
-#include "server/coordinator/join_job.h"
+#include "coordinator/client/join_job.h"
 
 #include <utility>
 

@@ -2,13 +2,13 @@
 // generation, job progress, heartbeats and membership events. The gauges are
 // set from the Membership at every scrape; the service and the daemon's event
 // loop count the rest. Thread-safe.
-#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
-#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
+#ifndef SHARDPS_COORDINATOR_COORDINATOR_METRICS_H_
+#define SHARDPS_COORDINATOR_COORDINATOR_METRICS_H_
 
 #include <memory>
 
 #include "common/metrics.h"
-#include "server/coordinator/membership.h"
+#include "coordinator/membership.h"
 
 namespace shardps::coordinator {
 
@@ -42,4 +42,4 @@ class CoordinatorMetrics {
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
+#endif  // SHARDPS_COORDINATOR_COORDINATOR_METRICS_H_

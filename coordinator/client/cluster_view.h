@@ -1,8 +1,8 @@
 // Reading a coordinator's ClusterView (coordinator.proto): who is there,
 // whether the job can train, and a one-line description for daemons' logs.
 // Pure functions.
-#ifndef SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_
-#define SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_
+#ifndef SHARDPS_COORDINATOR_CLIENT_CLUSTER_VIEW_H_
+#define SHARDPS_COORDINATOR_CLIENT_CLUSTER_VIEW_H_
 
 #include <string>
 
@@ -25,4 +25,4 @@ std::string DescribeView(const v1::ClusterView& view);
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_CLUSTER_VIEW_H_
+#endif  // SHARDPS_COORDINATOR_CLIENT_CLUSTER_VIEW_H_

@@ -1,8 +1,8 @@
 // Flags of a job member (shardps-server, shardps-worker) that joins through
 // the shardps-coordinator instead of static lists: --coordinator and
 // --job_id. Only *_main.cc files include this.
-#ifndef SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_
-#define SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_
+#ifndef SHARDPS_COORDINATOR_CLIENT_MEMBER_FLAGS_H_
+#define SHARDPS_COORDINATOR_CLIENT_MEMBER_FLAGS_H_
 
 #include <string>
 
@@ -23,4 +23,4 @@ absl::Status CheckMemberFlags();
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_MEMBER_FLAGS_H_
+#endif  // SHARDPS_COORDINATOR_CLIENT_MEMBER_FLAGS_H_

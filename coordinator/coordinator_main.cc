@@ -17,11 +17,11 @@
 #include "common/security_flags.h"
 #include "common/signal_wait.h"
 #include "common/status.h"
+#include "coordinator/coordinator_metrics.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/membership.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
-#include "server/coordinator/coordinator_metrics.h"
-#include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/membership.h"
 
 ABSL_FLAG(std::string, job_id, "shardps",
           "Job this coordinator runs; joins naming another job are refused.");

@@ -1,4 +1,4 @@
-#include "server/coordinator/membership.h"
+#include "coordinator/membership.h"
 
 #include <memory>
 #include <string>
@@ -8,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_matchers.h"
+#include "coordinator/coordinator_protocol.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_protocol.h"
 
 namespace shardps::coordinator {
 namespace {

@@ -2,8 +2,8 @@
 // which server holds which shard index, which worker ranks are taken,
 // heartbeats and expiry, the generation and the job's progress. Thread-safe;
 // time comes from a clock function so that tests drive expiry.
-#ifndef SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_
-#define SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_
+#ifndef SHARDPS_COORDINATOR_MEMBERSHIP_H_
+#define SHARDPS_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
 #include <deque>
@@ -185,4 +185,4 @@ class Membership {
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_MEMBERSHIP_H_
+#endif  // SHARDPS_COORDINATOR_MEMBERSHIP_H_

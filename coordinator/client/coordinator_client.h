@@ -3,8 +3,8 @@
 // thread (rejoining when the coordinator forgot it) and keeps the latest
 // ClusterView from a WatchCluster thread. Used by shardps-server and
 // shardps-worker. Thread-safe; libraries built on it do not log.
-#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_
-#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_
+#ifndef SHARDPS_COORDINATOR_CLIENT_COORDINATOR_CLIENT_H_
+#define SHARDPS_COORDINATOR_CLIENT_COORDINATOR_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -19,7 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/security.h"
-#include "server/coordinator/cluster_view.h"
+#include "coordinator/client/cluster_view.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
 namespace shardps::coordinator {
@@ -174,4 +174,4 @@ class CoordinatorClient {
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_CLIENT_H_
+#endif  // SHARDPS_COORDINATOR_CLIENT_COORDINATOR_CLIENT_H_

@@ -1,11 +1,11 @@
-#include "server/coordinator/coordinator_service.h"
+#include "coordinator/coordinator_service.h"
 
 #include <optional>
 #include <utility>
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "server/coordinator/coordinator_metrics.h"
+#include "coordinator/coordinator_metrics.h"
 
 namespace shardps::coordinator {
 namespace {

@@ -1,8 +1,8 @@
 // The Coordinator gRPC service: thin callback handlers over a Membership, and
 // WatchCluster streams fed by a notifier thread that wakes every open stream
 // when the generation changes, so no callback thread ever blocks.
-#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
-#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#ifndef SHARDPS_COORDINATOR_COORDINATOR_SERVICE_H_
+#define SHARDPS_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <memory>
 #include <thread>
@@ -12,7 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "server/coordinator/membership.h"
+#include "coordinator/membership.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
 namespace shardps::coordinator {
@@ -78,4 +78,4 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#endif  // SHARDPS_COORDINATOR_COORDINATOR_SERVICE_H_

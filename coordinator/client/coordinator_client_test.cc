@@ -1,4 +1,4 @@
-#include "server/coordinator/coordinator_client.h"
+#include "coordinator/client/coordinator_client.h"
 
 #include <chrono>
 #include <memory>
@@ -13,15 +13,15 @@
 #include "absl/time/clock.h"
 #include "common/port_reservation.h"
 #include "common/status_matchers.h"
+#include "coordinator/client/join_job.h"
+#include "coordinator/coordinator_protocol.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/membership.h"
 #include "grpc/grpc.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_protocol.h"
-#include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/join_job.h"
-#include "server/coordinator/membership.h"
 
 namespace shardps::coordinator {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/coordinator/cluster_view.h"
+#include "coordinator/client/cluster_view.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

@@ -1,4 +1,4 @@
-#include "server/coordinator/coordinator_metrics.h"
+#include "coordinator/coordinator_metrics.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "server/coordinator/member_flags.h"
+#include "coordinator/client/member_flags.h"
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"

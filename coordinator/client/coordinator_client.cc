@@ -1,4 +1,4 @@
-#include "server/coordinator/coordinator_client.h"
+#include "coordinator/client/coordinator_client.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,10 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "coordinator/coordinator_protocol.h"
 #include "grpc/grpc.h"
-#include "server/coordinator/coordinator_protocol.h"
 
 namespace shardps::coordinator {
 namespace {
@@ -97,7 +98,7 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string& address,
   }
   request.set_requested_index(requested_index < 0 ? kAnyIndex
                                                   : requested_index);
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (true) {
     absl::StatusOr<v1::JoinResponse> response = JoinOnce(request);
     if (response.ok()) {
@@ -116,13 +117,12 @@ absl::Status CoordinatorClient::Join(v1::Role role, const std::string& address,
           absl::StrCat("gave up joining job \"", job_id,
                        "\": ", response.status().ToString()));
     }
-    const absl::Duration wait = std::min(backoff, left);
+    const absl::Duration wait = std::min(backoff.Next(), left);
     if (options_.on_retry) options_.on_retry(response.status(), wait);
     if (!WaitBeforeRetry(absl::Now() + wait)) {
       return absl::CancelledError(
           absl::StrCat("stopped joining job \"", job_id, "\""));
     }
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 
@@ -290,14 +290,14 @@ void CoordinatorClient::Rejoin() {
 }
 
 void CoordinatorClient::WatchLoop() {
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (!stop_.HasBeenNotified()) {
     if (WatchOnce()) {
-      backoff = options_.initial_backoff;
+      backoff.Reset();
     } else {
-      backoff = std::min(backoff * 2, options_.max_backoff);
+      backoff.Next();
     }
-    stop_.WaitForNotificationWithTimeout(backoff);
+    stop_.WaitForNotificationWithTimeout(backoff.Peek());
   }
 }
 
@@ -396,7 +396,7 @@ absl::Status CoordinatorClient::Finish(absl::Time deadline) {
 }
 
 absl::Status CoordinatorClient::End(bool finished, absl::Time deadline) {
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (true) {
     absl::Status s = LeaveOnce(finished, deadline);
     if (s.ok()) return s;
@@ -416,9 +416,8 @@ absl::Status CoordinatorClient::End(bool finished, absl::Time deadline) {
         if (absl::Now() < deadline) continue;
       }
     }
-    if (!IsRetryable(s) || absl::Now() + backoff > deadline) return s;
-    WaitBeforeRetry(absl::Now() + backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    if (!IsRetryable(s) || absl::Now() + backoff.Peek() > deadline) return s;
+    WaitBeforeRetry(absl::Now() + backoff.Next());
   }
 }
 

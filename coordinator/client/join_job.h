@@ -2,8 +2,8 @@
 // the coordinator client, then join with bounded retries until a deadline,
 // telling the caller about each retry in one line for its log. Used by
 // shardps-server (and meant for shardps-worker). Thread-compatible.
-#ifndef SHARDPS_SERVER_COORDINATOR_JOIN_JOB_H_
-#define SHARDPS_SERVER_COORDINATOR_JOIN_JOB_H_
+#ifndef SHARDPS_COORDINATOR_CLIENT_JOIN_JOB_H_
+#define SHARDPS_COORDINATOR_CLIENT_JOIN_JOB_H_
 
 #include <cstdint>
 #include <functional>
@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/coordinator/coordinator_client.h"
-#include "server/coordinator/coordinator_protocol.h"
+#include "coordinator/client/coordinator_client.h"
+#include "coordinator/coordinator_protocol.h"
 
 namespace shardps::coordinator {
 
@@ -42,4 +42,4 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(JoinOptions options);
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_JOIN_JOB_H_
+#endif  // SHARDPS_COORDINATOR_CLIENT_JOIN_JOB_H_

@@ -1,7 +1,7 @@
 // Constants of the coordinator protocol (proto/shardps/v1/coordinator.proto)
 // that servers, workers and the coordinator must agree on.
-#ifndef SHARDPS_SERVER_COORDINATOR_COORDINATOR_PROTOCOL_H_
-#define SHARDPS_SERVER_COORDINATOR_COORDINATOR_PROTOCOL_H_
+#ifndef SHARDPS_COORDINATOR_COORDINATOR_PROTOCOL_H_
+#define SHARDPS_COORDINATOR_COORDINATOR_PROTOCOL_H_
 
 #include <cstdint>
 
@@ -17,4 +17,4 @@ inline constexpr int32_t kAnyIndex = -1;
 
 }  // namespace shardps::coordinator
 
-#endif  // SHARDPS_SERVER_COORDINATOR_COORDINATOR_PROTOCOL_H_
+#endif  // SHARDPS_COORDINATOR_COORDINATOR_PROTOCOL_H_

@@ -1,11 +1,11 @@
-#include "server/coordinator/membership.h"
+#include "coordinator/membership.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
-#include "server/coordinator/coordinator_protocol.h"
+#include "coordinator/coordinator_protocol.h"
 
 namespace shardps::coordinator {
 namespace {
