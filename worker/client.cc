@@ -1,27 +1,28 @@
 // Threads. A Client is driven by one caller thread at a time (its API), and
 // by three kinds of thread besides:
-//   - gRPC's reactions of its lanes' calls (lane_call.cc): they build each
-//     chunk's message (MessageFor) and take each reply (TakeReply) of the
-//     open step. They read open_, chunks_, plan_, layout_ and the
-//     compressor's per-chunk state, all fixed while a step is open except
-//     the entries of chunks not yet pushed, which no reaction reads; they
-//     write the caller's weight buffers, the compressor's residual of the
-//     chunk they took, and reader_'s copy of that chunk.
-//   - RunParallel threads, one per shard in Declare, JoinAt, Redeclare,
-//     ShardStatus and Pull, each using its own shard's lane, answer slot and
-//     (Pull) its own shard's entries of shm_ and reader_ (Pull refuses to
-//     run while a step is open);
+//   - gRPC's reactions of its lanes' calls (lane_call.cc): through this
+//     LaneOwner they build each chunk's message and take each reply of the
+//     open step (open_step.h). They read open_ (set before any lane is
+//     armed, reset only after every lane's step ended), chunks_, plan_,
+//     layout_ and rollback_id_, none of which changes while a step is open;
+//     they write the caller's weight buffers and, for the chunk they carry,
+//     its compressed payload and residual (compressor_) and its sparse copy
+//     (reader_).
+//   - RunParallel threads, one per shard, in Declare, JoinAt, Redeclare,
+//     ShardStatus and Pull: each uses its own shard's first lane (its stub
+//     or channel, not its step state) and its own answer slot; Pull's also
+//     touch their shard's entries of shm_ (its Pull region, its fallback)
+//     and of reader_ (Pull refuses to run while a step is open).
 //   - RunParallel threads of FinishStep's retries, one per failed lane: each
-//     opens and closes that lane's calls (a LaneCall per attempt, payloads
-//     in the messages) and counts retries_ (atomic).
+//     opens and closes that lane's calls (Lane::Retry: a LaneCall per
+//     attempt, payloads in the messages), may touch reader_ and compressor_
+//     entries of that lane's chunks only, and counts retries_ (atomic).
 // Every other member is the caller's. The gradients a step pushes are the
 // caller's again when FinishStep (or AbortStep) returns: each lane waits
-// for gRPC to drop them.
+// for gRPC to drop them first.
 #include "worker/client.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -29,35 +30,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/partitioner.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
-#include "common/transport.h"
-#include "common/wire.h"
+#include "worker/open_step.h"
 
 namespace shardps {
-
-// The step between BeginStep and FinishStep.
-struct Client::OpenStep {
-  int64_t step = 0;
-  bool initial_values = false;
-  bool push_only = false;
-  Tensors weights;                                  // empty for push-only
-  ConstTensors gradients;                           // by tensor, as pushed
-  std::vector<std::optional<float>> learning_rate;  // by tensor
-  std::vector<bool> pushed;                         // by tensor
-  // By tensor; bytes, not bits: lane threads read it while the caller
-  // writes other tensors' entries.
-  std::vector<char> no_gradient;
-  // Compressed gradients: by chunk id, the payload sent (owned by the
-  // GradientCompressor, valid for the step).
-  std::vector<absl::string_view> payloads;
-  std::vector<bool> encoded;  // by tensor
-  int num_pushed = 0;
-  absl::Time start;
-};
 
 namespace {
 
@@ -83,17 +62,6 @@ absl::Status RunParallel(size_t n,
   return absl::OkStatus();
 }
 
-// Where `bytes` at `p` lie in `region` (none: not all of them, or no
-// region).
-std::optional<uint64_t> PlaceIn(const SharedRegion* region, const void* p,
-                                int64_t bytes) {
-  if (region == nullptr) return std::nullopt;
-  const auto at = reinterpret_cast<uintptr_t>(p) -
-                  reinterpret_cast<uintptr_t>(region->data());
-  if (!region->Contains(at, static_cast<uint64_t>(bytes))) return std::nullopt;
-  return at;
-}
-
 }  // namespace
 
 Client::Client(ClientOptions options)
@@ -111,6 +79,7 @@ Client::~Client() {
     if (lane->call != nullptr) lane->call->FinishClose(deadline);
   }
 }
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.servers.empty()) {
     return absl::InvalidArgumentError("no parameter servers given");
@@ -131,18 +100,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     }
   }
   std::unique_ptr<Client> client(new Client(std::move(options)));
-  const int max_message = kMaxChunkBytes + kMessageOverheadBytes;
   const ClientOptions& o = client->options_;
   for (uint32_t shard = 0; shard < o.servers.size(); ++shard) {
     for (int k = 0; k < o.streams_per_shard; ++k) {
-      auto lane = std::make_unique<Lane>();
-      lane->index = client->lanes_.size();
-      lane->shard = shard;
-      lane->address = o.servers[shard];
-      lane->channel = MakeChannel(o.servers[shard], o.security,
-                                  ClientChannelArguments(max_message, k));
-      lane->stub = v1::ParameterServer::NewStub(lane->channel);
-      client->lanes_.push_back(std::move(lane));
+      client->lanes_.push_back(Lane::Connect(client->lanes_.size(), shard,
+                                             o.servers[shard], o.security, k));
     }
   }
   return client;
@@ -325,6 +287,29 @@ std::string Client::DescribeTransport() const {
   return shm_.Describe(declared_states_);
 }
 
+void Client::set_rollback_id(uint64_t id) {
+  if (id != rollback_id_ && compressor_ != nullptr) compressor_->Reset();
+  rollback_id_ = id;
+}
+
+// LaneOwner: a lane's call speaks for the open step (a lane is armed only
+// while one is).
+absl::StatusOr<grpc::ByteBuffer> Client::MessageFor(
+    Lane* lane, uint32_t id, v1::PushPullRequest* header,
+    const CallRegions& regions) {
+  return open_->MessageFor(lane, id, header, regions);
+}
+
+bool Client::HeaderFor(uint32_t id, v1::PushPullRequest* header,
+                       const CallRegions& regions) {
+  return open_->HeaderFor(id, header, regions);
+}
+
+absl::Status Client::TakeReply(Lane* lane, std::vector<bool>* expected,
+                               const CallRegions& regions) {
+  return open_->TakeReply(lane, expected, regions);
+}
+
 absl::Status Client::CheckTensors(const ConstTensors& gradients,
                                   const Tensors* weights) const {
   if (!declared_) {
@@ -351,144 +336,6 @@ absl::Status Client::CheckTensors(const ConstTensors& gradients,
   return absl::OkStatus();
 }
 
-// The chunk's gradient goes out compressed (not no_gradient, not initial
-// values).
-bool Client::Compressed(uint32_t id) const {
-  return compressor_ != nullptr && !open_->initial_values &&
-         !open_->no_gradient[chunks_[id].tensor] && compressor_->compresses(id);
-}
-
-// Where in regions.weights the reply to chunk `c` of the open step is asked
-// (the caller's weights lie there, fp32 replies, a stream region); none:
-// elsewhere.
-std::optional<uint64_t> Client::ReplyInWeightRegion(
-    const ChunkSpec& c, const CallRegions& regions) const {
-  if (regions.stream == nullptr || open_->push_only ||
-      EffectiveEncoding(options_.compression.weights) != v1::ENCODING_FP32) {
-    return std::nullopt;
-  }
-  return PlaceIn(regions.weights, open_->weights[c.tensor].data() + c.offset,
-                 c.bytes());
-}
-
-// The request of chunk `id` of the open step and, with a stream region,
-// names its gradient where it lies in the gradient region or else copies it
-// into the stream's region, and asks its reply where the caller's weights
-// lie in the weight region or else in the stream's region, where they fit.
-// True when the message needs no payload.
-bool Client::HeaderFor(uint32_t id, v1::PushPullRequest* header,
-                       const CallRegions& regions) {
-  const ChunkSpec& c = chunks_[id];
-  SharedRegion* region = regions.stream;
-  const OpenStep& o = *open_;
-  header->Clear();
-  header->set_rank(options_.rank);
-  header->set_incarnation(options_.incarnation);
-  header->set_rollback_id(rollback_id_);
-  header->set_step(o.step);
-  header->set_chunk_id(id);
-  header->set_encoding(Compressed(id) ? compressor_->encoding()
-                                      : v1::ENCODING_FP32);
-  header->set_push_only(o.push_only);
-  // Set on push-only steps too: a stream's pushes all ask for the same.
-  header->set_reply_encoding(options_.compression.weights);
-  if (o.learning_rate[c.tensor].has_value()) {
-    header->set_learning_rate(*o.learning_rate[c.tensor]);
-  }
-  header->set_no_gradient(o.no_gradient[c.tensor]);
-  header->set_initial_values(o.initial_values);
-  // Kept in the weight region: the shard writes the weights there.
-  // Otherwise into the stream's region; one from before the model was
-  // declared again may not fit.
-  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
-    header->set_reply_in_weight_region(true);
-    header->set_reply_shm_offset(*at);
-  } else if (region != nullptr && !open_->push_only &&
-             options_.compression.weights != v1::ENCODING_TOPK &&
-             region->Contains(plan_.weights_at[id], c.bytes())) {
-    header->set_reply_shm_offset(plan_.weights_at[id]);
-  }
-  if (open_->no_gradient[c.tensor]) return true;
-  if (region == nullptr || Compressed(id)) return false;
-  const float* gradient = open_->gradients[c.tensor].data() + c.offset;
-  // Computed in the gradient region: the shard reads it there.
-  if (const std::optional<uint64_t> at =
-          PlaceIn(regions.gradients, gradient, c.bytes())) {
-    header->set_shm_in_gradient_region(true);
-    header->set_shm_offset(*at);
-    header->set_shm_bytes(c.bytes());
-    return true;
-  }
-  if (!region->Contains(plan_.gradient_at[id], c.bytes())) return false;
-  std::memcpy(region->data() + plan_.gradient_at[id], gradient, c.bytes());
-  header->set_shm_offset(plan_.gradient_at[id]);
-  header->set_shm_bytes(c.bytes());
-  return true;
-}
-
-absl::StatusOr<grpc::ByteBuffer> Client::MessageFor(
-    Lane* lane, uint32_t id, v1::PushPullRequest* header,
-    const CallRegions& regions) {
-  const ChunkSpec& c = chunks_[id];
-  if (HeaderFor(id, header, regions)) {
-    return lane->Message(*header, nullptr, 0);
-  }
-  if (!Compressed(id)) {
-    return lane->Message(*header, open_->gradients[c.tensor].data() + c.offset,
-                         c.bytes());
-  }
-  absl::string_view& payload = open_->payloads[id];
-  if (payload.data() == nullptr) {
-    // Encoded here, on the lane's thread, as the lane gets to it: lanes
-    // encode in parallel, and while earlier chunks are on the wire.
-    absl::StatusOr<absl::string_view> encoded = compressor_->Encode(
-        id, open_->gradients[c.tensor].data() + c.offset, open_->step);
-    if (!encoded.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of tensor ", layout_.tensors(c.tensor).name(),
-                       " (chunk ", id, ", tensor elements from ", c.offset,
-                       "): ", encoded.status().message()));
-    }
-    payload = *encoded;
-  }
-  return lane->Message(*header, payload.data(), payload.size());
-}
-
-void Client::set_rollback_id(uint64_t id) {
-  if (id != rollback_id_ && compressor_ != nullptr) compressor_->Reset();
-  rollback_id_ = id;
-}
-
-// Writes a reply's weights into the open step's buffers, from where its push
-// asked for them (HeaderFor), and clears the chunk in `expected`.
-absl::Status Client::TakeReply(Lane* lane, std::vector<bool>* expected,
-                               const CallRegions& regions) {
-  const uint32_t id = lane->reply.response.chunk_id();
-  if (id >= chunks_.size() || plan_.lane_of[id] != lane->index ||
-      !(*expected)[id]) {
-    return absl::InternalError(
-        absl::StrCat("bad reply: server sent chunk ", id,
-                     " which was not pushed or was answered already"));
-  }
-  (*expected)[id] = false;
-  // Acknowledged: what this payload dropped is the chunk's residual now.
-  if (Compressed(id)) compressor_->Commit(id);
-  if (open_->push_only) {
-    // The shard moved its copy of what workers hold without telling this
-    // one.
-    reader_.Forget(id);
-    return absl::OkStatus();
-  }
-  const ChunkSpec& c = chunks_[id];
-  float* out = open_->weights[c.tensor].data() + c.offset;
-  // Where this chunk's push asked for its reply (HeaderFor).
-  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
-    return reader_.Read(&lane->reply, c, out, regions.weights, *at);
-  }
-  return reader_.Read(&lane->reply, c, out, regions.stream,
-                      plan_.weights_at[id]);
-}
-
 // BeginStep for every kind of step (push-only: null weights).
 absl::Status Client::Open(int64_t step, const Tensors* weights,
                           bool initial_values) {
@@ -496,32 +343,25 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
     return absl::FailedPreconditionError("call Declare before any step");
   }
   if (open_ != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", open_->step, " is still open: FinishStep first"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", open_->step(), " is still open: FinishStep first"));
   }
   if (weights != nullptr) {
     ConstTensors shapes(weights->begin(), weights->end());
     SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
   }
-  auto o = std::make_unique<OpenStep>();
-  const size_t n = layout_.tensors_size();
-  o->step = step;
-  o->initial_values = initial_values;
-  o->push_only = weights == nullptr;
-  if (weights != nullptr) o->weights = *weights;
-  o->gradients.resize(n);
-  o->learning_rate.assign(n, std::nullopt);
-  o->pushed.assign(n, false);
-  o->no_gradient.assign(n, false);
-  if (compressor_ != nullptr) {
-    o->payloads.assign(chunks_.size(), {});
-    o->encoded.assign(n, false);
-  }
-  o->start = absl::Now();
-  open_ = std::move(o);
+  StepModel model;
+  model.options = &options_;
+  model.rollback_id = &rollback_id_;
+  model.layout = &layout_;
+  model.chunks = &chunks_;
+  model.plan = &plan_;
+  model.compressor = compressor_.get();
+  model.reader = &reader_;
+  open_ = std::make_unique<OpenStep>(model, step, weights, initial_values);
   for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
-    lane->OpenStep(this, NamesFor(*lane), chunks_.size(), open_->start);
+    lane->BeginStep(this, NamesFor(*lane), chunks_.size(), open_->start());
   }
   return absl::OkStatus();
 }
@@ -547,40 +387,8 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
   if (open_ == nullptr) {
     return absl::FailedPreconditionError("no step is open: BeginStep first");
   }
-  OpenStep& o = *open_;
-  if (tensor < 0 || tensor >= layout_.tensors_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor index ", tensor, " is out of range: the model has ",
-        layout_.tensors_size(), " tensors"));
-  }
-  const v1::TensorSpec& spec = layout_.tensors(tensor);
-  if (o.pushed[tensor]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor ", spec.name(), " was already pushed at step ", o.step));
-  }
-  const int64_t want = NumElements(spec);
-  if (!no_gradient && static_cast<int64_t>(gradient.size()) != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", spec.name(), " has ", want,
-                     " elements; its gradient has ", gradient.size()));
-  }
-  if (learning_rate.has_value() &&
-      !(std::isfinite(*learning_rate) && *learning_rate >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the learning rate of tensor ", spec.name(),
-                     " must be finite and >= 0, got ", *learning_rate));
-  }
-  if (compressor_ != nullptr && !no_gradient && !o.initial_values &&
-      !o.encoded[tensor]) {
-    // Encoded before anything of the tensor is queued: a value the
-    // encoding cannot carry sends nothing of it.
-    SHARDPS_RETURN_IF_ERROR(EncodeTensor(tensor, gradient));
-  }
-  o.pushed[tensor] = true;
-  o.no_gradient[tensor] = no_gradient;
-  o.gradients[tensor] = gradient;
-  o.learning_rate[tensor] = learning_rate;
-  ++o.num_pushed;
+  SHARDPS_RETURN_IF_ERROR(
+      open_->Push(tensor, gradient, learning_rate, no_gradient));
   const uint32_t first = plan_.first_chunk[tensor];
   const uint32_t end = plan_.first_chunk[tensor + 1];
   for (uint32_t id = first; id < end; ++id) {
@@ -602,28 +410,6 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
   return absl::OkStatus();
 }
 
-// Compression: checks that the chunks of `tensor` can be encoded (each is
-// encoded when its lane sends it). InvalidArgument naming the tensor and
-// element when a value cannot be.
-absl::Status Client::EncodeTensor(int tensor,
-                                  absl::Span<const float> gradient) {
-  OpenStep& o = *open_;
-  for (uint32_t id = plan_.first_chunk[tensor];
-       id < plan_.first_chunk[tensor + 1]; ++id) {
-    const ChunkSpec& c = chunks_[id];
-    if (!compressor_->compresses(id)) continue;
-    const absl::Status s =
-        compressor_->CheckValues(id, gradient.data() + c.offset, o.step);
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of tensor ", layout_.tensors(tensor).name(), " (chunk ", id,
-          ", tensor elements from ", c.offset, "): ", s.message()));
-    }
-  }
-  o.encoded[tensor] = true;
-  return absl::OkStatus();
-}
-
 absl::Status Client::PushTensor(int tensor, absl::Span<const float> gradient,
                                 std::optional<float> learning_rate) {
   return PushChunksOf(tensor, gradient, learning_rate, false);
@@ -635,14 +421,14 @@ absl::Status Client::PushNoGradient(int tensor,
 }
 
 int Client::tensors_left() const {
-  return open_ == nullptr ? 0 : layout_.tensors_size() - open_->num_pushed;
+  return open_ == nullptr ? 0 : open_->tensors_left();
 }
 
 // Lane::EndStep up to the step's deadline (rpc_timeout from its start).
 absl::Status Client::EndLaneStep(Lane* lane, bool cancel,
                                  std::vector<uint32_t>* answered) {
   const absl::Status status =
-      lane->EndStep(cancel, open_->start + options_.rpc_timeout,
+      lane->EndStep(cancel, open_->start() + options_.rpc_timeout,
                     options_.rpc_timeout, answered);
   // The shard could not map this stream's region (it moved, or its
   // limits): the retry and later streams carry payloads in the messages.
@@ -665,12 +451,9 @@ absl::Status Client::FinishStep() {
   if (open_ == nullptr) {
     return absl::FailedPreconditionError("no step is open: BeginStep first");
   }
-  if (open_->num_pushed < layout_.tensors_size()) {
-    std::vector<std::string> missing;
-    for (int t = 0; t < layout_.tensors_size(); ++t) {
-      if (!open_->pushed[t]) missing.push_back(layout_.tensors(t).name());
-    }
-    const int64_t step = open_->step;
+  if (open_->tensors_left() > 0) {
+    const std::vector<std::string> missing = open_->Missing();
+    const int64_t step = open_->step();
     AbortStep();
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " ended without a push of tensor(s) ",
@@ -689,11 +472,11 @@ absl::Status Client::FinishStep() {
     return RetryLane(lanes_[failed[i]].get(), lane_status[failed[i]],
                      lane_answered[failed[i]]);
   });
-  absl::Time pushed = open_->start;
+  absl::Time pushed = open_->start();
   for (const auto& lane : lanes_) {
     pushed = std::max(pushed, lane->writes_done_at());
   }
-  last_push_time_ = pushed - open_->start;
+  last_push_time_ = pushed - open_->start();
   open_.reset();
   if (!failed.empty()) shm_.Renew();
   return status;
@@ -719,23 +502,16 @@ absl::Status Client::RetryLane(Lane* lane, absl::Status s,
     retries_.fetch_add(1);
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
-    // A call of its own for what is pending, its payloads in the messages.
-    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-    lane->OpenRetry(this, RegionsToName(), pending, chunks_.size());
     std::vector<uint32_t> now_answered;
-    s = lane->EndStep(false, deadline, options_.rpc_timeout, &now_answered);
-    if (lane->call != nullptr) {  // complete: the next step opens its own
-      lane->call->Close(/*cancel=*/false);
-      lane->call.reset();
-    }
-    if (s.ok()) now_answered = pending;
+    s = lane->Retry(this, pending, chunks_.size(), options_.rpc_timeout,
+                    &now_answered);
     for (uint32_t id : now_answered) done[id] = true;
     pending.erase(std::remove_if(pending.begin(), pending.end(),
                                  [&](uint32_t id) { return done[id]; }),
                   pending.end());
   }
   if (pending.empty()) s = absl::OkStatus();
-  return WithPrefix(absl::StrCat("step ", open_->step, " on shard ",
+  return WithPrefix(absl::StrCat("step ", open_->step(), " on shard ",
                                  lane->shard, " at ", lane->address),
                     s);
 }
@@ -749,7 +525,7 @@ absl::Status Client::Step(int64_t step, const ConstTensors& gradients,
     // Every tensor encoded before any is queued: a gradient the encoding
     // cannot carry sends nothing of the step.
     for (int t = 0; t < layout_.tensors_size(); ++t) {
-      const absl::Status encoded = EncodeTensor(t, gradients[t]);
+      const absl::Status encoded = open_->EncodeTensor(t, gradients[t]);
       if (!encoded.ok()) {
         AbortStep();
         return encoded;
@@ -830,7 +606,7 @@ absl::Status Client::Pull(const Tensors& weights) {
   if (open_ != nullptr) {
     // Its lanes' readers use the same reply buffers (and sparse copies).
     return absl::FailedPreconditionError(absl::StrCat(
-        "Pull while step ", open_->step, " is open: FinishStep first"));
+        "Pull while step ", open_->step(), " is open: FinishStep first"));
   }
   ConstTensors shapes(weights.begin(), weights.end());
   SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));

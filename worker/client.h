@@ -49,6 +49,8 @@
 
 namespace shardps {
 
+class OpenStep;  // worker/open_step.h
+
 struct ClientOptions {
   // Address (host:port) of shard i at index i.
   std::vector<std::string> servers;
@@ -279,7 +281,6 @@ class Client : private LaneOwner {
   void set_rollback_id(uint64_t id);
 
  private:
-  struct OpenStep;  // the step between BeginStep and FinishStep
   explicit Client(ClientOptions options);
 
   // LaneOwner: the open step's messages and replies, for its lanes' calls.
@@ -305,7 +306,6 @@ class Client : private LaneOwner {
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             std::optional<float> learning_rate,
                             bool no_gradient);
-  absl::Status EncodeTensor(int tensor, absl::Span<const float> gradient);
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);
   absl::Status EndLaneStep(Lane* lane, bool cancel,
@@ -313,9 +313,6 @@ class Client : private LaneOwner {
   absl::Status RetryLane(Lane* lane, absl::Status s,
                          const std::vector<uint32_t>& answered);
   RegionsToName NamesFor(const Lane& lane) const;
-  std::optional<uint64_t> ReplyInWeightRegion(const ChunkSpec& c,
-                                              const CallRegions& regions) const;
-  bool Compressed(uint32_t id) const;
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
 
   ClientOptions options_;
@@ -332,8 +329,8 @@ class Client : private LaneOwner {
   int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};
   absl::Duration last_push_time_;
-  LanePlan plan_;  // of the declared chunk map
-  std::unique_ptr<OpenStep> open_;
+  LanePlan plan_;                   // of the declared chunk map
+  std::unique_ptr<OpenStep> open_;  // the step between BeginStep and FinishStep
   // Lossy gradient encodings: each chunk's payload and residual.
   std::unique_ptr<GradientCompressor> compressor_;
   ShmRegions shm_;

@@ -1,10 +1,10 @@
 // Threads. A lane is touched by three kinds of thread:
-//   - the stepping thread: the caller's (Client::Open, PushTensor,
-//     FinishStep) or, for a retry, the RunParallel thread that owns this
-//     lane's retry. It alone creates, starts and closes `call`, queues
-//     chunks (Queue), pumps a ring's writes and takes a ring's replies
-//     (PumpRing, TakeRingReplies: the rings and their scratch are its), and
-//     waits for the step's end (EndStep);
+//   - the stepping thread: the caller's (BeginStep, Queue, EndStep from
+//     Client::Open, PushTensor, FinishStep) or, for a retry, the RunParallel
+//     thread that owns this lane's retry (Retry). It alone creates, starts
+//     and closes `call`, queues chunks (Queue), pumps a ring's writes and
+//     takes a ring's replies (PumpRing, TakeRingReplies: the rings and their
+//     scratch are its), and waits for the step's end (EndStep);
 //   - gRPC's reactions: OnWriteDone writes the next queued chunk (Pump
 //     then runs there, building the message through LaneOwner::MessageFor
 //     into write_buf_ and header_, which belong to the write flow),
@@ -44,6 +44,20 @@ constexpr char kPullMethod[] = "/shardps.v1.ParameterServer/Pull";
 
 Lane::Lane() = default;
 Lane::~Lane() = default;
+
+std::unique_ptr<Lane> Lane::Connect(size_t index, uint32_t shard,
+                                    const std::string& address,
+                                    const SecurityOptions& security, int k) {
+  const int max_message = kMaxChunkBytes + kMessageOverheadBytes;
+  auto lane = std::make_unique<Lane>();
+  lane->index = index;
+  lane->shard = shard;
+  lane->address = address;
+  lane->channel =
+      MakeChannel(address, security, ClientChannelArguments(max_message, k));
+  lane->stub = v1::ParameterServer::NewStub(lane->channel);
+  return lane;
+}
 
 void Lane::ReleaseSlice(void* lane) {
   Lane* l = static_cast<Lane*>(lane);
@@ -86,8 +100,8 @@ bool Lane::Arm(absl::Span<const uint32_t> ids, size_t num_chunks,
   return true;
 }
 
-void Lane::OpenStep(LaneOwner* owner, const RegionsToName& names,
-                    size_t num_chunks, absl::Time start) {
+void Lane::BeginStep(LaneOwner* owner, const RegionsToName& names,
+                     size_t num_chunks, absl::Time start) {
   if (call != nullptr &&
       call->NamesOtherBuffers(names.gradients.get(), names.weights.get())) {
     // Its stream names a gradient or weight region that was replaced
@@ -111,13 +125,23 @@ void Lane::OpenStep(LaneOwner* owner, const RegionsToName& names,
   }
 }
 
-void Lane::OpenRetry(LaneOwner* owner, const RegionsToName& names,
-                     absl::Span<const uint32_t> ids, size_t num_chunks) {
+absl::Status Lane::Retry(LaneOwner* owner, absl::Span<const uint32_t> ids,
+                         size_t num_chunks, absl::Duration timeout,
+                         std::vector<uint32_t>* answered_out) {
+  const absl::Time deadline = absl::Now() + timeout;
   Arm(ids, num_chunks, absl::Now());
   call = std::make_unique<LaneCall>(owner, this);
-  call->Start(names);
+  call->Start(RegionsToName());
   for (uint32_t id : ids) Queue(id);
   call->Pump();
+  answered_out->clear();
+  const absl::Status s = EndStep(false, deadline, timeout, answered_out);
+  if (call != nullptr) {  // complete (EndStep ends a failed call)
+    call->Close(/*cancel=*/false);
+    call.reset();
+  }
+  if (s.ok()) answered_out->assign(ids.begin(), ids.end());
+  return s;
 }
 
 void Lane::Queue(uint32_t id) {

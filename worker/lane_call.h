@@ -20,22 +20,16 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/message_ring.h"
+#include "common/security.h"
 #include "common/shared_memory.h"
 #include "grpcpp/support/client_callback.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "worker/reply_reader.h"
+#include "worker/shm_regions.h"
 
 namespace shardps {
 
 struct Lane;
-
-// The regions a PushPull call named (null: none): its own, for payloads and
-// rings, and the client's gradient and weight regions.
-struct CallRegions {
-  SharedRegion* stream = nullptr;
-  const SharedRegion* gradients = nullptr;
-  const SharedRegion* weights = nullptr;
-};
 
 // What a new call names (all empty: payloads in the messages). The call
 // holds the gradient and weight regions while it lives.
@@ -78,6 +72,11 @@ class LaneCall;
 struct Lane {
   Lane();
   ~Lane();
+  // Lane `index`, the `k`th of shard `shard` at `address`, on a connection
+  // of its own (connected lazily).
+  static std::unique_ptr<Lane> Connect(size_t index, uint32_t shard,
+                                       const std::string& address,
+                                       const SecurityOptions& security, int k);
 
   size_t index = 0;  // among the client's lanes
   uint32_t shard = 0;
@@ -98,13 +97,16 @@ struct Lane {
 
   // Opens a step on this lane for its chunks: a call whose stream is dead
   // or names other buffers than `names` is replaced first.
-  void OpenStep(LaneOwner* owner, const RegionsToName& names, size_t num_chunks,
-                absl::Time start) ABSL_LOCKS_EXCLUDED(mu);
-  // A retry of `ids` (of its chunks) on a call of its own, with `names`,
-  // closed when the attempt ends. REQUIRES: call == nullptr.
-  void OpenRetry(LaneOwner* owner, const RegionsToName& names,
-                 absl::Span<const uint32_t> ids, size_t num_chunks)
-      ABSL_LOCKS_EXCLUDED(mu);
+  void BeginStep(LaneOwner* owner, const RegionsToName& names,
+                 size_t num_chunks, absl::Time start) ABSL_LOCKS_EXCLUDED(mu);
+  // One retry of `ids` (some of its chunks, of `num_chunks` in all) on a
+  // call of its own that names no region (payloads in the messages), up to
+  // `timeout`, then closed: the next step opens a call naming the regions.
+  // Returns the attempt's error (as EndStep) and the chunks it answered.
+  // REQUIRES: call == nullptr (the failed step's call has ended).
+  absl::Status Retry(LaneOwner* owner, absl::Span<const uint32_t> ids,
+                     size_t num_chunks, absl::Duration timeout,
+                     std::vector<uint32_t>* answered) ABSL_LOCKS_EXCLUDED(mu);
   // Chunk `id` is pushed: the call writes it next (Pump).
   void Queue(uint32_t id) ABSL_LOCKS_EXCLUDED(mu);
   // Ends the open step: waits (unless `cancel`) up to `deadline` for its

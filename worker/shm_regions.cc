@@ -10,6 +10,31 @@
 
 namespace shardps {
 
+std::optional<uint64_t> PlaceIn(const SharedRegion* region, const void* p,
+                                int64_t bytes) {
+  if (region == nullptr) return std::nullopt;
+  const auto at = reinterpret_cast<uintptr_t>(p) -
+                  reinterpret_cast<uintptr_t>(region->data());
+  if (!region->Contains(at, static_cast<uint64_t>(bytes))) return std::nullopt;
+  return at;
+}
+
+bool PlaceGradient(const CallRegions& regions, const float* gradient,
+                   int64_t bytes, uint64_t at, v1::PushPullRequest* header) {
+  if (const std::optional<uint64_t> in_buffers =
+          PlaceIn(regions.gradients, gradient, bytes)) {
+    header->set_shm_in_gradient_region(true);
+    header->set_shm_offset(*in_buffers);
+    header->set_shm_bytes(bytes);
+    return true;
+  }
+  if (!regions.stream->Contains(at, bytes)) return false;
+  std::memcpy(regions.stream->data() + at, gradient, bytes);
+  header->set_shm_offset(at);
+  header->set_shm_bytes(bytes);
+  return true;
+}
+
 void ShmRegions::MakeProbe() {
   if (probe_ != nullptr) return;
   // 16 random bytes the shards read back: a shard that can, shares this

@@ -2,14 +2,17 @@
 // probe Declare names and which shards read it back (so use shared memory,
 // and message rings), the gradient and weight regions behind
 // GradientBuffers() and WeightBuffers() with the ones they replaced, and
-// each shard's Pull region. Thread-compatible, used by the caller's thread,
-// except that a Pull thread may touch its own shard's entries (PullRegion,
-// DropPullRegion, Fallback) while the others touch theirs.
+// each shard's Pull region; and how a push places its payloads in the
+// regions its call named (PlaceIn, PlaceGradient). Thread-compatible, used
+// by the caller's thread, except that a Pull thread may touch its own
+// shard's entries (PullRegion, DropPullRegion, Fallback) while the others
+// touch theirs.
 #ifndef SHARDPS_WORKER_SHM_REGIONS_H_
 #define SHARDPS_WORKER_SHM_REGIONS_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,25 @@
 #include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps {
+
+// The regions a PushPull call named (null: none): its own, for payloads and
+// rings, and the client's gradient and weight regions.
+struct CallRegions {
+  SharedRegion* stream = nullptr;
+  const SharedRegion* gradients = nullptr;
+  const SharedRegion* weights = nullptr;
+};
+
+// Where `bytes` at `p` lie in `region` (none: not all of them, or no
+// region).
+std::optional<uint64_t> PlaceIn(const SharedRegion* region, const void* p,
+                                int64_t bytes);
+// A push's fp32 `gradient` of `bytes` through a call with a stream region:
+// named in `header` where it lies in the gradient region (computed there:
+// the shard reads it without a copy), or else copied to `at` in the stream
+// region. False when it fits neither: the message carries it.
+bool PlaceGradient(const CallRegions& regions, const float* gradient,
+                   int64_t bytes, uint64_t at, v1::PushPullRequest* header);
 
 class ShmRegions {
  public:
