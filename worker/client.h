@@ -42,8 +42,14 @@
 #include "common/thread_pool.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "worker/compression.h"
+#include "worker/lane_call.h"
+#include "worker/lane_plan.h"
+#include "worker/reply_reader.h"
+#include "worker/shm_regions.h"
 
 namespace shardps {
+
+class OpenStep;  // worker/open_step.h
 
 struct ClientOptions {
   // Address (host:port) of shard i at index i.
@@ -89,11 +95,11 @@ struct ClientOptions {
 using ConstTensors = std::vector<absl::Span<const float>>;
 using Tensors = std::vector<absl::Span<float>>;
 
-class Client {
+class Client : private LaneOwner {
  public:
   // INVALID_ARGUMENT for bad options. Connects lazily.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
-  ~Client();
+  ~Client() override;
 
   // Declares the model on every shard and computes the chunk map. Waits up
   // to connect_timeout for servers that are not up yet. start_step() then
@@ -248,9 +254,7 @@ class Client {
 
   // After Declare: payloads to and from shard `shard` go through shared
   // memory.
-  bool shared_memory(uint32_t shard) const {
-    return shard < shm_shards_.size() && shm_shards_[shard];
-  }
+  bool shared_memory(uint32_t shard) const { return shm_.shared_memory(shard); }
   // After Declare: PushPull streams to shard `shard` pass their headers
   // through message rings.
   bool rings(uint32_t shard) const;
@@ -264,7 +268,7 @@ class Client {
   // Gradient and weight regions made since creation (GradientBuffers(),
   // WeightBuffers(): one of each at the first Declare, another after each
   // step that failed on a stream).
-  int64_t buffer_regions() const { return buffer_regions_; }
+  int64_t buffer_regions() const { return shm_.buffer_regions(); }
 
   int64_t start_step() const { return start_step_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
@@ -277,107 +281,42 @@ class Client {
   void set_rollback_id(uint64_t id);
 
  private:
-  struct Reply;     // a reply being read
-  struct Stream;    // one (shard, stream) lane and its reusable messages
-  class LaneCall;   // a lane's PushPull stream, open across steps
-  struct OpenStep;  // the step between BeginStep and FinishStep
-  // The regions a PushPull call named (null: none): its own, for payloads
-  // and rings, and the client's gradient and weight regions.
-  struct CallRegions {
-    SharedRegion* stream = nullptr;
-    const SharedRegion* gradients = nullptr;
-    const SharedRegion* weights = nullptr;
-  };
   explicit Client(ClientOptions options);
 
+  // LaneOwner: the open step's messages and replies, for its lanes' calls.
+  absl::StatusOr<grpc::ByteBuffer> MessageFor(
+      Lane* lane, uint32_t id, v1::PushPullRequest* header,
+      const CallRegions& regions) override;
+  bool HeaderFor(uint32_t id, v1::PushPullRequest* header,
+                 const CallRegions& regions) override;
+  absl::Status TakeReply(Lane* lane, std::vector<bool>* expected,
+                         const CallRegions& regions) override;
+  // Declare's parts, and a Declare on one shard.
+  absl::Status SetLayout(const v1::Layout& layout);
+  absl::Status DeclareOnEvery(absl::Span<const uint32_t> shard_of,
+                              std::vector<v1::DeclareResponse>* declared);
+  absl::Status TakeSteps(const std::vector<v1::DeclareResponse>& declared);
+  void Plan(std::vector<ChunkSpec> chunks, std::vector<uint32_t> shard_of);
+  absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
+                         absl::Time deadline, v1::DeclareResponse* resp);
+  v1::DeclareRequest DeclareRequestFor(size_t shard) const;
   absl::Status CheckTensors(const ConstTensors& gradients,
                             const Tensors* weights) const;
-  // BeginStep for every kind of step (push-only: null weights).
   absl::Status Open(int64_t step, const Tensors* weights, bool initial_values);
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             std::optional<float> learning_rate,
                             bool no_gradient);
-  // Compression: checks that the chunks of `tensor` can be encoded (each
-  // is encoded when its lane sends it). InvalidArgument naming the tensor
-  // and element when a value cannot be.
-  absl::Status EncodeTensor(int tensor, absl::Span<const float> gradient);
-  // The whole step at once: every tensor pushed in layout order.
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);
-  // Ends the open step on `lane` (with chunks): waits for its replies
-  // (up to rpc_timeout from the step's start) unless `cancel`, and ends the
-  // stream if the step did not complete on it. Returns the lane's error
-  // (OK when every reply came) and, when it failed, the chunks answered.
-  absl::Status EndLaneStep(Stream* lane, bool cancel,
+  absl::Status EndLaneStep(Lane* lane, bool cancel,
                            std::vector<uint32_t>* answered);
-  // The request of chunk `id` of the open step (payload not set).
-  void FillHeader(uint32_t id, v1::PushPullRequest* header) const;
-  // The message of chunk `id` of the open step on `lane`, its gradient
-  // encoded first when compressed (InvalidArgument naming the tensor and
-  // element for a value the encoding cannot carry).
-  // With the regions the lane's stream named, the payload and the reply go
-  // through them (IntoRegion).
-  absl::StatusOr<grpc::ByteBuffer> ChunkMessage(Stream* lane, uint32_t id,
-                                                v1::PushPullRequest* header,
-                                                const CallRegions& regions);
-  // Fills `header` for chunk `id` of the open step and, with a stream
-  // region, names its gradient where it lies in the gradient region or
-  // else copies it into the stream's region, and asks its reply where the
-  // caller's weights lie in the weight region or else in the stream's
-  // region, where they fit. True when the message needs no payload.
-  bool IntoRegion(uint32_t id, v1::PushPullRequest* header,
-                  const CallRegions& regions);
-  // Where `bytes` at `p` lie in `region` (none: not all of them, or no
-  // region).
-  static std::optional<uint64_t> PlaceIn(const SharedRegion* region,
-                                         const void* p, int64_t bytes);
-  // Where in regions.weights the reply to chunk `c` of the open step is
-  // asked (the caller's weights lie there, fp32 replies, a stream region);
-  // none: elsewhere.
-  std::optional<uint64_t> ReplyInWeightRegion(const ChunkSpec& c,
-                                              const CallRegions& regions) const;
-  // The chunk's gradient goes out compressed (not no_gradient, not
-  // initial values).
-  bool Compressed(uint32_t id) const;
-  // Writes a reply's weights into the open step's buffers and clears the
-  // chunk in `expected` (by chunk id); InternalError for a reply to a chunk
-  // that is not `lane`'s or not expected (not pushed, or answered already).
-  // `region`: the stream's shared memory (null: none), where a reply with
-  // shm_bytes left its payload.
-  absl::Status TakeReply(Stream* lane, std::vector<bool>* expected,
-                         const CallRegions& regions);
-  // Decodes the weights of reply `r` (chunk `c`) into out[0,
-  // c.num_elements); InternalError for a malformed one or another encoding
-  // than asked.
-  // A reply with shm_bytes left its payload in `region` at `at`.
-  absl::Status ReadWeights(Reply* r, const ChunkSpec& c, float* out,
-                           const SharedRegion* region, uint64_t at);
-  // Sparse weights: applies the changes in `r` (chunk `c`, to `version`)
-  // to the chunk's copy.
-  absl::Status ApplyChanges(Reply* r, const ChunkSpec& c, int64_t version);
-  // Runs one attempt on `lane` for the chunks in `pending`; erases the ones
-  // answered.
-  absl::Status Attempt(Stream* lane, std::vector<uint32_t>* pending);
+  absl::Status RetryLane(Lane* lane, absl::Status s,
+                         const std::vector<uint32_t>& answered);
+  RegionsToName NamesFor(const Lane& lane) const;
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
-  // Gradient and weight regions of `bytes` each as gradient_region_ and
-  // weight_region_ (both null when they cannot be made: gradients and
-  // weights are then copied); `keep_weights`: the weights carried over.
-  void NewBufferRegions(uint64_t bytes, bool keep_weights);
-  // After a step that a stream ended before it finished: fresh regions,
-  // so that nothing a shard may still read or write there is touched
-  // again.
-  void RenewBufferRegions();
-  // Views of every tensor in `region` (a gradient or weight region), in
-  // layout order; none without one.
-  Tensors TensorsIn(const SharedRegion* region) const;
-  // Declare on one shard, retrying while the shard answers UNAVAILABLE
-  // (not up yet, or not yet aware of this process) until `deadline`.
-  absl::Status DeclareOn(size_t shard, const v1::DeclareRequest& req,
-                         absl::Time deadline, v1::DeclareResponse* resp);
-  v1::DeclareRequest DeclareRequestFor(size_t shard) const;
 
   ClientOptions options_;
-  std::vector<std::unique_ptr<Stream>> lanes_;  // shard-major
+  std::vector<std::unique_ptr<Lane>> lanes_;  // shard-major
   v1::Layout layout_;
   v1::OptimizerSpec optimizer_;
   bool must_join_ = false;
@@ -390,45 +329,12 @@ class Client {
   int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};
   absl::Duration last_push_time_;
-  // By chunk id: the lane that carries it. By tensor: its first chunk id
-  // (a tensor's chunks are numbered consecutively).
-  std::vector<uint32_t> lane_of_;
-  std::vector<uint32_t> first_chunk_;
-  std::unique_ptr<OpenStep> open_;
+  LanePlan plan_;                   // of the declared chunk map
+  std::unique_ptr<OpenStep> open_;  // the step between BeginStep and FinishStep
   // Lossy gradient encodings: each chunk's payload and residual.
   std::unique_ptr<GradientCompressor> compressor_;
-  // Shared memory: the probe region Declare names and its token; by shard,
-  // whether its calls use shared memory (a byte each: Pull's threads clear
-  // their own shard's); by chunk id, where its gradient and its weights lie
-  // in its lane's region (Stream::shm_bytes long).
-  std::unique_ptr<SharedRegion> probe_;
-  std::string probe_token_;
-  std::vector<char> shm_shards_;
-  std::vector<char> ring_shards_;  // by shard: it takes message rings
-  std::vector<uint64_t> shm_gradient_at_;
-  std::vector<uint64_t> shm_weights_at_;
-  // GradientBuffers() and WeightBuffers(): their regions (null: no shard
-  // used shared memory when the layout was declared), the ones they
-  // replaced last (kept mapped for the caller), and by tensor where it
-  // lies in each. Streams keep the regions they named alive.
-  std::shared_ptr<const SharedRegion> gradient_region_;
-  std::shared_ptr<const SharedRegion> retired_gradient_region_;
-  std::shared_ptr<const SharedRegion> weight_region_;
-  std::shared_ptr<const SharedRegion> retired_weight_region_;
-  int64_t buffer_regions_ = 0;
-  std::vector<uint64_t> tensor_at_;
-  // Pull through shared memory: by shard, the region its Pulls reuse (null
-  // until the first, and again after a failed one: the shard may still be
-  // writing into it) and its size; by chunk id, where its weights lie in
-  // its shard's region.
-  std::vector<std::unique_ptr<SharedRegion>> pull_regions_;
-  std::vector<uint64_t> pull_region_bytes_;
-  std::vector<uint64_t> shm_pull_at_;
-  // Sparse weights: by chunk id, the copy the shards keep of what this
-  // worker holds, and its version (-1: not received yet). Each chunk is
-  // touched by its lane's reader only.
-  std::vector<std::vector<float>> copies_;
-  std::vector<int64_t> copy_version_;
+  ShmRegions shm_;
+  ReplyReader reader_;
 };
 
 }  // namespace shardps

@@ -1,0 +1,219 @@
+#include "worker/open_step.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/encoding.h"
+#include "common/status.h"
+#include "worker/shm_regions.h"
+
+namespace shardps {
+
+OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
+                   bool initial_values)
+    : model_(model),
+      step_(step),
+      initial_values_(initial_values),
+      push_only_(weights == nullptr),
+      weights_(weights != nullptr ? *weights : Tensors()),
+      start_(absl::Now()) {
+  const size_t n = model.layout->tensors_size();
+  gradients_.resize(n);
+  learning_rate_.assign(n, std::nullopt);
+  pushed_.assign(n, false);
+  no_gradient_.assign(n, false);
+  if (model.compressor != nullptr) {
+    payloads_.assign(model.chunks->size(), {});
+    encoded_.assign(n, false);
+  }
+}
+
+std::vector<std::string> OpenStep::Missing() const {
+  std::vector<std::string> missing;
+  for (int t = 0; t < model_.layout->tensors_size(); ++t) {
+    if (!pushed_[t]) missing.push_back(model_.layout->tensors(t).name());
+  }
+  return missing;
+}
+
+absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
+                            std::optional<float> learning_rate,
+                            bool no_gradient) {
+  const v1::Layout& layout = *model_.layout;
+  if (tensor < 0 || tensor >= layout.tensors_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor index ", tensor, " is out of range: the model has ",
+        layout.tensors_size(), " tensors"));
+  }
+  const v1::TensorSpec& spec = layout.tensors(tensor);
+  if (pushed_[tensor]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", spec.name(), " was already pushed at step ", step_));
+  }
+  const int64_t want = NumElements(spec);
+  if (!no_gradient && static_cast<int64_t>(gradient.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.name(), " has ", want,
+                     " elements; its gradient has ", gradient.size()));
+  }
+  if (learning_rate.has_value() &&
+      !(std::isfinite(*learning_rate) && *learning_rate >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the learning rate of tensor ", spec.name(),
+                     " must be finite and >= 0, got ", *learning_rate));
+  }
+  if (model_.compressor != nullptr && !no_gradient && !initial_values_ &&
+      !encoded_[tensor]) {
+    // Encoded before anything of the tensor is queued: a value the
+    // encoding cannot carry sends nothing of it.
+    SHARDPS_RETURN_IF_ERROR(EncodeTensor(tensor, gradient));
+  }
+  pushed_[tensor] = true;
+  no_gradient_[tensor] = no_gradient;
+  gradients_[tensor] = gradient;
+  learning_rate_[tensor] = learning_rate;
+  ++num_pushed_;
+  return absl::OkStatus();
+}
+
+absl::Status OpenStep::EncodeTensor(int tensor,
+                                    absl::Span<const float> gradient) {
+  const LanePlan& plan = *model_.plan;
+  for (uint32_t id = plan.first_chunk[tensor];
+       id < plan.first_chunk[tensor + 1]; ++id) {
+    const ChunkSpec& c = (*model_.chunks)[id];
+    if (!model_.compressor->compresses(id)) continue;
+    const absl::Status s =
+        model_.compressor->CheckValues(id, gradient.data() + c.offset, step_);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of tensor ", model_.layout->tensors(tensor).name(),
+          " (chunk ", id, ", tensor elements from ", c.offset,
+          "): ", s.message()));
+    }
+  }
+  encoded_[tensor] = true;
+  return absl::OkStatus();
+}
+
+bool OpenStep::Compressed(uint32_t id) const {
+  return model_.compressor != nullptr && !initial_values_ &&
+         !no_gradient_[(*model_.chunks)[id].tensor] &&
+         model_.compressor->compresses(id);
+}
+
+std::optional<uint64_t> OpenStep::ReplyInWeightRegion(
+    const ChunkSpec& c, const CallRegions& regions) const {
+  if (regions.stream == nullptr || push_only_ ||
+      EffectiveEncoding(model_.options->compression.weights) !=
+          v1::ENCODING_FP32) {
+    return std::nullopt;
+  }
+  return PlaceIn(regions.weights, weights_[c.tensor].data() + c.offset,
+                 c.bytes());
+}
+
+void OpenStep::PlaceReply(const ChunkSpec& c, const CallRegions& regions,
+                          v1::PushPullRequest* header) const {
+  // Kept in the weight region: the shard writes the weights there.
+  // Otherwise into the stream's region; one from before the model was
+  // declared again may not fit.
+  const uint64_t in_stream = model_.plan->weights_at[c.id];
+  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
+    header->set_reply_in_weight_region(true);
+    header->set_reply_shm_offset(*at);
+  } else if (regions.stream != nullptr && !push_only_ &&
+             model_.options->compression.weights != v1::ENCODING_TOPK &&
+             regions.stream->Contains(in_stream, c.bytes())) {
+    header->set_reply_shm_offset(in_stream);
+  }
+}
+
+// The request of chunk `id` and, with a stream region, its gradient named
+// where it lies in the gradient region or else copied into the stream's
+// region, and its reply asked into a region (PlaceReply). True when the
+// message needs no payload.
+bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
+                         const CallRegions& regions) {
+  const ChunkSpec& c = (*model_.chunks)[id];
+  const ClientOptions& options = *model_.options;
+  header->Clear();
+  header->set_rank(options.rank);
+  header->set_incarnation(options.incarnation);
+  header->set_rollback_id(*model_.rollback_id);
+  header->set_step(step_);
+  header->set_chunk_id(id);
+  header->set_encoding(Compressed(id) ? model_.compressor->encoding()
+                                      : v1::ENCODING_FP32);
+  header->set_push_only(push_only_);
+  // Set on push-only steps too: a stream's pushes all ask for the same.
+  header->set_reply_encoding(options.compression.weights);
+  if (learning_rate_[c.tensor].has_value()) {
+    header->set_learning_rate(*learning_rate_[c.tensor]);
+  }
+  header->set_no_gradient(no_gradient_[c.tensor]);
+  header->set_initial_values(initial_values_);
+  PlaceReply(c, regions, header);
+  if (no_gradient_[c.tensor]) return true;
+  if (regions.stream == nullptr || Compressed(id)) return false;
+  return PlaceGradient(regions, gradients_[c.tensor].data() + c.offset,
+                       c.bytes(), model_.plan->gradient_at[id], header);
+}
+
+absl::StatusOr<grpc::ByteBuffer> OpenStep::MessageFor(
+    Lane* lane, uint32_t id, v1::PushPullRequest* header,
+    const CallRegions& regions) {
+  const ChunkSpec& c = (*model_.chunks)[id];
+  if (HeaderFor(id, header, regions)) {
+    return lane->Message(*header, nullptr, 0);
+  }
+  const float* gradient = gradients_[c.tensor].data() + c.offset;
+  if (!Compressed(id)) return lane->Message(*header, gradient, c.bytes());
+  absl::string_view& payload = payloads_[id];
+  if (payload.data() == nullptr) {
+    // Encoded here, on the lane's thread, as the lane gets to it: lanes
+    // encode in parallel, and while earlier chunks are on the wire.
+    absl::StatusOr<absl::string_view> encoded =
+        model_.compressor->Encode(id, gradient, step_);
+    if (!encoded.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of tensor ", model_.layout->tensors(c.tensor).name(),
+          " (chunk ", id, ", tensor elements from ", c.offset,
+          "): ", encoded.status().message()));
+    }
+    payload = *encoded;
+  }
+  return lane->Message(*header, payload.data(), payload.size());
+}
+
+absl::Status OpenStep::TakeReply(Lane* lane, std::vector<bool>* expected,
+                                 const CallRegions& regions) {
+  const uint32_t id = lane->reply.response.chunk_id();
+  if (id >= model_.chunks->size() || model_.plan->lane_of[id] != lane->index ||
+      !(*expected)[id]) {
+    return absl::InternalError(
+        absl::StrCat("bad reply: server sent chunk ", id,
+                     " which was not pushed or was answered already"));
+  }
+  (*expected)[id] = false;
+  // Acknowledged: what this payload dropped is the chunk's residual now.
+  if (Compressed(id)) model_.compressor->Commit(id);
+  if (push_only_) {
+    // The shard moved its copy of what workers hold without telling this
+    // one.
+    model_.reader->Forget(id);
+    return absl::OkStatus();
+  }
+  const ChunkSpec& c = (*model_.chunks)[id];
+  float* out = weights_[c.tensor].data() + c.offset;
+  // Where this chunk's push asked for its reply (PlaceReply).
+  if (const std::optional<uint64_t> at = ReplyInWeightRegion(c, regions)) {
+    return model_.reader->Read(&lane->reply, c, out, regions.weights, *at);
+  }
+  return model_.reader->Read(&lane->reply, c, out, regions.stream,
+                             model_.plan->weights_at[id]);
+}
+
+}  // namespace shardps

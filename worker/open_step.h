@@ -1,0 +1,110 @@
+// OpenStep: one step of a Client between BeginStep and FinishStep: the
+// gradients and learning rates pushed so far, and, for its lanes' calls,
+// each chunk's message (built from them and the regions its call named) and
+// each reply taken into the caller's weight buffers. Threads: the caller
+// records a tensor (Push) before it queues the tensor's chunks; a lane's
+// reactions then read that tensor's entries and write only their own
+// chunks' weights, payloads, residuals and sparse copies.
+#ifndef SHARDPS_WORKER_OPEN_STEP_H_
+#define SHARDPS_WORKER_OPEN_STEP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/chunking.h"
+#include "worker/client.h"
+#include "worker/compression.h"
+#include "worker/lane_call.h"
+#include "worker/lane_plan.h"
+#include "worker/reply_reader.h"
+
+namespace shardps {
+
+// What a step is pushed against, as the Client declared it; borrowed, and
+// unchanged while a step is open.
+struct StepModel {
+  const ClientOptions* options = nullptr;
+  const uint64_t* rollback_id = nullptr;  // read as each message is built
+  const v1::Layout* layout = nullptr;
+  const std::vector<ChunkSpec>* chunks = nullptr;
+  const LanePlan* plan = nullptr;
+  GradientCompressor* compressor = nullptr;  // null: fp32 gradients
+  ReplyReader* reader = nullptr;
+};
+
+class OpenStep {
+ public:
+  // `weights`: where replies go (null: a push-only step; else copied, the
+  // spans must outlive the step). Starts now.
+  OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
+           bool initial_values);
+
+  int64_t step() const { return step_; }
+  absl::Time start() const { return start_; }
+  int tensors_left() const {
+    return model_.layout->tensors_size() - num_pushed_;
+  }
+  // The names of the tensors not pushed yet.
+  std::vector<std::string> Missing() const;
+
+  // Records `tensor`'s gradient (none: `no_gradient`) and learning rate,
+  // checking them first (Client::PushTensor's INVALID_ARGUMENT); nothing is
+  // recorded on error. The caller then queues the tensor's chunks.
+  absl::Status Push(int tensor, absl::Span<const float> gradient,
+                    std::optional<float> learning_rate, bool no_gradient);
+  // Compression: checks that the chunks of `tensor` can be encoded (each is
+  // encoded when its lane sends it). InvalidArgument naming the tensor and
+  // element when a value cannot be.
+  absl::Status EncodeTensor(int tensor, absl::Span<const float> gradient);
+
+  // LaneOwner's calls for this step (see lane_call.h).
+  absl::StatusOr<grpc::ByteBuffer> MessageFor(Lane* lane, uint32_t id,
+                                              v1::PushPullRequest* header,
+                                              const CallRegions& regions);
+  bool HeaderFor(uint32_t id, v1::PushPullRequest* header,
+                 const CallRegions& regions);
+  absl::Status TakeReply(Lane* lane, std::vector<bool>* expected,
+                         const CallRegions& regions);
+
+ private:
+  // The chunk's gradient goes out compressed (not no_gradient, not
+  // initial values).
+  bool Compressed(uint32_t id) const;
+  // Where in regions.weights the reply to chunk `c` is asked (the caller's
+  // weights lie there, fp32 replies, a stream region); none: elsewhere.
+  std::optional<uint64_t> ReplyInWeightRegion(const ChunkSpec& c,
+                                              const CallRegions& regions) const;
+  // Asks the reply of chunk `c` (`id`) into the weight region or else the
+  // stream's region, where it fits.
+  void PlaceReply(const ChunkSpec& c, const CallRegions& regions,
+                  v1::PushPullRequest* header) const;
+
+  const StepModel model_;
+  const int64_t step_;
+  const bool initial_values_;
+  const bool push_only_;
+  const Tensors weights_;                            // empty for push-only
+  ConstTensors gradients_;                           // by tensor, as pushed
+  std::vector<std::optional<float>> learning_rate_;  // by tensor
+  std::vector<bool> pushed_;                         // by tensor
+  // By tensor; bytes, not bits: lane threads read it while the caller
+  // writes other tensors' entries.
+  std::vector<char> no_gradient_;
+  // Compressed gradients: by chunk id, the payload sent (owned by the
+  // GradientCompressor, valid for the step), and by tensor, checked.
+  std::vector<absl::string_view> payloads_;
+  std::vector<bool> encoded_;
+  int num_pushed_ = 0;
+  const absl::Time start_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_WORKER_OPEN_STEP_H_
