@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/partitioner.h"
 #include "common/shm_protocol.h"
@@ -39,6 +40,16 @@
 namespace shardps {
 
 namespace {
+
+// Delays between attempts of a step or a Pull, and between asks to a shard
+// that is not ready yet (those capped at 1 s: it comes up any moment).
+Backoff RetryBackoff(const ClientOptions& o) {
+  return Backoff(o.initial_backoff, o.max_backoff);
+}
+Backoff WaitBackoff(const ClientOptions& o) {
+  return Backoff(o.initial_backoff,
+                 std::max(o.initial_backoff, absl::Seconds(1)));
+}
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
@@ -92,6 +103,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("max_attempts must be at least 1");
   }
+  if (options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_backoff=", absl::FormatDuration(options.initial_backoff),
+        " must be positive and at most max_backoff=",
+        absl::FormatDuration(options.max_backoff)));
+  }
   SHARDPS_RETURN_IF_ERROR(ValidateCompression(options.compression));
   for (const std::string& s : options.servers) {
     if (s.empty() || s.find(':') == std::string::npos) {
@@ -115,7 +133,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
                                absl::Time deadline, v1::DeclareResponse* resp) {
   Lane& lane = *lanes_[shard * options_.streams_per_shard];
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff = WaitBackoff(options_);
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -123,12 +141,11 @@ absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
     const absl::Status s = FromGrpcStatus(lane.stub->Declare(&ctx, req, resp));
     // UNAVAILABLE from the shard itself: it has not yet seen the
     // coordinator's view that admitted this process. Ask again.
-    if (!absl::IsUnavailable(s) || absl::Now() + backoff > deadline) {
+    if (!absl::IsUnavailable(s) || absl::Now() + backoff.Peek() > deadline) {
       return WithPrefix(
           absl::StrCat("Declare on shard ", shard, " at ", lane.address), s);
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(1));
+    absl::SleepFor(backoff.Next());
   }
 }
 
@@ -495,13 +512,12 @@ absl::Status Client::RetryLane(Lane* lane, absl::Status s,
   for (uint32_t id : lane->chunk_ids) {
     if (!done[id]) pending.push_back(id);
   }
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff = RetryBackoff(options_);
   for (int attempt = 1;
        !pending.empty() && IsRetryable(s) && attempt < options_.max_attempts;
        ++attempt) {
     retries_.fetch_add(1);
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    absl::SleepFor(backoff.Next());
     std::vector<uint32_t> now_answered;
     s = lane->Retry(this, pending, chunks_.size(), options_.rpc_timeout,
                     &now_answered);
@@ -558,7 +574,7 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
   const size_t owned = std::count(shard_of_.begin(), shard_of_.end(), shard);
   // Pull sends sparse weights whole.
   const bool sparse = options_.compression.weights == v1::ENCODING_TOPK;
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff = RetryBackoff(options_);
   absl::Status status;
   for (int attempt = 1;; ++attempt) {
     v1::PullRequest req;
@@ -595,8 +611,7 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
     if (shm::IsFallback(status)) shm_.Fallback(shard);
     if (!IsRetryable(status) || attempt >= options_.max_attempts) break;
     retries_.fetch_add(1);
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    absl::SleepFor(backoff.Next());
   }
   return WithPrefix(
       absl::StrCat("Pull from shard ", shard, " at ", lane.address), status);
@@ -618,17 +633,16 @@ absl::Status Client::Pull(const Tensors& weights) {
 absl::Status Client::PullWhenReady(const Tensors& weights,
                                    absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff = WaitBackoff(options_);
   while (true) {
     absl::Status s = Pull(weights);
     if (!absl::IsUnavailable(s)) return s;
-    if (absl::Now() + backoff > deadline) {
+    if (absl::Now() + backoff.Peek() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("the model's weights were not ready within ",
                        absl::FormatDuration(timeout), ": ", s.message()));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(1));
+    absl::SleepFor(backoff.Next());
   }
 }
 

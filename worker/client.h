@@ -39,7 +39,6 @@
 #include "common/chunking.h"
 #include "common/security.h"
 #include "common/shared_memory.h"
-#include "common/thread_pool.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "worker/compression.h"
 #include "worker/lane_call.h"
