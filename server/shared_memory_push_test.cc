@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/message_ring.h"
 #include "common/shared_memory.h"
+#include "common/shm_protocol.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -89,7 +90,7 @@ class SharedMemoryPushTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
-    if (!metadata.empty()) ctx.AddMetadata(kSharedMemoryMetadata, metadata);
+    if (!metadata.empty()) ctx.AddMetadata(shm::kStreamRegionKey, metadata);
     auto reader = stub_->Pull(&ctx, req);
     v1::PushPullResponse r;
     while (reader->Read(&r)) replies->push_back(r);
@@ -456,10 +457,10 @@ struct RingStream {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
     if (with_region) {
-      ctx.AddMetadata(kSharedMemoryMetadata,
+      ctx.AddMetadata(shm::kStreamRegionKey,
                       absl::StrCat(region->path(), " ", region->size()));
     }
-    if (!rings.empty()) ctx.AddMetadata(kSharedMemoryRingsMetadata, rings);
+    if (!rings.empty()) ctx.AddMetadata(shm::kRingsKey, rings);
     stream = stub->PushPull(&ctx);
   }
   void Send(const std::string& bytes) {
