@@ -592,6 +592,68 @@ TEST_F(SharedMemoryPushTest, MalformedRingsAreRefusedAndChangeNothing) {
   EXPECT_EQ(st.min_version(), 0);
 }
 
+// A gRPC message on a ring stream is refused without touching what the
+// ring thread works with: the stream ends with INVALID_ARGUMENT, the
+// shard's weights stay as the ring's last push left them, and a push that
+// races it through the ring (one the store refuses) changes nothing either.
+TEST_F(SharedMemoryPushTest, AGrpcPushOnARingStreamIsRefusedAndChangesNothing) {
+  Start();
+  const std::string rings = absl::StrCat(128, " ", kRing);
+  const std::vector<float> grad = {2, 2, 2, 2};
+  const std::string misplaced =
+      "a push came through gRPC on a stream whose pushes go through its "
+      "message rings";
+  {
+    RingStream rs;
+    std::memcpy(rs.region->data(), grad.data(), 16);
+    rs.Open(stub_, rings);
+    rs.Send(ShmPush().SerializeAsString());
+    v1::PushPullResponse reply;
+    ASSERT_TRUE(rs.Receive(&reply));
+    EXPECT_EQ(reply.version(), 1);
+    v1::PushPullRequest next = ShmPush();
+    next.set_step(1);
+    ASSERT_TRUE(rs.stream->Write(next));
+    const grpc::Status s = rs.stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(misplaced));
+    EXPECT_EQ(At(*rs.region, 64, 4), std::vector<float>({-1, -1, -1, -1}));
+  }
+  // A ring push (a NaN gradient, which the store refuses) and a gRPC push
+  // arrive together, so the ring thread takes one while gRPC reads the
+  // other; either refusal may end the stream.
+  const float nan = std::nanf("");
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE(i);
+    RingStream rs;
+    std::memcpy(rs.region->data(), grad.data(), 16);
+    std::memcpy(rs.region->data() + 4, &nan, 4);
+    rs.Open(stub_, rings);
+    v1::PushPullRequest push = ShmPush();
+    push.set_step(1);
+    rs.Send(push.SerializeAsString());
+    rs.stream->Write(push);
+    const grpc::Status s = rs.stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                ::testing::AnyOf(HasSubstr(misplaced),
+                                 HasSubstr("non-finite value at element 1")));
+  }
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 1u);
+  EXPECT_EQ(st.min_version(), 1);
+  std::vector<v1::PushPullResponse> pulled;
+  ASSERT_TRUE(PullOnce("", v1::PullRequest(), &pulled).ok());
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(pulled[0].version(), 1);
+  std::vector<float> w(4);
+  ASSERT_EQ(pulled[0].payload().size(), 16u);
+  std::memcpy(w.data(), pulled[0].payload().data(), 16);
+  EXPECT_EQ(w, std::vector<float>({-1, -1, -1, -1}));
+}
+
 TEST_F(SharedMemoryPushTest, AShardStartedWithoutRingsRefusesThem) {
   Start(/*shared_memory=*/true, /*rings=*/false);
   v1::DeclareResponse resp;
