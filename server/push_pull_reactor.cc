@@ -3,7 +3,9 @@
 // and Release from whichever thread completes a chunk's step; a stream
 // with message rings also has a thread of its own, the ring thread
 // (RingRequests::Run), which pops pushes from the requests' ring and takes
-// them. Nothing else runs stream code.
+// them. One ring thread per such stream: started with it, holding a
+// reference to it, and stopped before the stream finishes. Nothing else
+// runs stream code.
 //
 // Buffers. Each source owns what it reads into and nobody else touches it:
 // GrpcRequests' buffer_, request_ and payload_ belong to gRPC's read (from
