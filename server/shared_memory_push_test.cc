@@ -645,7 +645,8 @@ TEST_F(SharedMemoryPushTest, AGrpcPushOnARingStreamIsRefusedAndChangesNothing) {
   EXPECT_EQ(st.pushes_total(), 1u);
   EXPECT_EQ(st.min_version(), 1);
   std::vector<v1::PushPullResponse> pulled;
-  ASSERT_TRUE(PullOnce("", v1::PullRequest(), &pulled).ok());
+  const grpc::Status pull = PullOnce("", v1::PullRequest(), &pulled);
+  ASSERT_TRUE(pull.ok()) << pull.error_message();
   ASSERT_EQ(pulled.size(), 1u);
   EXPECT_EQ(pulled[0].version(), 1);
   std::vector<float> w(4);
