@@ -1,12 +1,13 @@
-// Shared memory between a worker and a shard on the same machine. A worker
-// creates a region (an anonymous memfd, sealed at its size) per PushPull
-// stream, and one per shard for its Pulls, and names it by
-// /proc/<pid>/fd/<fd>; the shard maps the same pages (MAP_POPULATE: all at
-// once). Gradients and weights of that call then travel through the region
-// and only their small headers through gRPC, which saves the loopback TCP path
-// (two kernel copies and the protocol stack per byte). A shard that cannot
-// open the path (another machine, container or user) is not co-located, and
-// the stream carries its payloads in the messages as always.
+// A region of shared memory between a worker and a shard on the same
+// machine: an anonymous memfd, sealed at its size, that the worker creates
+// and names by /proc/<pid>/fd/<fd>, and the shard maps by that name. A
+// worker makes one stream region per PushPull stream (its chunks'
+// gradients and weights, and its message rings) and one per shard for its
+// Pulls, plus one gradient and one weight region holding the whole model,
+// which a shard maps lazily (it touches only its own chunks' pages). What
+// lies where, and how a call names a region, is the protocol in
+// common/shm_protocol.h. A shard that cannot open the path is not
+// co-located, and the payloads travel in the messages.
 //
 // Trust: the shard opens only /proc/<pid>/fd/<n> paths, only sealed memfds
 // (so the worker cannot shrink one under the shard's mapping), and copies
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/shm_protocol.h"
 
 namespace shardps {
 
@@ -69,25 +71,16 @@ class SharedRegion {
   const std::string path_;
 };
 
-// The metadata key a PushPull stream names its region by, as
-// "<path> <bytes>".
-inline constexpr char kSharedMemoryMetadata[] = "shardps-shm";
-// The metadata key a PushPull stream places its message rings by
-// (common/message_ring.h), as "<offset> <bytes>" in its region: the
-// requests' ring, then the replies'. A header is at most
-// kRingMessageBytes.
-inline constexpr char kSharedMemoryRingsMetadata[] = "shardps-shm-rings";
-// The metadata key a PushPull stream names the worker's gradient region by
-// (PushPullRequest.shm_in_gradient_region), as "<path> <bytes>".
-inline constexpr char kSharedMemoryGradientsMetadata[] =
-    "shardps-shm-gradients";
-// The metadata key a PushPull stream names the worker's weight region by
-// (PushPullRequest.reply_in_weight_region), as "<path> <bytes>".
-inline constexpr char kSharedMemoryWeightsMetadata[] = "shardps-shm-weights";
-inline constexpr uint64_t kRingMessageBytes = 256;
-// Errors about a stream's region start with this, so a client can tell
-// them from others and go on without shared memory.
-inline constexpr char kSharedMemoryErrorPrefix[] = "shared memory: ";
+// Deprecated aliases of common/shm_protocol.h's names, removed once the
+// client uses shm_protocol.h.
+inline constexpr const char* kSharedMemoryMetadata = shm::kStreamRegionKey;
+inline constexpr const char* kSharedMemoryRingsMetadata = shm::kRingsKey;
+inline constexpr const char* kSharedMemoryGradientsMetadata =
+    shm::kGradientRegionKey;
+inline constexpr const char* kSharedMemoryWeightsMetadata =
+    shm::kWeightRegionKey;
+inline constexpr uint64_t kRingMessageBytes = shm::kRingMessageBytes;
+inline constexpr const char* kSharedMemoryErrorPrefix = shm::kErrorPrefix;
 
 }  // namespace shardps
 

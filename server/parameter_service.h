@@ -1,7 +1,8 @@
 // The ParameterServer gRPC service of one shard: thin callback handlers that
-// validate requests and hand them to a ParameterStore. PushPull and Pull use
-// raw byte buffers (common/wire.h) so weights are sent without copies. Replies
-// of a PushPull stream are written in completion order, one write at a time.
+// validate a call, map the shared memory it names (server/shm_stream.h) and
+// hand it to the ParameterStore, each PushPull stream to a PushPullReactor
+// (server/push_pull_reactor.h), each Pull to a PullReactor. Thread-safe: gRPC
+// calls the handlers from any thread; Install and Pause may come any time.
 #ifndef SHARDPS_SERVER_PARAMETER_SERVICE_H_
 #define SHARDPS_SERVER_PARAMETER_SERVICE_H_
 
@@ -13,9 +14,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "common/shared_memory.h"
 #include "server/parameter_store.h"
+#include "server/push_pull_reactor.h"
+#include "server/server_metrics.h"
 #include "server/shard_checkpointer.h"
+#include "server/shm_stream.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 
 namespace shardps::server {
@@ -27,7 +30,7 @@ struct ServiceOptions {
   // Request and byte counters; null: none. Must outlive the service.
   ServerMetrics* metrics = nullptr;
   // Workers on this machine may move payloads through shared memory
-  // (common/shared_memory.h).
+  // (common/shm_protocol.h).
   bool shared_memory = true;
   // And may pass PushPull headers through message rings there
   // (common/message_ring.h).
@@ -86,60 +89,27 @@ class ParameterService final
   }
   absl::Status NotReady() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Maps the region a PushPull or Pull call to `store` names in its
-  // metadata ("<path> <bytes>"); null when it names none. An error is
-  // UNAVAILABLE with kSharedMemoryErrorPrefix (the client retries without
-  // shared memory): a malformed name, a region larger than this shard's
-  // chunks can need, one that cannot be mapped, a shard started without
-  // shared memory.
-  absl::StatusOr<std::unique_ptr<SharedRegion>> CallRegion(
-      const grpc::CallbackServerContext* ctx,
-      const ParameterStore* store) const;
-  // Maps, read-only, the worker's gradient region a PushPull call names
-  // (kSharedMemoryGradientsMetadata); null when it names none. Errors as
-  // CallRegion's, the limit being the whole model's gradients.
-  absl::StatusOr<std::unique_ptr<SharedRegion>> GradientRegion(
-      const grpc::CallbackServerContext* ctx,
-      const ParameterStore* store) const;
-  // Maps, read-write, the worker's weight region a PushPull call names
-  // (kSharedMemoryWeightsMetadata); null when it names none. Errors as
-  // CallRegion's, the limit being the whole model's weights.
-  absl::StatusOr<std::unique_ptr<SharedRegion>> WeightRegion(
-      const grpc::CallbackServerContext* ctx,
-      const ParameterStore* store) const;
-
-  // True when this reply should be dropped (fault injection).
-  bool DropNextReply();
-  ServerMetrics* metrics() const { return options_.metrics; }
-  bool shared_memory() const { return options_.shared_memory; }
-  void CountGradientRegionPush() {
-    shm_gradient_pushes_.fetch_add(1, std::memory_order_relaxed);
-  }
-  void CountWeightRegionReply() {
-    shm_weight_replies_.fetch_add(1, std::memory_order_relaxed);
-  }
-
  private:
+  // What a PushPull stream on `store` uses of this service.
+  StreamEnv Env(ParameterStore* store) {
+    return StreamEnv{store, options_.metrics, &shm_counters_, &faults_};
+  }
+  ShmPolicy shm_policy() const {
+    return ShmPolicy{options_.shared_memory, options_.shared_memory_rings};
+  }
+
+  const ServiceOptions options_;
   std::atomic<ParameterStore*> store_{nullptr};
   std::atomic<const ShardCheckpointer*> checkpoints_{nullptr};
   std::atomic<uint64_t> push_streams_{0};  // PushPull calls opened
   // PushPull and Pull calls with a shared-memory region.
   std::atomic<uint64_t> shm_streams_{0};
   std::atomic<uint64_t> shm_ring_streams_{0};  // of them, with rings
-  // Pushes read from a worker's gradient region.
-  std::atomic<uint64_t> shm_gradient_pushes_{0};
-  // Replies asked in a worker's weight region.
-  std::atomic<uint64_t> shm_weight_replies_{0};
-  // The region the call's metadata `key` names, of at most `limit` bytes
-  // (`needs` says whose); errors as CallRegion's.
-  absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(
-      const grpc::CallbackServerContext* ctx, absl::string_view key,
-      uint64_t limit, absl::string_view needs,
-      SharedRegion::Mapping mapping) const;
-  const ServiceOptions options_;
+  // Shared by the streams, which the service outlives.
+  ShmCounters shm_counters_;
+  ReplyFaults faults_{options_.drop_reply_every};
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";
-  std::atomic<int64_t> replies_{0};
 };
 
 }  // namespace shardps::server

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
+#include "common/shm_protocol.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -29,13 +30,13 @@ inline grpc::Status PushPullOnce(v1::ParameterServer::Stub* stub,
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   if (!shm_metadata.empty()) {
-    ctx.AddMetadata(kSharedMemoryMetadata, shm_metadata);
+    ctx.AddMetadata(shm::kStreamRegionKey, shm_metadata);
   }
   if (!gradients_metadata.empty()) {
-    ctx.AddMetadata(kSharedMemoryGradientsMetadata, gradients_metadata);
+    ctx.AddMetadata(shm::kGradientRegionKey, gradients_metadata);
   }
   if (!weights_metadata.empty()) {
-    ctx.AddMetadata(kSharedMemoryWeightsMetadata, weights_metadata);
+    ctx.AddMetadata(shm::kWeightRegionKey, weights_metadata);
   }
   auto stream = stub->PushPull(&ctx);
   stream->Write(req);

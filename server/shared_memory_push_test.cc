@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/message_ring.h"
 #include "common/shared_memory.h"
+#include "common/shm_protocol.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -89,7 +90,7 @@ class SharedMemoryPushTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
-    if (!metadata.empty()) ctx.AddMetadata(kSharedMemoryMetadata, metadata);
+    if (!metadata.empty()) ctx.AddMetadata(shm::kStreamRegionKey, metadata);
     auto reader = stub_->Pull(&ctx, req);
     v1::PushPullResponse r;
     while (reader->Read(&r)) replies->push_back(r);
@@ -456,10 +457,10 @@ struct RingStream {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(30));
     if (with_region) {
-      ctx.AddMetadata(kSharedMemoryMetadata,
+      ctx.AddMetadata(shm::kStreamRegionKey,
                       absl::StrCat(region->path(), " ", region->size()));
     }
-    if (!rings.empty()) ctx.AddMetadata(kSharedMemoryRingsMetadata, rings);
+    if (!rings.empty()) ctx.AddMetadata(shm::kRingsKey, rings);
     stream = stub->PushPull(&ctx);
   }
   void Send(const std::string& bytes) {
@@ -589,6 +590,69 @@ TEST_F(SharedMemoryPushTest, MalformedRingsAreRefusedAndChangeNothing) {
   const v1::GetStatusResponse st = Status();
   EXPECT_EQ(st.pushes_total(), 0u);
   EXPECT_EQ(st.min_version(), 0);
+}
+
+// A gRPC message on a ring stream is refused without touching what the
+// ring thread works with: the stream ends with INVALID_ARGUMENT, the
+// shard's weights stay as the ring's last push left them, and a push that
+// races it through the ring (one the store refuses) changes nothing either.
+TEST_F(SharedMemoryPushTest, AGrpcPushOnARingStreamIsRefusedAndChangesNothing) {
+  Start();
+  const std::string rings = absl::StrCat(128, " ", kRing);
+  const std::vector<float> grad = {2, 2, 2, 2};
+  const std::string misplaced =
+      "a push came through gRPC on a stream whose pushes go through its "
+      "message rings";
+  {
+    RingStream rs;
+    std::memcpy(rs.region->data(), grad.data(), 16);
+    rs.Open(stub_, rings);
+    rs.Send(ShmPush().SerializeAsString());
+    v1::PushPullResponse reply;
+    ASSERT_TRUE(rs.Receive(&reply));
+    EXPECT_EQ(reply.version(), 1);
+    v1::PushPullRequest next = ShmPush();
+    next.set_step(1);
+    ASSERT_TRUE(rs.stream->Write(next));
+    const grpc::Status s = rs.stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(misplaced));
+    EXPECT_EQ(At(*rs.region, 64, 4), std::vector<float>({-1, -1, -1, -1}));
+  }
+  // A ring push (a NaN gradient, which the store refuses) and a gRPC push
+  // arrive together, so the ring thread takes one while gRPC reads the
+  // other; either refusal may end the stream.
+  const float nan = std::nanf("");
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE(i);
+    RingStream rs;
+    std::memcpy(rs.region->data(), grad.data(), 16);
+    std::memcpy(rs.region->data() + 4, &nan, 4);
+    rs.Open(stub_, rings);
+    v1::PushPullRequest push = ShmPush();
+    push.set_step(1);
+    rs.Send(push.SerializeAsString());
+    rs.stream->Write(push);
+    const grpc::Status s = rs.stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                ::testing::AnyOf(HasSubstr(misplaced),
+                                 HasSubstr("non-finite value at element 1")));
+  }
+  const v1::GetStatusResponse st = Status();
+  EXPECT_EQ(st.pushes_total(), 1u);
+  EXPECT_EQ(st.min_version(), 1);
+  std::vector<v1::PushPullResponse> pulled;
+  const grpc::Status pull = PullOnce("", v1::PullRequest(), &pulled);
+  ASSERT_TRUE(pull.ok()) << pull.error_message();
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(pulled[0].version(), 1);
+  std::vector<float> w(4);
+  ASSERT_EQ(pulled[0].payload().size(), 16u);
+  std::memcpy(w.data(), pulled[0].payload().data(), 16);
+  EXPECT_EQ(w, std::vector<float>({-1, -1, -1, -1}));
 }
 
 TEST_F(SharedMemoryPushTest, AShardStartedWithoutRingsRefusesThem) {
