@@ -24,7 +24,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/shm_protocol.h"
 
 namespace shardps {
 
@@ -70,17 +69,6 @@ class SharedRegion {
   const int fd_;  // -1 for an opened region
   const std::string path_;
 };
-
-// Deprecated aliases of common/shm_protocol.h's names, removed once the
-// client uses shm_protocol.h.
-inline constexpr const char* kSharedMemoryMetadata = shm::kStreamRegionKey;
-inline constexpr const char* kSharedMemoryRingsMetadata = shm::kRingsKey;
-inline constexpr const char* kSharedMemoryGradientsMetadata =
-    shm::kGradientRegionKey;
-inline constexpr const char* kSharedMemoryWeightsMetadata =
-    shm::kWeightRegionKey;
-inline constexpr uint64_t kRingMessageBytes = shm::kRingMessageBytes;
-inline constexpr const char* kSharedMemoryErrorPrefix = shm::kErrorPrefix;
 
 }  // namespace shardps
 
