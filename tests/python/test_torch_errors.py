@@ -81,6 +81,66 @@ def test_bad_models_and_options_are_refused_before_anything_is_sent(ctx):
     assert row["PUSHES"] == "0", row
 
 
+def test_options_the_servers_would_not_run_exactly_are_refused(ctx):
+    spt, context, c = ctx
+    net = Net()
+
+    def refused(optimizer, match, named=None):
+        with pytest.raises(ValueError, match=match):
+            spt.DistributedOptimizer(
+                optimizer, named_parameters=named or net.named_parameters())
+
+    # Keys: each known one, or refused by name.
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    sgd.param_groups[0]["my_note"] = "warm"
+    refused(sgd, r"SGD\(param_groups\[0\]\): my_note='warm' is not an "
+            r"option shardps knows")
+    newer = torch.optim.Adam([{"params": [net.fc.weight]},
+                              {"params": [net.fc.bias]}])
+    newer.param_groups[1]["decoupled_weight_decay"] = True
+    refused(newer, r"Adam\(param_groups\[1\]\): decoupled_weight_decay=True")
+    refused(torch.optim.SGD(net.parameters(), lr=0.1, maximize=0),
+            r"maximize=0 cannot run")
+    refused(torch.optim.Adagrad(net.parameters(), lr_decay=0.1),
+            r"lr_decay=0\.1 cannot run")
+    # Zero betas and eps would become the servers' defaults.
+    for optimizer, match in [
+            (torch.optim.Adam(net.parameters(), betas=(0.0, 0.999)),
+             r"Adam\(param_groups\[0\]\): betas\[0\]=0\.0 cannot run on "
+             r"the shardps servers: their optimizer settings take 0 for "
+             r"unset and would run betas\[0\]=0\.9 instead"),
+            (torch.optim.AdamW(net.parameters(), betas=(0.9, 0.0)),
+             r"betas\[1\]=0\.0 .* betas\[1\]=0\.999 instead"),
+            (torch.optim.Adam(net.parameters(), eps=0.0),
+             r"eps=0\.0 .* eps=1e-08 instead"),
+            (torch.optim.Adagrad(net.parameters(), eps=1e-50),  # 0 in float32
+             r"Adagrad\(param_groups\[0\]\): eps=1e-50 .* eps=1e-10")]:
+        refused(optimizer, match)
+    (row,) = shard_table(c)
+    assert row["DECLARED"] == "no", row
+
+
+def test_torch_defaults_and_scheduler_keys_are_let_through(ctx):
+    spt, context, c = ctx
+    from shardps.torch import _server_optimizer
+    p = [nn.Parameter(torch.zeros(2))]
+    for optimizer in (torch.optim.SGD(p, lr=0.1),
+                      torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+                      torch.optim.Adam(p), torch.optim.AdamW(p),
+                      torch.optim.Adagrad(p)):
+        torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=1.0, total_steps=10,
+            cycle_momentum="momentum" in optimizer.defaults or (
+                "betas" in optimizer.defaults))
+        spec = _server_optimizer(optimizer, 0, optimizer.param_groups[0])
+        assert spec["kind"] == type(optimizer).__name__.lower(), spec
+    # Momentum 0 and weight decay 0 are what they say: plain SGD.
+    assert _server_optimizer(torch.optim.SGD(p, lr=0.1), 0,
+                             {"params": p, "lr": 0.1, "momentum": 0,
+                              "dampening": 0, "weight_decay": 0,
+                              "nesterov": False})["momentum"] == 0
+
+
 def test_misuse_after_declaring_is_refused(ctx):
     spt, context, c = ctx
     net = Net()

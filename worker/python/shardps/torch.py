@@ -23,8 +23,20 @@ What runs where:
     is checkpointed there. Only the learning rate may change during
     training (an lr_scheduler, or writing param_groups[i]["lr"]): it travels
     with every step, and every worker of a step must use the same one.
+  * Every option of the torch optimizer is run by the servers exactly or
+    refused (ValueError naming the group, the option and its value): an
+    unknown param_group key, amsgrad, maximize, a zero beta or eps (the
+    servers would take it for unset).
   * Rank 0's initial weights are the model's; every worker starts from the
-    servers' copy.
+    servers' copy. That holds for every parameter of named_parameters:
+    frozen ones left out of the optimizer are declared too and never
+    updated (their weights come back with every step, like the trained
+    ones); a parameter left out of the optimizer may not require grad.
+    A frozen parameter in the optimizer trains once unfrozen, as in torch.
+  * At exit the rank finishes (a normal end, sys.exit(0)) or leaves, so
+    that the others stop waiting for it (an uncaught exception,
+    KeyboardInterrupt, a failing sys.exit status). A `raise SystemExit(n)`
+    written out counts as finished: call sys.exit(n).
   * A gradient is pushed as soon as backward has accumulated it (reverse
     layer order), so communication overlaps the rest of backward; step()
     waits for the replies and copies the new weights into the parameters.
@@ -48,6 +60,7 @@ import atexit
 import math
 import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -218,17 +231,39 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     return _context
 
 
+def _failing_status(code):
+    # As the interpreter reads SystemExit's code: None and 0 are success,
+    # another int and anything else (a message, printed) a failure.
+    return code is not None and not (isinstance(code, int) and code == 0)
+
+
 def _watch_exit(ctx):
-    # At exit: finished unless the script died of an exception, in which
-    # case the rank leaves (the others stop waiting for it).
+    # At exit the rank finishes, or leaves (the others stop waiting for
+    # it) when the script died of an exception (sys.excepthook sees it,
+    # KeyboardInterrupt included) or asked for a failing exit status.
+    # SystemExit reaches neither sys.excepthook nor atexit with its status,
+    # so sys.exit is wrapped to note the status the main thread asks for
+    # (argparse and most libraries exit through it). Not seen:
+    # `raise SystemExit(n)` written out, exit()/quit() (the interactive
+    # shell's), os._exit (no atexit at all: the coordinator drops the rank
+    # when its heartbeats stop).
     failed = []
-    previous = sys.excepthook
+    previous_hook = sys.excepthook
+    previous_exit = sys.exit
 
     def excepthook(kind, value, tb):
         failed.append(kind)
-        previous(kind, value, tb)
+        previous_hook(kind, value, tb)
 
+    def exit(*status):
+        if threading.current_thread() is threading.main_thread():
+            if status and _failing_status(status[0]):
+                failed.append(SystemExit)
+        previous_exit(*status)
+
+    exit.__doc__ = previous_exit.__doc__
     sys.excepthook = excepthook
+    sys.exit = exit
 
     def at_exit():
         try:
@@ -252,42 +287,100 @@ def _context_or(context):
 
 # --- the optimizer ----------------------------------------------------------
 
-def _require(cls, group_index, group, **wanted):
-    for key, allowed in wanted.items():
-        value = group.get(key, allowed[0])
-        if value not in allowed:
+# Keys torch's lr schedulers add to a param_group for their own use: they
+# only compute lr (which travels with every step) and momentum or betas
+# (which may not change after the declaration).
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum",
+                   "base_momentum", "swa_lr")
+
+# By optimizer class: the keys turned into the servers' settings, and the
+# keys the servers run only at the value given (torch 1.13's own keys;
+# foreach=None lets torch pick an implementation of the same update).
+_MAPPED = {
+    torch.optim.SGD: ("momentum", "nesterov", "weight_decay"),
+    torch.optim.Adam: ("betas", "eps", "weight_decay"),
+    torch.optim.AdamW: ("betas", "eps", "weight_decay"),
+    torch.optim.Adagrad: ("eps", "weight_decay", "initial_accumulator_value"),
+}
+_COMMON = dict(maximize=(False,), foreach=(None, False),
+               differentiable=(False,))
+_FIXED = {
+    torch.optim.SGD: dict(dampening=(0,), **_COMMON),
+    torch.optim.Adam: dict(amsgrad=(False,), capturable=(False,),
+                           fused=(None, False), **_COMMON),
+    torch.optim.AdamW: dict(amsgrad=(False,), capturable=(False,),
+                            fused=(None, False), **_COMMON),
+    torch.optim.Adagrad: dict(lr_decay=(0,), **_COMMON),
+}
+
+
+def _same(value, allowed):
+    # Not `value in allowed`, which takes 0.0 for False and 1 for True.
+    if allowed is None or isinstance(allowed, bool):
+        return value is allowed
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value == allowed)
+
+
+def _check_keys(cls, group_index, group):
+    """Every key of a group is mapped to the servers' settings, run only at
+    a value the servers run exactly, or a learning-rate key; anything else
+    (a key of the script's own, an option of a newer torch) is refused."""
+    where = f"{cls.__name__}(param_groups[{group_index}])"
+    fixed = _FIXED[cls]
+    for key, value in group.items():
+        if key in ("params", "lr") or key in _SCHEDULER_KEYS or (
+                key in _MAPPED[cls]):
+            continue
+        if key not in fixed:
             raise ValueError(
-                f"{cls.__name__}(param_groups[{group_index}]): {key}={value!r} "
-                f"cannot run on the shardps servers (supported: "
-                f"{', '.join(repr(a) for a in allowed)})")
+                f"{where}: {key}={value!r} is not an option shardps knows: "
+                "the servers would not run it (remove it from the group)")
+        allowed = fixed[key]
+        if not any(_same(value, a) for a in allowed):
+            raise ValueError(
+                f"{where}: {key}={value!r} cannot run on the shardps servers "
+                f"(supported: {', '.join(repr(a) for a in allowed)})")
+
+
+def _nonzero(where, key, value, default):
+    # The servers' OptimizerSpec reads 0 (also a float32 that rounds to 0)
+    # as "unset" and runs its default instead.
+    value = float(value)
+    if np.float32(value) == 0:
+        raise ValueError(
+            f"{where}: {key}={value!r} cannot run on the shardps servers: "
+            f"their optimizer settings take 0 for unset and would run "
+            f"{key}={default} instead (a value that is not 0 in float32, "
+            "such as 1e-30, runs as given)")
+    return value
 
 
 def _server_optimizer(optimizer, group_index, group):
     """The servers' optimizer settings (a dict for _shardps) of one group."""
     cls = type(optimizer)
-    common = dict(maximize=(False,), foreach=(None, False),
-                  differentiable=(False,))
+    if cls not in _MAPPED:
+        raise ValueError(
+            f"{cls.__name__} cannot run on the shardps servers: use "
+            "torch.optim.SGD, Adam, AdamW or Adagrad")
+    _check_keys(cls, group_index, group)
+    where = f"{cls.__name__}(param_groups[{group_index}])"
     if cls is torch.optim.SGD:
-        _require(cls, group_index, group, dampening=(0, 0.0), **common)
         spec = dict(kind="sgd", momentum=group["momentum"],
                     nesterov=bool(group["nesterov"]),
                     weight_decay=group["weight_decay"])
     elif cls in (torch.optim.Adam, torch.optim.AdamW):
-        _require(cls, group_index, group, amsgrad=(False,),
-                 capturable=(False,), fused=(None, False), **common)
         beta1, beta2 = group["betas"]
         spec = dict(kind="adam" if cls is torch.optim.Adam else "adamw",
-                    beta1=beta1, beta2=beta2, eps=group["eps"],
+                    beta1=_nonzero(where, "betas[0]", beta1, 0.9),
+                    beta2=_nonzero(where, "betas[1]", beta2, 0.999),
+                    eps=_nonzero(where, "eps", group["eps"], 1e-8),
                     weight_decay=group["weight_decay"])
-    elif cls is torch.optim.Adagrad:
-        _require(cls, group_index, group, lr_decay=(0, 0.0), **common)
-        spec = dict(kind="adagrad", eps=group["eps"],
+    else:
+        spec = dict(kind="adagrad",
+                    eps=_nonzero(where, "eps", group["eps"], 1e-10),
                     weight_decay=group["weight_decay"],
                     initial_accumulator=group["initial_accumulator_value"])
-    else:
-        raise ValueError(
-            f"{cls.__name__} cannot run on the shardps servers: use "
-            "torch.optim.SGD, Adam, AdamW or Adagrad")
     # The learning rate travels with every step; the declared one only
     # has to be valid.
     lr = float(group["lr"])
@@ -300,8 +393,8 @@ def _server_optimizer(optimizer, group_index, group):
 
 def _settings(group):
     """A group's settings that must not change during training."""
-    return {k: v for k, v in group.items() if k not in ("params", "lr",
-                                                        "initial_lr")}
+    return {k: v for k, v in group.items()
+            if k not in ("params", "lr") and k not in _SCHEDULER_KEYS}
 
 
 def _check_parameter(name, p, shape=None):
@@ -345,9 +438,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the torch optimizer to run: SGD (momentum, Nesterov,
             weight decay), Adam, AdamW or Adagrad, with any parameter groups.
-            Options the servers cannot run exactly (amsgrad, maximize,
-            dampening, lr_decay, foreach/fused/capturable/differentiable,
-            another optimizer class) raise ValueError naming them.
+            Every key of every group is either run by the servers
+            (momentum, nesterov, betas, eps, weight_decay,
+            initial_accumulator_value), accepted only at a value they run
+            exactly (amsgrad, maximize, dampening, lr_decay, capturable,
+            differentiable False or 0, foreach/fused None or False), or lr
+            and the keys torch's lr schedulers add (initial_lr, max_lr,
+            min_lr, max_momentum, base_momentum, swa_lr). Anything else (a
+            key of the script's own, an option of a newer torch), betas or
+            eps that are 0 in float32 (the servers take 0 for unset), or
+            another optimizer class raises ValueError naming the group, the
+            key and the value.
         named_parameters: the model's named_parameters(); every parameter
             of the optimizer must be among them (the names identify the
             tensors on the servers and in saved models).
@@ -359,15 +460,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         context: the Context (default: the one init() returned).
 
     Construction declares the model on the servers (rank 0's values are the
-    initial weights) and loads the servers' copy into the parameters. It
-    raises ValueError, before anything is sent, for a parameter that is not
-    float32, not contiguous, not on the CPU, empty, unnamed, or already
-    trained by another DistributedOptimizer.
+    initial weights) and loads the servers' copy into the parameters.
+
+    Every parameter of named_parameters is declared: the ones in no
+    param_group (frozen ones) hold rank 0's values on every rank and are
+    never updated.
 
     The wrapper shares param_groups with `optimizer`, so lr schedulers
     built on it (or writes to param_groups[i]["lr"]) take effect on the
     servers at the next step. Changing any other hyper-parameter after
     construction raises ValueError at the next step.
+
+    Raises:
+        ValueError: before anything is sent, an optimizer option the
+            servers cannot run exactly (see `optimizer`), a parameter that
+            is not float32, contiguous and on the CPU, empty, unnamed,
+            trained by another DistributedOptimizer, or in no param_group
+            but requiring grad. At a step (backward's first push or
+            step(), before anything of it is sent): a hyper-parameter
+            other than lr changed, or a parameter in no param_group was
+            unfrozen (p.requires_grad_(True)).
+        shardps.Error: the servers refused the declaration (its .code
+            says why).
     """
 
     def __init__(self, optimizer, named_parameters=None,
@@ -382,13 +496,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if named_parameters is None:
             raise ValueError("named_parameters is required: pass "
                              "model.named_parameters()")
-        names = {}
+        names, by_id = {}, {}
         for name, p in named_parameters:
             if id(p) in names:
                 continue  # shared (tied) parameter: its first name
             if name in names.values():
                 raise ValueError(f"two parameters are named {name}")
             names[id(p)] = name
+            by_id[id(p)] = p
         self._inner = optimizer
         self._k = int(backward_passes_per_step)
         params, group_of, specs = [], [], []
@@ -409,6 +524,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 group_of.append(gi)
         if not params:
             raise ValueError("the optimizer has no parameters")
+        # The model's other parameters (frozen ones left out of the
+        # optimizer) are declared too, never updated: every rank holds
+        # rank 0's values.
+        trained = {id(p) for p in params}
+        for key, name in names.items():
+            if key in trained:
+                continue
+            p = by_id[key]
+            if p.requires_grad:
+                raise ValueError(
+                    f"parameter {name} requires grad but is in no "
+                    "param_group of the optimizer: shardps would hold it at "
+                    "rank 0's initial value. Add it to the optimizer, or "
+                    "freeze it (p.requires_grad_(False))")
+            if key in _claimed:
+                raise ValueError(
+                    f"parameter {name} is already trained by another "
+                    "DistributedOptimizer")
+            _check_parameter(name, p)
+            params.append(p)
+            group_of.append(None)
         # Layout order: named_parameters order, the same on every rank.
         position = {key: n for n, key in enumerate(names)}
         order = sorted(range(len(params)),
@@ -424,7 +560,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.state = optimizer.state
         self._settings = [_settings(g) for g in self.param_groups]
 
-        tensors = [dict(name=n, shape=list(s) or [1], optimizer=specs[g])
+        # A tensor no group trains never gets a gradient: any valid spec.
+        constant = dict(kind="sgd", lr=1.0)
+        tensors = [dict(name=n, shape=list(s) or [1],
+                        optimizer=constant if g is None else specs[g])
                    for n, s, g in zip(self._names, self._shapes,
                                       self._group_of)]
         self._weights = [np.empty(p.numel(), dtype=np.float32)
@@ -460,7 +599,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._regions = None
         self._grad_accs = []
         for i, p in enumerate(self._params):
-            if p.requires_grad:
+            if p.requires_grad and self._group_of[i] is not None:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 acc.register_hook(self._hook(i))
                 self._grad_accs.append(acc)
@@ -533,6 +672,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "training (it travels with every step)")
         for name, p, shape in zip(self._names, self._params, self._shapes):
             _check_parameter(name, p, shape)
+        unfrozen = [name for name, p, g in zip(
+            self._names, self._params, self._group_of)
+            if g is None and p.requires_grad]
+        if unfrozen:
+            raise ValueError(
+                f"parameter {', '.join(unfrozen)} requires grad since the "
+                "model was declared but is in no param_group of the "
+                "optimizer: shardps holds it at rank 0's initial value and "
+                "would not train it. Put it in the optimizer before "
+                "wrapping (a frozen parameter there trains once unfrozen)")
         self._ctx.session.begin_step()
         self._take_buffers()
         self._open = True
@@ -540,9 +689,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push(self, i, grad):
         if not self._open:
             self._begin()
-        lr = float(self.param_groups[self._group_of[i]]["lr"])
+        group = self._group_of[i]
+        lr = 0.0 if group is None else float(self.param_groups[group]["lr"])
         name = self._names[i]
-        if grad is None:
+        if grad is None or group is None:
             array = None
         else:
             if grad.is_sparse:
