@@ -25,8 +25,8 @@ TEST(ShmProtocolTest, RegionNamesRoundTrip) {
 }
 
 TEST(ShmProtocolTest, MalformedNamesAreRefusedNamingTheKey) {
-  for (const char* bad : {"", "/proc/1/fd/2", "/proc/1/fd/2 -1",
-                          "/proc/1/fd/2 12x", " 12"}) {
+  for (const char* bad :
+       {"", "/proc/1/fd/2", "/proc/1/fd/2 -1", "/proc/1/fd/2 12x", " 12"}) {
     SCOPED_TRACE(bad);
     absl::StatusOr<RegionName> name = ParseRegion(kGradientRegionKey, bad);
     ASSERT_FALSE(name.ok());
