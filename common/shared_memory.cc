@@ -31,6 +31,10 @@ bool IsProcFdPath(absl::string_view path) {
 
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+SharedRegion::Identity IdentityOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
@@ -61,9 +65,15 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
   if (p == MAP_FAILED) {
     return fail(absl::StrCat("mmap ", bytes, " bytes of shared memory"), errno);
   }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::munmap(p, bytes);
+    return fail("fstat of shared memory", err);
+  }
   std::string path = absl::StrCat("/proc/", ::getpid(), "/fd/", fd);
-  return std::unique_ptr<SharedRegion>(
-      new SharedRegion(static_cast<char*>(p), bytes, fd, std::move(path)));
+  return std::unique_ptr<SharedRegion>(new SharedRegion(
+      static_cast<char*>(p), bytes, fd, std::move(path), IdentityOf(st)));
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
@@ -111,8 +121,24 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
   if (m == MAP_FAILED) {
     return refuse(absl::StrCat("mmap: ", ErrnoText(err)));
   }
-  return std::unique_ptr<SharedRegion>(
-      new SharedRegion(static_cast<char*>(m), bytes, -1, std::string()));
+  return std::unique_ptr<SharedRegion>(new SharedRegion(
+      static_cast<char*>(m), bytes, -1, std::string(), IdentityOf(st)));
+}
+
+absl::StatusOr<SharedRegion::Identity> SharedRegion::Identify(
+    absl::string_view path) {
+  if (!IsProcFdPath(path)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory region ", path, ": not a /proc/<pid>/fd/<n> path"));
+  }
+  struct stat st;
+  if (::stat(std::string(path).c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory region ", path, ": cannot stat it (",
+                     ErrnoText(err), ")"));
+  }
+  return IdentityOf(st);
 }
 
 SharedRegion::~SharedRegion() {

@@ -51,8 +51,23 @@ class SharedRegion {
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;
 
+  // The memfd behind a region (its device and inode): two paths name the
+  // same region when their identities are equal. While a mapping of a
+  // region lives, no other file can take its identity.
+  struct Identity {
+    uint64_t device = 0;
+    uint64_t inode = 0;
+    bool operator==(const Identity& o) const {
+      return device == o.device && inode == o.inode;
+    }
+  };
+  // The identity of the file at `path` now (FailedPrecondition naming the
+  // path when it cannot be opened or stat'ed). Cheap: no mapping.
+  static absl::StatusOr<Identity> Identify(absl::string_view path);
+
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  const Identity& identity() const { return identity_; }
   // The path that opens this region from another process (empty for an
   // opened one: it keeps no descriptor).
   const std::string& path() const { return path_; }
@@ -62,12 +77,18 @@ class SharedRegion {
   }
 
  private:
-  SharedRegion(char* data, uint64_t size, int fd, std::string path)
-      : data_(data), size_(size), fd_(fd), path_(std::move(path)) {}
+  SharedRegion(char* data, uint64_t size, int fd, std::string path,
+               Identity identity)
+      : data_(data),
+        size_(size),
+        fd_(fd),
+        path_(std::move(path)),
+        identity_(identity) {}
   char* const data_;
   const uint64_t size_;
   const int fd_;  // -1 for an opened region
   const std::string path_;
+  const Identity identity_;
 };
 
 }  // namespace shardps

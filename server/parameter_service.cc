@@ -120,8 +120,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(
     absl::Status readable = store->CheckReadable(id);
     if (!readable.ok()) return new FailedPull(readable, options_.metrics);
   }
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      CallRegion(*ctx, *store, shm_policy());
+  absl::StatusOr<std::shared_ptr<SharedRegion>> region =
+      PullRegion(*ctx, *store, shm_policy(), &pull_regions_);
   if (!region.ok()) return new FailedPull(region.status(), options_.metrics);
   std::vector<std::optional<uint64_t>> reply_at;
   if (!req->reply_shm_offsets().empty()) {
@@ -153,6 +153,8 @@ grpc::ServerUnaryReactor* ParameterService::GetStatus(
       shm_counters_.gradient_pushes.load(std::memory_order_relaxed));
   resp->set_shared_memory_weight_replies_total(
       shm_counters_.weight_replies.load(std::memory_order_relaxed));
+  resp->set_shared_memory_pull_mappings_total(pull_regions_.mapped());
+  resp->set_shared_memory_pull_mappings_reused_total(pull_regions_.reused());
   const ShardCheckpointer* checkpoints = checkpoints_.load();
   if (checkpoints != nullptr) {
     const CheckpointProgress progress = checkpoints->Progress();

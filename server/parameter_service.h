@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/parameter_store.h"
 #include "server/push_pull_reactor.h"
+#include "server/region_cache.h"
 #include "server/server_metrics.h"
 #include "server/shard_checkpointer.h"
 #include "server/shm_stream.h"
@@ -108,6 +109,8 @@ class ParameterService final
   // Shared by the streams, which the service outlives.
   ShmCounters shm_counters_;
   ReplyFaults faults_{options_.drop_reply_every};
+  // Pull regions, mapped once per worker region rather than per Pull.
+  RegionCache pull_regions_;
   mutable absl::Mutex mu_;
   std::string waiting_ ABSL_GUARDED_BY(mu_) = "starting";
 };

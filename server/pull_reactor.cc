@@ -12,7 +12,7 @@ namespace shardps::server {
 
 PullReactor::PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids,
                          v1::Encoding encoding, ServerMetrics* metrics,
-                         std::unique_ptr<SharedRegion> region,
+                         std::shared_ptr<SharedRegion> region,
                          std::vector<std::optional<uint64_t>> reply_at)
     : store_(store),
       chunk_ids_(std::move(chunk_ids)),

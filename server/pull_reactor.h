@@ -36,7 +36,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(ParameterStore* store, std::vector<uint32_t> chunk_ids,
               v1::Encoding encoding, ServerMetrics* metrics,
-              std::unique_ptr<SharedRegion> region,
+              std::shared_ptr<SharedRegion> region,
               std::vector<std::optional<uint64_t>> reply_at);
   void OnWriteDone(bool ok) override;
   void OnDone() override { delete this; }
@@ -48,7 +48,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const std::vector<uint32_t> chunk_ids_;
   const v1::Encoding encoding_;
   ServerMetrics* const metrics_;
-  const std::unique_ptr<SharedRegion> region_;  // null: none
+  // Null: none. Shared with the shard's RegionCache, which keeps it mapped
+  // for the worker's next Pull.
+  const std::shared_ptr<SharedRegion> region_;
   const std::vector<std::optional<uint64_t>> reply_at_;
   size_t next_ = 0;
   grpc::ByteBuffer response_;

@@ -21,13 +21,12 @@ std::optional<absl::string_view> Named(const grpc::CallbackServerContext& ctx,
 }
 
 // The region the call's metadata `key` names, of at most `limit` bytes
-// (`needs` says whose); errors as CallRegion's.
-absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(
+// (`needs` says whose); none when it names none. Errors as CallRegion's.
+absl::StatusOr<std::optional<shm::RegionName>> CheckedName(
     const grpc::CallbackServerContext& ctx, const ShmPolicy& policy,
-    absl::string_view key, uint64_t limit, absl::string_view needs,
-    SharedRegion::Mapping mapping) {
+    absl::string_view key, uint64_t limit, absl::string_view needs) {
   const std::optional<absl::string_view> named = Named(ctx, key);
-  if (!named.has_value()) return std::unique_ptr<SharedRegion>();
+  if (!named.has_value()) return std::optional<shm::RegionName>();
   if (!policy.shared_memory) {
     return shm::Unavailable(
         "this shard was started with --shared_memory=false");
@@ -39,8 +38,20 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(
         absl::StrCat("a region of ", name->bytes, " bytes is more than ", needs,
                      " need (", limit, "), named by ", key));
   }
+  return std::optional<shm::RegionName>(*std::move(name));
+}
+
+// CheckedName, then the region mapped; null when the call names none.
+absl::StatusOr<std::unique_ptr<SharedRegion>> NamedRegion(
+    const grpc::CallbackServerContext& ctx, const ShmPolicy& policy,
+    absl::string_view key, uint64_t limit, absl::string_view needs,
+    SharedRegion::Mapping mapping) {
+  absl::StatusOr<std::optional<shm::RegionName>> name =
+      CheckedName(ctx, policy, key, limit, needs);
+  if (!name.ok()) return name.status();
+  if (!name->has_value()) return std::unique_ptr<SharedRegion>();
   absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      SharedRegion::Open(name->path, name->bytes, mapping);
+      SharedRegion::Open((*name)->path, (*name)->bytes, mapping);
   if (!region.ok()) return shm::Unavailable(region.status().message());
   return region;
 }
@@ -83,6 +94,22 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> CallRegion(
   return NamedRegion(ctx, policy, shm::kStreamRegionKey,
                      shm::MaxStreamRegionBytes(owned_bytes, owned_chunks),
                      "this shard's chunks", SharedRegion::Mapping::kReadWrite);
+}
+
+absl::StatusOr<std::shared_ptr<SharedRegion>> PullRegion(
+    const grpc::CallbackServerContext& ctx, const ParameterStore& store,
+    const ShmPolicy& policy, RegionCache* cache) {
+  const auto [owned_bytes, owned_chunks] = store.OwnedSize();
+  absl::StatusOr<std::optional<shm::RegionName>> name =
+      CheckedName(ctx, policy, shm::kStreamRegionKey,
+                  shm::MaxStreamRegionBytes(owned_bytes, owned_chunks),
+                  "this shard's chunks");
+  if (!name.ok()) return name.status();
+  if (!name->has_value()) return std::shared_ptr<SharedRegion>();
+  absl::StatusOr<std::shared_ptr<SharedRegion>> region =
+      cache->Open((*name)->path, (*name)->bytes);
+  if (!region.ok()) return shm::Unavailable(region.status().message());
+  return region;
 }
 
 absl::StatusOr<StreamRegions> PushPullRegions(

@@ -14,6 +14,7 @@
 #include "common/shm_protocol.h"
 #include "grpcpp/server_context.h"
 #include "server/parameter_store.h"
+#include "server/region_cache.h"
 
 namespace shardps::server {
 
@@ -43,6 +44,12 @@ struct StreamRegions {
 absl::StatusOr<std::unique_ptr<SharedRegion>> CallRegion(
     const grpc::CallbackServerContext& ctx, const ParameterStore& store,
     const ShmPolicy& policy);
+
+// CallRegion for a Pull: the mapping comes from `cache`, which keeps it for
+// the worker's next Pull (a worker names the same Pull region each time).
+absl::StatusOr<std::shared_ptr<SharedRegion>> PullRegion(
+    const grpc::CallbackServerContext& ctx, const ParameterStore& store,
+    const ShmPolicy& policy, RegionCache* cache);
 
 // Every region a PushPull call names: the stream region, its rings, the
 // gradient and weight regions (each limited by shm::MaxBufferRegionBytes

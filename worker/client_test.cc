@@ -398,7 +398,9 @@ struct SharedMemoryRun {
   std::vector<uint64_t> shm_pulls;
   std::vector<uint64_t> gradient_pushes;  // read from the gradient region
   std::vector<uint64_t> weight_replies;   // written into the weight region
-  size_t gradient_buffers = 0;            // GradientBuffers().size()
+  std::vector<uint64_t> pull_mappings;    // Pull regions the shard mapped
+  std::vector<uint64_t> pull_mappings_reused;
+  size_t gradient_buffers = 0;  // GradientBuffers().size()
   std::string described;
 };
 SharedMemoryRun RunTenSteps(bool shared_memory,
@@ -454,6 +456,12 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
   EXPECT_TRUE(before.ok()) << before.status();
   run.pulled.assign(1000, 0);
   EXPECT_TRUE((*client)->Pull({absl::MakeSpan(run.pulled)}).ok());
+  // Pulled again, the same region: the shards map it once.
+  for (int again = 0; again < 2; ++again) {
+    std::vector<float> repeat(1000, 0);
+    EXPECT_TRUE((*client)->Pull({absl::MakeSpan(repeat)}).ok());
+    EXPECT_EQ(repeat, run.pulled);
+  }
   absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
       (*client)->ShardStatus();
   EXPECT_TRUE(status.ok()) << status.status();
@@ -468,6 +476,10 @@ SharedMemoryRun RunTenSteps(bool shared_memory,
         (*status)[s].shared_memory_gradient_pushes_total());
     run.weight_replies.push_back(
         (*status)[s].shared_memory_weight_replies_total());
+    run.pull_mappings.push_back(
+        (*status)[s].shared_memory_pull_mappings_total());
+    run.pull_mappings_reused.push_back(
+        (*status)[s].shared_memory_pull_mappings_reused_total());
   }
   run.described = (*client)->DescribeTransport();
   return run;
@@ -497,8 +509,13 @@ TEST(ClientSharedMemoryTest, GivesTheWeightsOfGrpcBitForBit) {
   EXPECT_EQ(no_rings.described,
             "payloads through shared memory with every shard");
   EXPECT_EQ(no_rings.weights, grpc.weights);
-  // Pull through the region too, and it gives the weights of the last step.
-  EXPECT_EQ(shm.shm_pulls, std::vector<uint64_t>({1, 1}));
+  // Pull through the region too, and it gives the weights of the last step;
+  // with the Pull before the first step, four Pulls and one mapping of the
+  // region by each shard.
+  EXPECT_EQ(shm.shm_pulls, std::vector<uint64_t>({3, 3}));
+  EXPECT_EQ(shm.pull_mappings, std::vector<uint64_t>({1, 1}));
+  EXPECT_EQ(shm.pull_mappings_reused, std::vector<uint64_t>({3, 3}));
+  EXPECT_EQ(grpc.pull_mappings, std::vector<uint64_t>({0, 0}));
   EXPECT_EQ(shm.pulled, shm.weights);
   EXPECT_EQ(grpc.pulled, grpc.weights);
   ASSERT_EQ(shm.weights.size(), grpc.weights.size());
@@ -554,7 +571,9 @@ TEST(ClientSharedMemoryTest, AShardThatRefusesItGetsPayloadsOverGrpc) {
   EXPECT_GE(mixed.shm_streams[0], 1u);
   EXPECT_EQ(mixed.shm_streams[1], 0u);
   EXPECT_EQ(mixed.ring_streams, std::vector<uint64_t>({1, 0}));
-  EXPECT_EQ(mixed.shm_pulls, std::vector<uint64_t>({1, 0}));
+  EXPECT_EQ(mixed.shm_pulls, std::vector<uint64_t>({3, 0}));
+  EXPECT_EQ(mixed.pull_mappings, std::vector<uint64_t>({1, 0}));
+  EXPECT_EQ(mixed.pull_mappings_reused, std::vector<uint64_t>({3, 0}));
   EXPECT_EQ(mixed.pulled, grpc.weights);
   EXPECT_EQ(mixed.described,
             "payloads through shared memory with shards 0, over gRPC to the "
