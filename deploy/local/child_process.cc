@@ -1,6 +1,7 @@
 #include "deploy/local/child_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -18,8 +19,9 @@ namespace shardps::local {
 namespace {
 
 // Runs in the child between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecChild(pid_t parent, int log_fd, char* const* argv,
-                            char* const* envp, const std::string& exec_error) {
+[[noreturn]] void ExecChild(pid_t parent, int log_fd, int netns_fd,
+                            char* const* argv, char* const* envp,
+                            const std::string& exec_error) {
   // If the launcher is SIGKILLed, its daemons must not outlive it.
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
@@ -33,6 +35,13 @@ namespace {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
+    const char* reason = strerror(errno);
+    WriteAll(STDERR_FILENO, "cannot enter the host's network namespace: ");
+    WriteAll(STDERR_FILENO, absl::string_view(reason, strlen(reason)));
+    WriteAll(STDERR_FILENO, "\n");
+    _exit(127);
+  }
   execve(argv[0], argv, envp);
   WriteAll(STDERR_FILENO, exec_error);
   const char* reason = strerror(errno);
@@ -55,7 +64,8 @@ void WriteAll(int fd, absl::string_view text) {
 absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
                                    const std::vector<std::string>& args,
                                    const std::string& log_path, bool append,
-                                   const std::vector<std::string>* env) {
+                                   const std::vector<std::string>* env,
+                                   int netns_fd) {
   // Built before fork: the child only execs.
   std::vector<std::string> owned;
   owned.reserve(args.size() + 1);
@@ -85,7 +95,7 @@ absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary,
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
-    ExecChild(parent, log_fd, argv.data(),
+    ExecChild(parent, log_fd, netns_fd, argv.data(),
               env != nullptr ? envp.data() : environ, exec_error);
   }
   const int fork_errno = errno;

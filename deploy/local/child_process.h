@@ -22,11 +22,13 @@ namespace shardps::local {
 // this process die first. Returns the child's pid; FailedPrecondition if the
 // log cannot be created. A binary that cannot be executed exits 127 with the
 // reason in the log. `env` ("NAME=value" strings): the child's whole
-// environment; null: this process's.
+// environment; null: this process's. `netns_fd` >= 0: a network namespace
+// the child enters before it executes `binary` (it exits 127 with the
+// reason in the log if it cannot).
 absl::StatusOr<pid_t> SpawnWithLog(
     const std::string& binary, const std::vector<std::string>& args,
     const std::string& log_path, bool append,
-    const std::vector<std::string>* env = nullptr);
+    const std::vector<std::string>* env = nullptr, int netns_fd = -1);
 
 // Writes all of `text` to `fd` unbuffered, so that it keeps its place among
 // relayed log lines; gives up silently on an error such as a closed terminal.

@@ -1,7 +1,9 @@
 #include "deploy/local/daemon_args.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "deploy/local/emulated_hosts.h"
 
 namespace shardps::local {
 
@@ -13,6 +15,9 @@ std::vector<std::string> CoordinatorArgs(const LaunchOptions& o,
       absl::StrCat("--port=", port),
       absl::StrCat("--port_file=", dir.PortPath("coordinator")),
       absl::StrCat("--log_format=", o.log_format)};
+  if (o.emulate_hosts) {
+    args.push_back(absl::StrCat("--host=", DaemonHost(o, "coordinator")));
+  }
   args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   return args;
 }
@@ -39,6 +44,13 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
   args.push_back(absl::StrCat("--port_file=",
                               dir.PortPath(absl::StrCat("server-", index))));
   args.push_back(absl::StrCat("--log_format=", o.log_format));
+  if (o.emulate_hosts) {
+    // Binding its host's address is also what it advertises to workers.
+    args.push_back(
+        absl::StrCat("--host=", DaemonHost(o, absl::StrCat("server-", index))));
+    // Hosts share this machine's /proc; machines would not.
+    args.push_back("--shared_memory=false");
+  }
   args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   return args;
 }
@@ -55,7 +67,12 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
   } else {
     args.push_back(absl::StrCat("--coordinator=", coordinator));
   }
-  args.insert(args.end(), o.training_args.begin(), o.training_args.end());
+  for (const std::string& arg : o.training_args) {
+    // Hosts share this machine's /proc; machines would not.
+    if (o.emulate_hosts && absl::StartsWith(arg, "--shared_memory=")) continue;
+    args.push_back(arg);
+  }
+  if (o.emulate_hosts) args.push_back("--shared_memory=false");
   // Every worker gets the output paths: only the lead writes them (rank 0,
   // or with a coordinator the lowest rank left, which takes over when rank 0
   // dies), so one file has one writer at a time.

@@ -2,7 +2,8 @@
 // coordinator, servers and workers get --coordinator and keep their index;
 // in static mode they get the job's shape and the servers' addresses.
 // Servers also get the checkpoint flags, workers the extra test arguments;
-// every daemon gets the security flags.
+// every daemon gets the security flags. With emulate_hosts, the coordinator
+// and servers bind their host's address and shared memory is off.
 // Pure functions.
 #ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
 #define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_

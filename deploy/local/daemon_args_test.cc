@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "deploy/local/emulated_hosts.h"
 #include "gtest/gtest.h"
 
 namespace shardps::local {
@@ -109,6 +110,47 @@ TEST(DaemonArgsTest, ServersGetTheCheckpointFlagsAndWorkersTheExtraArgs) {
           "--rank=1", "--coordinator=127.0.0.1:7", "--epochs=1",
           "--metrics_csv=/r/metrics.csv", "--model_out=/r/model.safetensors",
           "--log_format=text", "--fault_step_delay_ms=5", "--epochs=3"}));
+}
+
+TEST(DaemonArgsTest, EmulatedHostsBindTheirAddressWithoutSharedMemory) {
+  const RunDir dir("/r");
+  LaunchOptions o = Options();
+  o.emulate_hosts = true;
+  o.link_bits_per_second = 1000000000;
+  o.training_args = {"--epochs=1", "--shared_memory=true"};
+  const std::vector<std::string> coordinator = CoordinatorArgs(o, dir, 0);
+  EXPECT_NE(
+      std::find(coordinator.begin(), coordinator.end(), "--host=10.213.0.1"),
+      coordinator.end());
+  const std::vector<std::string> server = ServerArgs(o, dir, 1, "10.213.0.1:7");
+  for (const char* flag : {"--host=10.213.0.3", "--shared_memory=false"}) {
+    EXPECT_NE(std::find(server.begin(), server.end(), flag), server.end())
+        << flag;
+  }
+  // In place of the training flags' --shared_memory.
+  EXPECT_EQ(WorkerArgs(o, dir, 2, "10.213.0.1:7", {}),
+            (std::vector<std::string>{
+                "--rank=2", "--coordinator=10.213.0.1:7", "--epochs=1",
+                "--shared_memory=false", "--metrics_csv=/r/metrics.csv",
+                "--model_out=/r/model.safetensors", "--log_format=text"}));
+}
+
+TEST(DaemonArgsTest, EmulatedHostsAreNumberedByRoleInOneSubnet) {
+  LaunchOptions o = Options();
+  o.emulate_hosts = true;
+  const std::vector<EmulatedHost> hosts = JobHosts(o);
+  std::vector<std::string> got;
+  for (const EmulatedHost& h : hosts) got.push_back(h.name + " " + h.address);
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     "coordinator 10.213.0.1", "server-0 10.213.0.2",
+                     "server-1 10.213.0.3", "worker-0 10.213.0.4",
+                     "worker-1 10.213.0.5", "worker-2 10.213.0.6"}));
+  EXPECT_EQ(DaemonHost(o, "worker-2"), "10.213.0.6");
+  // Static mode keeps the numbers, without the coordinator's host.
+  o.use_coordinator = false;
+  EXPECT_EQ(JobHosts(o).front().address, "10.213.0.2");
+  o.emulate_hosts = false;
+  EXPECT_EQ(DaemonHost(o, "server-1"), "127.0.0.1");
 }
 
 }  // namespace

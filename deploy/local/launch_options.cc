@@ -10,6 +10,7 @@
 #include "common/checkpoint_steps.h"
 #include "common/status.h"
 #include "deploy/local/binaries.h"
+#include "deploy/local/emulated_hosts.h"
 #include "deploy/local/run_dir.h"
 #include "deploy/local/worker_command.h"
 
@@ -69,6 +70,29 @@ absl::Status CheckNumbers(const LaunchOptions& o) {
   return absl::OkStatus();
 }
 
+absl::Status CheckEmulatedHosts(const LaunchOptions& o) {
+  if (!o.emulate_hosts) {
+    if (o.link_bits_per_second != 0) {
+      return absl::InvalidArgumentError(
+          "--link shapes the links of --emulate_hosts; give both");
+    }
+    return absl::OkStatus();
+  }
+  if (o.link_bits_per_second <= 0) {
+    return absl::InvalidArgumentError(
+        "--emulate_hosts needs --link=RATE, each host's link (e.g. 1gbit or "
+        "10gbit)");
+  }
+  // The coordinator's slot is kept in static mode too.
+  if (1 + o.num_servers + o.num_workers > kMaxEmulatedHosts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--emulate_hosts: ", o.num_servers, " servers and ",
+                     o.num_workers, " workers are more than the ",
+                     kMaxEmulatedHosts - 1, " hosts its /24 leaves them"));
+  }
+  return absl::OkStatus();
+}
+
 // The options that configure shardps-worker have nothing to act on when a
 // command runs as the workers.
 absl::Status CheckWorkerCommand(const LaunchOptions& o) {
@@ -89,6 +113,7 @@ absl::Status CheckWorkerCommand(const LaunchOptions& o) {
 
 absl::Status ResolveLaunchOptions(LaunchOptions* o) {
   SHARDPS_RETURN_IF_ERROR(CheckNumbers(*o));
+  SHARDPS_RETURN_IF_ERROR(CheckEmulatedHosts(*o));
   if (o->run_dir.empty()) {
     return absl::InvalidArgumentError("--run_dir is empty");
   }
@@ -123,6 +148,10 @@ absl::Status ResolveLaunchOptions(LaunchOptions* o) {
   }
   if (!o->checkpoint_dir.empty()) {
     SHARDPS_RETURN_IF_ERROR(MakeAbsolute("checkpoint_dir", &o->checkpoint_dir));
+  }
+  if (o->emulate_hosts) {
+    SHARDPS_ASSIGN_OR_RETURN(o->network_tools,
+                             FindNetworkTools("--emulate_hosts"));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "deploy/local/link_shaping.h"
 
 namespace shardps::local {
 
@@ -63,14 +64,23 @@ struct LaunchOptions {
   // max_restarts times in the whole run.
   bool restart_on_crash = false;
   int max_restarts = 5;
+
+  // Every process on an emulated host of its own (deploy/local/
+  // emulated_hosts.h): its own network namespace, address and link of
+  // link_bits_per_second each way; shared memory off, as between machines.
+  bool emulate_hosts = false;
+  int64_t link_bits_per_second = 0;  // > 0 with emulate_hosts, else 0
+  // With emulate_hosts: ip and tc, found by ResolveLaunchOptions.
+  NetworkTools network_tools;
 };
 
 // Checks `options` and completes them: run_dir and checkpoint_dir made
 // absolute (the paths are handed to other processes), the default
 // checkpoint_dir filled in, each binary found (see FindBinary), a
-// worker_command's program found on PATH and python_dir filled in.
-// InvalidArgument for a bad option, NotFound for a binary or program that
-// is missing or not executable.
+// worker_command's program found on PATH and python_dir filled in, and
+// with emulate_hosts the network tools found. InvalidArgument for a bad
+// option, NotFound for a binary or program that is missing or not
+// executable, FailedPrecondition for emulate_hosts without root, ip or tc.
 absl::Status ResolveLaunchOptions(LaunchOptions* options);
 
 // Where servers started now resume: "the checkpoint of step N in DIR" (the

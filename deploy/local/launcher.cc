@@ -71,8 +71,10 @@ absl::Status Launcher::Start(const std::string& name, Role role,
         << " again ----\n";
   }
   run_dir_.RemovePort(name);
+  const int netns_fd = hosts_ != nullptr ? hosts_->NamespaceFd(name) : -1;
   SHARDPS_ASSIGN_OR_RETURN(
-      child.pid, SpawnWithLog(binary, args, log, /*append=*/again, env));
+      child.pid,
+      SpawnWithLog(binary, args, log, /*append=*/again, env, netns_fd));
   child.running = true;
   child.wait_status = 0;
   if (role == Role::kWorker) ++workers_running_;
@@ -87,7 +89,8 @@ absl::Status Launcher::StartCoordinator(int port) {
                                 CoordinatorArgs(options_, run_dir_, port)));
   SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports, WaitForPorts(0, 1));
   coordinator_port_ = ports[0];
-  coordinator_address_ = absl::StrCat("127.0.0.1:", coordinator_port_);
+  coordinator_address_ =
+      absl::StrCat(DaemonHost(options_, "coordinator"), ":", coordinator_port_);
   return absl::OkStatus();
 }
 
@@ -114,8 +117,8 @@ absl::StatusOr<std::vector<int>> Launcher::WaitForPorts(size_t first,
         if (missing < 0) missing = static_cast<int>(first + i);
         continue;
       }
-      LogInfo("%s (pid %d) serving on 127.0.0.1:%d", child.name, child.pid,
-              ports[i]);
+      LogInfo("%s (pid %d) serving on %s:%d", child.name, child.pid,
+              DaemonHost(options_, child.name), ports[i]);
     }
     if (missing < 0) return ports;
     if (absl::Now() > deadline) {
@@ -169,7 +172,10 @@ absl::Status Launcher::StartJob() {
     SHARDPS_ASSIGN_OR_RETURN(std::vector<int> ports,
                              WaitForPorts(0, options_.num_servers));
     std::vector<std::string> servers;
-    for (int port : ports) servers.push_back(absl::StrCat("127.0.0.1:", port));
+    for (int i = 0; i < options_.num_servers; ++i) {
+      servers.push_back(absl::StrCat(
+          DaemonHost(options_, absl::StrCat("server-", i)), ":", ports[i]));
+    }
     SHARDPS_RETURN_IF_ERROR(StartWorkers(servers));
   }
   job_started_ = true;
@@ -415,6 +421,31 @@ absl::Status Launcher::CheckDaemonsStopped() const {
   return absl::OkStatus();
 }
 
+void Launcher::PrintLinkBytes() const {
+  if (hosts_ == nullptr) return;
+  absl::StatusOr<std::vector<HostLinkBytes>> bytes = hosts_->Bytes();
+  if (!bytes.ok()) {
+    LogWarning("cannot read the bytes over the hosts' links: %s",
+               bytes.status().ToString());
+    return;
+  }
+  WriteAll(STDOUT_FILENO, FormatLinkBytes(*bytes, hosts_->shape()));
+}
+
+absl::Status Launcher::MakeHosts() {
+  const TbfShape shape = TbfShapeFor(options_.link_bits_per_second);
+  SHARDPS_ASSIGN_OR_RETURN(
+      hosts_,
+      EmulatedHosts::Create(JobHosts(options_), shape, options_.network_tools));
+  LogInfo(
+      "emulated hosts: each process in a network namespace %s<name> with "
+      "its address in 10.213.0.0/24 and a link of %s each way to a bridge "
+      "in %sswitch (tc tbf: burst %d bytes, %d ms queue); shared memory off",
+      hosts_->prefix(), FormatLinkRate(shape.bits_per_second), hosts_->prefix(),
+      shape.burst_bytes, shape.latency_ms);
+  return absl::OkStatus();
+}
+
 void Launcher::PrintPeakRss() const {
   std::vector<std::string> parts;
   for (const Child& child : children_) {
@@ -446,6 +477,7 @@ absl::Status Launcher::Run() {
   sigaddset(&chld, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &chld, nullptr);
   SHARDPS_RETURN_IF_ERROR(run_dir_.Prepare());
+  if (options_.emulate_hosts) SHARDPS_RETURN_IF_ERROR(MakeHosts());
   LogInfo("run directory %s: %s%d server(s), %d worker(s), mode %s",
           options_.run_dir,
           options_.use_coordinator ? "a coordinator, " : "static lists, ",
@@ -486,6 +518,8 @@ absl::Status Launcher::Run() {
   }
   worker0_log_.Finish();
   PrintPeakRss();
+  PrintLinkBytes();
+  hosts_.reset();
   // Prepare() removed any older metrics.csv: one there now is this run's.
   const bool want_metrics = options_.worker_command.empty() ||
                             access(run_dir_.MetricsPath().c_str(), F_OK) == 0;

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "deploy/local/child_process.h"
+#include "deploy/local/emulated_hosts.h"
 #include "deploy/local/launch_options.h"
 #include "deploy/local/run_dir.h"
 
@@ -36,8 +37,10 @@ class Launcher {
   Launcher& operator=(const Launcher&) = delete;
 
   // Runs the job, once: prints worker 0's log lines to stdout as they appear,
-  // then every process's peak RSS and a final metrics line. OK when every
-  // process exited 0 (servers and the coordinator after the workers) and
+  // then every process's peak RSS, with options.emulate_hosts the bytes
+  // over each host's link, and a final metrics line. Emulated hosts are
+  // made before the first process starts and removed before it returns. OK when
+  // every process exited 0 (servers and the coordinator after the workers) and
   // worker 0 wrote metrics (a worker_command need not write any: then the
   // line is left out); otherwise the status names the process that
   // failed (Aborted), the timeout (DeadlineExceeded), the
@@ -129,6 +132,9 @@ class Launcher {
   int StopAll(int sig);
   absl::Status CheckDaemonsStopped() const;
   void PrintPeakRss() const;
+  // With options_.emulate_hosts: makes hosts_ (the processes' namespaces).
+  absl::Status MakeHosts();
+  void PrintLinkBytes() const;
   absl::Status PrintFinalMetrics() const;
 
   const LaunchOptions options_;
@@ -150,6 +156,9 @@ class Launcher {
   int restarts_ = 0;
   bool stopping_ = false;
   int stop_signal_ = 0;
+  // With options_.emulate_hosts, during Run. Last: removed after the
+  // destructor has killed the children.
+  std::unique_ptr<EmulatedHosts> hosts_;
 };
 
 }  // namespace shardps::local

@@ -13,6 +13,7 @@
 #include "common/security_flags.h"
 #include "common/status.h"
 #include "deploy/local/launcher.h"
+#include "deploy/local/link_shaping.h"
 #include "deploy/local/worker_command.h"
 #include "worker/training_flags.h"
 
@@ -60,6 +61,19 @@ ABSL_FLAG(bool, restart_on_crash, false,
 ABSL_FLAG(int32_t, max_restarts, 5,
           "With --restart_on_crash: restarts allowed in the whole run; the "
           "next death fails the run.");
+ABSL_FLAG(bool, emulate_hosts, false,
+          "Root, needs ip and tc (iproute2): run every process (coordinator, "
+          "servers, workers or the command after --) on an emulated host of "
+          "its own: a network namespace with one link, of --link each way, "
+          "to a software switch (a Linux bridge), as if each were a machine "
+          "with its own network card. Addresses 10.213.0.0/24; shared "
+          "memory off. Prints the bytes that crossed each host's link at "
+          "the end; the namespaces (shardps-<pid>-*) are removed at exit, "
+          "and those of a launcher that died on the next start. tbf shapes "
+          "rate only: there is no added latency.");
+ABSL_FLAG(std::string, link, "",
+          "With --emulate_hosts: each host's link rate, each way, as tc "
+          "writes it: 100mbit, 1gbit, 10gbit, 2.5gbit.");
 ABSL_FLAG(std::string, worker_extra_args, "",
           "Testing only: space-separated arguments appended to every "
           "worker's command line, e.g. --fault_step_delay_ms=5.");
@@ -142,6 +156,10 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.restart_on_crash = absl::GetFlag(FLAGS_restart_on_crash);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  o.emulate_hosts = absl::GetFlag(FLAGS_emulate_hosts);
+  if (const std::string link = absl::GetFlag(FLAGS_link); !link.empty()) {
+    SHARDPS_ASSIGN_OR_RETURN(o.link_bits_per_second, ParseLinkRate(link));
+  }
   return o;
 }
 
@@ -176,14 +194,18 @@ int main(int argc, char** argv) {
       "<run_dir>/logs/; the job ends when every worker has finished.\n"
       "  shardps-local --servers=2 --workers=2 --epochs=1 --run_dir=run\n"
       "  shardps-local --checkpoint_every_steps=100 --restart_on_crash\n"
+      "  shardps-local --emulate_hosts --link=1gbit   (root: a machine per "
+      "process, 1 Gbit/s each)\n"
       "With a command after --, that command runs as each worker instead of "
       "shardps-worker (the training flags are then refused), in the "
       "environment SHARDPS_COORDINATOR=127.0.0.1:PORT (static mode: "
       "SHARDPS_SERVERS=a,b,...), SHARDPS_JOB_ID, SHARDPS_RANK, "
       "SHARDPS_NUM_WORKERS, SHARDPS_RUN_DIR, SHARDPS_TLS_CERT, "
       "SHARDPS_TLS_KEY, SHARDPS_TLS_CA, SHARDPS_AUTH_TOKEN_FILE (as the "
-      "--tls_* flags say), SHARDPS_CHECKPOINT_DIR (with checkpoints) and "
-      "PYTHONPATH starting with this build tree's worker/python:\n"
+      "--tls_* flags say), SHARDPS_CHECKPOINT_DIR (with checkpoints), "
+      "SHARDPS_SHARED_MEMORY=0 (with --emulate_hosts, which also gives the "
+      "hosts' addresses instead of 127.0.0.1) and PYTHONPATH starting with "
+      "this build tree's worker/python:\n"
       "  shardps-local --servers=2 --workers=2 -- /usr/bin/python3 "
       "worker/python/examples/cnn_fashion_mnist.py");
   return shardps::local::Main(positional, line);

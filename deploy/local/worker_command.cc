@@ -143,6 +143,7 @@ std::vector<std::string> WorkerCommandEnv(
     const absl::string_view name = VariableName(entry);
     const bool ours =
         name == "PYTHONPATH" ||
+        (o.emulate_hosts && name == "SHARDPS_SHARED_MEMORY") ||
         std::any_of(std::begin(kLauncherVariables),
                     std::end(kLauncherVariables),
                     [name](const char* v) { return name == v; }) ||
@@ -172,6 +173,8 @@ std::vector<std::string> WorkerCommandEnv(
   if (!o.checkpoint_dir.empty()) {
     env.push_back(absl::StrCat("SHARDPS_CHECKPOINT_DIR=", o.checkpoint_dir));
   }
+  // Emulated hosts share this machine's /proc; machines would not.
+  if (o.emulate_hosts) env.push_back("SHARDPS_SHARED_MEMORY=0");
   const std::string* python_path = Find(inherited, "PYTHONPATH");
   std::vector<std::string> python_dirs;
   if (!o.python_dir.empty()) python_dirs.push_back(o.python_dir);

@@ -55,6 +55,7 @@ std::string BuildTreePythonDir();
 // SHARDPS_RANK, SHARDPS_NUM_WORKERS, SHARDPS_RUN_DIR (dir's root), one
 // SHARDPS_<FLAG> for each of options.security_args (--tls_cert=/a becomes
 // SHARDPS_TLS_CERT=/a), SHARDPS_CHECKPOINT_DIR when checkpoints are on,
+// SHARDPS_SHARED_MEMORY=0 (replacing an inherited one) with emulate_hosts,
 // PYTHONPATH with options.python_dir in front (when set), and
 // PYTHONUNBUFFERED=1 unless inherited, so that rank 0's prints are relayed
 // as they happen, and OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (unless

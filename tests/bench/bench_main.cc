@@ -157,7 +157,7 @@ absl::Status Run(const std::string& command) {
     o.shared_memory = absl::GetFlag(FLAGS_shared_memory).value_or(true);
     o.model_bytes = absl::GetFlag(FLAGS_model_mib) << 20;
     if (const std::string link = absl::GetFlag(FLAGS_link); !link.empty()) {
-      absl::StatusOr<int64_t> rate = ParseLinkRate(link);
+      absl::StatusOr<int64_t> rate = local::ParseLinkRate(link);
       if (!rate.ok()) return rate.status();
       o.link_bits_per_second = *rate;
       o.self_binary = SelfBinary();

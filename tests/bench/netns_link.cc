@@ -7,127 +7,35 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "tests/bench/run_command.h"
 
 namespace shardps::bench {
 namespace {
 
-constexpr int64_t kMinRate = 1000 * 1000;                        // 1mbit
-constexpr int64_t kMaxRate = int64_t{400} * 1000 * 1000 * 1000;  // 400gbit
-// tc-tbf(8): to reach its rate the bucket must hold at least rate / HZ
-// bytes. tbf adds tokens for the time since its last dequeue, capped at the
-// bucket, and a dequeue can come a tick late; what overflows meanwhile is
-// lost and the rate falls short. Debian's kernels run at HZ=250.
-constexpr int64_t kTicksPerSecond = 250;
-// veth hands tbf TSO packets of up to 64 KiB; a bucket smaller than one
-// would make tbf cut each into MTU segments (CPU) or stall it. Two of them.
-constexpr int64_t kMinBurstBytes = 128 << 10;
-// How long a packet may queue before tbf drops it: the queue then holds
-// this much of the rate (625 KB at 1 Gbit/s), orders of magnitude above
-// the veth's own bandwidth-delay product (~30 us), so TCP keeps the link
-// busy after it backs off on a drop, and the round trip stays that of a
-// shallow-buffered switch rather than of a bloated queue.
-constexpr int kLatencyMs = 5;
-
-// The first executable `name` in $PATH or the sbin directories (root's
-// PATH may lack them under sudo).
-std::string FindBinary(const std::string& name) {
-  const char* path = getenv("PATH");
-  std::vector<std::string> dirs =
-      absl::StrSplit(path != nullptr ? path : "", ':', absl::SkipEmpty());
-  for (const char* d : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
-    dirs.push_back(d);
-  }
-  for (const std::string& d : dirs) {
-    const std::string candidate = d + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 absl::StatusOr<std::string> RunLogged(const std::string& command) {
   LogInfo("link: %s", command);
-  return RunCommand(command + " 2>&1");
+  return local::RunNetworkCommand(command);
 }
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseLinkRate(absl::string_view rate) {
-  const std::string lower = absl::AsciiStrToLower(rate);
-  const size_t unit_at = lower.find_first_not_of("0123456789.");
-  const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--link=", rate, ": ", why,
-        "; want a rate as tc writes it, e.g. 500mbit, 1gbit or 10gbit (a "
-        "number and one of bit, kbit, mbit, gbit, tbit)"));
-  };
-  double value = 0;
-  if (unit_at == 0 || unit_at == std::string::npos ||
-      !absl::SimpleAtod(lower.substr(0, unit_at), &value)) {
-    return bad("not a number and a unit");
-  }
-  const std::string unit = lower.substr(unit_at);
-  double scale = 0;
-  if (unit == "bit") scale = 1;
-  if (unit == "kbit") scale = 1e3;
-  if (unit == "mbit") scale = 1e6;
-  if (unit == "gbit") scale = 1e9;
-  if (unit == "tbit") scale = 1e12;
-  if (scale == 0) {
-    return bad(absl::StrCat("unknown unit \"", unit,
-                            "\" (tc reads bps, kbps, ... as bytes/s)"));
-  }
-  const double bits = std::round(value * scale);
-  if (!(bits >= kMinRate && bits <= kMaxRate)) {
-    return bad("outside 1mbit .. 400gbit");
-  }
-  return static_cast<int64_t>(bits);
-}
-
-std::string FormatLinkRate(int64_t bits_per_second) {
-  if (bits_per_second >= 1000 * 1000 * 1000) {
-    return absl::StrFormat("%g Gbit/s", bits_per_second / 1e9);
-  }
-  return absl::StrFormat("%g Mbit/s", bits_per_second / 1e6);
-}
-
 absl::StatusOr<std::unique_ptr<NetnsLink>> NetnsLink::Create(
     int64_t bits_per_second) {
-  if (geteuid() != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--link needs root (it makes network namespaces, a veth pair and tc "
-        "qdiscs); this is uid ",
-        geteuid()));
-  }
+  SHARDPS_ASSIGN_OR_RETURN(local::NetworkTools tools,
+                           local::FindNetworkTools("--link"));
   std::unique_ptr<NetnsLink> link(new NetnsLink());
-  link->ip_ = FindBinary("ip");
-  link->tc_ = FindBinary("tc");
-  if (link->ip_.empty() || link->tc_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--link needs ip and tc (Debian package iproute2); not found: ",
-        link->ip_.empty() ? "ip " : "", link->tc_.empty() ? "tc" : ""));
-  }
-  link->bits_per_second_ = bits_per_second;
-  const int64_t tick_bytes =
-      (bits_per_second / 8 + kTicksPerSecond - 1) / kTicksPerSecond;
-  link->burst_bytes_ =
-      std::max(kMinBurstBytes, (tick_bytes + 1023) / 1024 * 1024);
-  link->latency_ms_ = kLatencyMs;
+  link->ip_ = tools.ip;
+  link->tc_ = tools.tc;
+  link->shape_ = local::TbfShapeFor(bits_per_second);
   const pid_t pid = getpid();
   link->server_ns_ = absl::StrCat("shardps-srv-", pid);
   link->worker_ns_ = absl::StrCat("shardps-wrk-", pid);
@@ -156,7 +64,6 @@ absl::StatusOr<std::unique_ptr<NetnsLink>> NetnsLink::Create(
 
 absl::Status NetnsLink::Setup() {
   absl::MutexLock lock(&mu_);
-  const std::string rate = absl::StrCat(bits_per_second_, "bit");
   SHARDPS_RETURN_IF_ERROR(
       RunLogged(absl::StrCat(ip_, " netns add ", server_ns_)).status());
   made_server_ns_ = true;
@@ -182,8 +89,7 @@ absl::Status NetnsLink::Setup() {
           absl::StrCat(ip, " link set lo up"),
           absl::StrCat(ip, " link set ", end.veth, " up"),
           absl::StrCat(tc_, " -n ", end.ns, " qdisc add dev ", end.veth,
-                       " root tbf rate ", rate, " burst ", burst_bytes_,
-                       " latency ", latency_ms_, "ms")}) {
+                       " root ", local::TbfArgs(shape_))}) {
       SHARDPS_RETURN_IF_ERROR(RunLogged(command).status());
     }
   }

@@ -19,17 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "deploy/local/link_shaping.h"
 
 namespace shardps::bench {
-
-// Bits per second of a rate written as tc writes it: a decimal number and
-// one of bit, kbit, mbit, gbit, tbit (powers of 1000, case-insensitive),
-// e.g. "500mbit", "1gbit", "2.5gbit". InvalidArgument naming the value when
-// it is not one, or is outside [1mbit, 400gbit].
-absl::StatusOr<int64_t> ParseLinkRate(absl::string_view rate);
-
-// "1 Gbit/s", "500 Mbit/s", "2.5 Gbit/s".
-std::string FormatLinkRate(int64_t bits_per_second);
 
 // Bytes that crossed the link, per direction, as counted by the workers'
 // veth end.
@@ -40,9 +32,10 @@ struct LinkBytes {
 
 // The two namespaces shardps-srv-<pid> and shardps-wrk-<pid>, joined by
 // veth vs<pid> (10.213.0.1/30, servers) and vw<pid> (10.213.0.2/30,
-// workers). The addresses are private to the two namespaces, so concurrent
-// runs do not collide. Each command it runs is logged (common/log.h).
-// Thread-compatible; the teardown also runs on the signal thread.
+// workers), each end shaped as local::TbfShapeFor says. The addresses are
+// private to the two namespaces, so concurrent runs do not collide. Each
+// command it runs is logged (common/log.h). Thread-compatible; the teardown
+// also runs on the signal thread.
 class NetnsLink {
  public:
   static constexpr char kServerHost[] = "10.213.0.1";
@@ -67,11 +60,11 @@ class NetnsLink {
   NetnsLink(const NetnsLink&) = delete;
   NetnsLink& operator=(const NetnsLink&) = delete;
 
-  int64_t bits_per_second() const { return bits_per_second_; }
+  int64_t bits_per_second() const { return shape_.bits_per_second; }
   // tbf parameters of both ends: bucket size and how long a packet may
   // wait in the queue before it is dropped.
-  int64_t burst_bytes() const { return burst_bytes_; }
-  int latency_ms() const { return latency_ms_; }
+  int64_t burst_bytes() const { return shape_.burst_bytes; }
+  int latency_ms() const { return shape_.latency_ms; }
   const std::string& server_namespace() const { return server_ns_; }
   const std::string& worker_namespace() const { return worker_ns_; }
   const std::string& ip_binary() const { return ip_; }
@@ -101,9 +94,7 @@ class NetnsLink {
   // The signal thread: waits on signal_fd_ and stop_fd_.
   void WatchSignals();
 
-  int64_t bits_per_second_ = 0;
-  int64_t burst_bytes_ = 0;
-  int latency_ms_ = 0;
+  local::TbfShape shape_;
   std::string ip_, tc_;
   std::string server_ns_, worker_ns_, server_veth_, worker_veth_;
 

@@ -669,7 +669,7 @@ absl::Status RunTransportBench(const TransportOptions& o) {
     where = absl::StrFormat(
         "across a %s link each way (tbf burst %d B, latency %d ms) from %s "
         "(servers, %s) to %s (workers, %s)",
-        FormatLinkRate(link->bits_per_second()), link->burst_bytes(),
+        local::FormatLinkRate(link->bits_per_second()), link->burst_bytes(),
         link->latency_ms(), link->server_namespace(), NetnsLink::kServerHost,
         link->worker_namespace(), NetnsLink::kWorkerHost);
   }

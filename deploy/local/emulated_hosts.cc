@@ -1,0 +1,325 @@
+#include "deploy/local/emulated_hosts.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace shardps::local {
+namespace {
+
+constexpr char kSubnet[] = "10.213.0.";
+constexpr char kPrefixLength[] = "/24";
+constexpr char kNamespacePrefix[] = "shardps-";
+constexpr char kBridge[] = "br0";
+// The host's end of its veth: its one network card.
+constexpr char kHostCard[] = "eth0";
+
+// The host slot of `name`: 0 for the coordinator, 1 + i for server-i,
+// 1 + num_servers + r for worker-r; -1 for another name.
+int Slot(const LaunchOptions& o, const std::string& name) {
+  if (name == "coordinator") return 0;
+  int index = 0;
+  absl::string_view rest = name;
+  if (absl::ConsumePrefix(&rest, "server-") && absl::SimpleAtoi(rest, &index)) {
+    return 1 + index;
+  }
+  if (absl::ConsumePrefix(&rest, "worker-") && absl::SimpleAtoi(rest, &index)) {
+    return 1 + o.num_servers + index;
+  }
+  return -1;
+}
+
+std::string SlotAddress(int slot) { return absl::StrCat(kSubnet, slot + 1); }
+
+// Whether `pid` is a running shardps-local (not a pid reused by another
+// program since the launcher that made a namespace died).
+bool IsRunningLauncher(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream comm(absl::StrCat("/proc/", pid, "/comm"));
+  std::string name;
+  std::getline(comm, name);
+  return name == "shardps-local";
+}
+
+// The pid of a namespace named shardps-<pid>-..., or 0.
+pid_t NamespacePid(absl::string_view ns) {
+  if (!absl::ConsumePrefix(&ns, kNamespacePrefix)) return 0;
+  const size_t dash = ns.find('-');
+  pid_t pid = 0;
+  if (dash == absl::string_view::npos ||
+      !absl::SimpleAtoi(ns.substr(0, dash), &pid)) {
+    return 0;
+  }
+  return pid;
+}
+
+// SIGKILLs every process in namespace `ns` but this one.
+void KillProcessesIn(const NetworkTools& tools, const std::string& ns) {
+  absl::StatusOr<std::string> pids =
+      RunNetworkCommand(absl::StrCat(tools.ip, " netns pids ", ns));
+  if (!pids.ok()) return;
+  for (absl::string_view p : absl::StrSplit(*pids, '\n', absl::SkipEmpty())) {
+    pid_t pid = 0;
+    if (absl::SimpleAtoi(p, &pid) && pid > 1 && pid != getpid()) {
+      kill(pid, SIGKILL);
+    }
+  }
+}
+
+// Deletes the namespaces of launchers that died without doing it.
+void RemoveLeftovers(const NetworkTools& tools) {
+  absl::StatusOr<std::string> list =
+      RunNetworkCommand(absl::StrCat(tools.ip, " netns list"));
+  if (!list.ok()) return;
+  // "shardps-123-worker-0 (id: 4)": the name is the first word.
+  std::map<pid_t, std::vector<std::string>> leftovers;
+  for (absl::string_view line :
+       absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
+    const std::string ns(line.substr(0, line.find(' ')));
+    const pid_t pid = NamespacePid(ns);
+    if (pid > 0 && pid != getpid() && !IsRunningLauncher(pid)) {
+      leftovers[pid].push_back(ns);
+    }
+  }
+  for (const auto& [pid, namespaces] : leftovers) {
+    LogWarning(
+        "removing %d network namespace(s) %s%d-* left by shardps-local pid "
+        "%d, which died",
+        namespaces.size(), kNamespacePrefix, pid, pid);
+    for (const std::string& ns : namespaces) {
+      KillProcessesIn(tools, ns);
+      RunNetworkCommand(absl::StrCat(tools.ip, " netns del ", ns))
+          .IgnoreError();
+    }
+  }
+}
+
+absl::Status RunAll(const std::vector<std::string>& commands) {
+  for (const std::string& command : commands) {
+    SHARDPS_RETURN_IF_ERROR(RunNetworkCommand(command).status());
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < (1 << 10)) return absl::StrCat(bytes, " B");
+  if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  if (bytes < (int64_t{1} << 30)) {
+    return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+  }
+  return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+}
+
+}  // namespace
+
+std::vector<EmulatedHost> JobHosts(const LaunchOptions& o) {
+  std::vector<EmulatedHost> hosts;
+  if (o.use_coordinator) hosts.push_back({"coordinator", SlotAddress(0)});
+  for (int i = 0; i < o.num_servers; ++i) {
+    const std::string name = absl::StrCat("server-", i);
+    hosts.push_back({name, SlotAddress(Slot(o, name))});
+  }
+  for (int r = 0; r < o.num_workers; ++r) {
+    const std::string name = absl::StrCat("worker-", r);
+    hosts.push_back({name, SlotAddress(Slot(o, name))});
+  }
+  return hosts;
+}
+
+std::string DaemonHost(const LaunchOptions& o, const std::string& name) {
+  const int slot = Slot(o, name);
+  if (!o.emulate_hosts || slot < 0) return "127.0.0.1";
+  return SlotAddress(slot);
+}
+
+std::string FormatLinkBytes(const std::vector<HostLinkBytes>& bytes,
+                            const TbfShape& shape) {
+  std::string text =
+      absl::StrCat("bytes over each host's link (",
+                   FormatLinkRate(shape.bits_per_second), " each way):\n");
+  for (const HostLinkBytes& b : bytes) {
+    absl::StrAppendFormat(&text, "  %-12s %-12s sent %10s  received %10s\n",
+                          b.name, b.address, FormatBytes(b.sent),
+                          FormatBytes(b.received));
+  }
+  return text;
+}
+
+absl::StatusOr<std::unique_ptr<EmulatedHosts>> EmulatedHosts::Create(
+    std::vector<EmulatedHost> hosts, const TbfShape& shape,
+    const NetworkTools& tools) {
+  RemoveLeftovers(tools);
+  std::unique_ptr<EmulatedHosts> made(new EmulatedHosts());
+  made->tools_ = tools;
+  made->shape_ = shape;
+  made->prefix_ = absl::StrCat(kNamespacePrefix, getpid(), "-");
+  made->switch_ns_ = made->prefix_ + "switch";
+  made->hosts_ = std::move(hosts);
+  // On an error the destructor removes what was made.
+  SHARDPS_RETURN_IF_ERROR(made->MakeSwitch());
+  for (const EmulatedHost& host : made->hosts_) {
+    SHARDPS_RETURN_IF_ERROR(made->MakeHost(host));
+  }
+  SHARDPS_RETURN_IF_ERROR(made->OpenSwitchCounters());
+  return made;
+}
+
+absl::Status EmulatedHosts::MakeSwitch() {
+  SHARDPS_RETURN_IF_ERROR(
+      RunNetworkCommand(absl::StrCat(tools_.ip, " netns add ", switch_ns_))
+          .status());
+  made_switch_ = true;
+  const std::string ip = absl::StrCat(tools_.ip, " -n ", switch_ns_);
+  return RunAll({absl::StrCat(ip, " link add ", kBridge, " type bridge"),
+                 absl::StrCat(ip, " link set ", kBridge, " up")});
+}
+
+absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
+  const std::string ns = prefix_ + host.name;
+  SHARDPS_RETURN_IF_ERROR(
+      RunNetworkCommand(absl::StrCat(tools_.ip, " netns add ", ns)).status());
+  host_namespaces_.push_back(ns);
+  const std::string path = "/run/netns/" + ns;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", ErrnoText(errno)));
+  }
+  host_fds_.push_back(fd);
+  const std::string sw = absl::StrCat(tools_.ip, " -n ", switch_ns_);
+  const std::string on_host = absl::StrCat(tools_.ip, " -n ", ns);
+  const std::string tbf = absl::StrCat(" root ", TbfArgs(shape_));
+  // The port is named as the host (at most 15 characters: "worker-255").
+  return RunAll({
+      absl::StrCat(sw, " link add ", host.name, " type veth peer name ",
+                   kHostCard, " netns ", ns),
+      absl::StrCat(sw, " link set ", host.name, " master ", kBridge),
+      absl::StrCat(sw, " link set ", host.name, " up"),
+      // The switch port's egress is what the host receives.
+      absl::StrCat(tools_.tc, " -n ", switch_ns_, " qdisc add dev ", host.name,
+                   tbf),
+      absl::StrCat(on_host, " addr add ", host.address, kPrefixLength, " dev ",
+                   kHostCard),
+      absl::StrCat(on_host, " link set lo up"),
+      absl::StrCat(on_host, " link set ", kHostCard, " up"),
+      // eth0's egress is what the host sends.
+      absl::StrCat(tools_.tc, " -n ", ns, " qdisc add dev ", kHostCard, tbf),
+  });
+}
+
+absl::Status EmulatedHosts::OpenSwitchCounters() {
+  const std::string path = "/run/netns/" + switch_ns_;
+  absl::Status status;
+  // /proc/thread-self/net shows the calling thread's namespace, and keeps
+  // showing it through the descriptor once opened.
+  std::thread enter([&] {
+    const int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) != 0) {
+      status = absl::InternalError(
+          absl::StrCat("entering ", path, ": ", ErrnoText(errno)));
+    } else {
+      switch_net_dev_fd_ =
+          open("/proc/thread-self/net/dev", O_RDONLY | O_CLOEXEC);
+      if (switch_net_dev_fd_ < 0) {
+        status = absl::InternalError(
+            absl::StrCat("open /proc/thread-self/net/dev in ", switch_ns_, ": ",
+                         ErrnoText(errno)));
+      }
+    }
+    if (ns_fd >= 0) close(ns_fd);
+  });
+  enter.join();
+  return status;
+}
+
+int EmulatedHosts::NamespaceFd(const std::string& name) const {
+  for (size_t i = 0; i < host_fds_.size(); ++i) {
+    if (hosts_[i].name == name) return host_fds_[i];
+  }
+  return -1;
+}
+
+absl::StatusOr<std::vector<HostLinkBytes>> EmulatedHosts::Bytes() const {
+  std::string text;
+  char buf[4096];
+  if (lseek(switch_net_dev_fd_, 0, SEEK_SET) != 0) {
+    return absl::InternalError(
+        absl::StrCat(switch_ns_, "'s /proc/net/dev: ", ErrnoText(errno)));
+  }
+  for (ssize_t n; (n = read(switch_net_dev_fd_, buf, sizeof(buf))) > 0;) {
+    text.append(buf, static_cast<size_t>(n));
+  }
+  std::vector<HostLinkBytes> bytes;
+  for (const EmulatedHost& host : hosts_) {
+    bytes.push_back({host.name, host.address, -1, -1});
+  }
+  // "  worker-0: rx_bytes rx_packets ... (8 receive fields) tx_bytes ...":
+  // the port receives what the host sends.
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripLeadingAsciiWhitespace(line);
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    auto it =
+        std::find_if(bytes.begin(), bytes.end(), [&](const HostLinkBytes& b) {
+          return b.name == line.substr(0, colon);
+        });
+    if (it == bytes.end()) continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line.substr(colon + 1), ' ', absl::SkipWhitespace());
+    if (fields.size() < 9 || !absl::SimpleAtoi(fields[0], &it->sent) ||
+        !absl::SimpleAtoi(fields[8], &it->received)) {
+      return absl::InternalError(absl::StrCat("cannot read the counters of ",
+                                              it->name, " in ", switch_ns_,
+                                              ": ", line));
+    }
+  }
+  for (const HostLinkBytes& b : bytes) {
+    if (b.sent < 0) {
+      return absl::InternalError(
+          absl::StrCat("no switch port ", b.name, " in ", switch_ns_));
+    }
+  }
+  return bytes;
+}
+
+void EmulatedHosts::Teardown() {
+  // A process left in a host's namespace (a torch worker's data loader)
+  // would keep it alive after its name is deleted.
+  for (const std::string& ns : host_namespaces_) KillProcessesIn(tools_, ns);
+  // Deleting the switch deletes every port, and with each its host's eth0.
+  if (made_switch_) {
+    RunNetworkCommand(absl::StrCat(tools_.ip, " netns del ", switch_ns_))
+        .IgnoreError();
+    made_switch_ = false;
+  }
+  for (const std::string& ns : host_namespaces_) {
+    RunNetworkCommand(absl::StrCat(tools_.ip, " netns del ", ns)).IgnoreError();
+  }
+  host_namespaces_.clear();
+}
+
+EmulatedHosts::~EmulatedHosts() {
+  if (switch_net_dev_fd_ >= 0) close(switch_net_dev_fd_);
+  for (int fd : host_fds_) close(fd);
+  Teardown();
+}
+
+}  // namespace shardps::local
