@@ -200,14 +200,16 @@ absl::Status ValidateCollective(const v1::CollectiveRequest& request,
                      " bytes (1 MiB): they are for metrics, flags, "
                      "seeds and buffers"));
   }
+  // A broadcast's other ranks may send nothing, or a tensor that is ignored
+  // (so that a rank need not know whether it is the lowest).
   const bool sends =
       op != v1::COLLECTIVE_OP_BROADCAST || request.rank() == src_rank;
-  const uint64_t want = sends ? bytes : 0;
-  if (request.values().size() != want) {
+  if (request.values().size() != bytes &&
+      (sends || !request.values().empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
         DescribeCollective(request), " from rank ", request.rank(), ": ",
-        request.values().size(), " bytes of values, want ", want,
-        sends ? "" : " (only the broadcast's src sends values)"));
+        request.values().size(), " bytes of values, want ", bytes,
+        sends ? "" : " or none (it is not the broadcast's src)"));
   }
   return absl::OkStatus();
 }

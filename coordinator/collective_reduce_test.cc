@@ -107,7 +107,7 @@ TEST(CollectiveReduceTest, RefusesMalformedCalls) {
   sum_src.set_src(1);
   v1::CollectiveRequest barrier_values = Request(
       v1::COLLECTIVE_OP_BARRIER, v1::COLLECTIVE_DTYPE_UNSPECIFIED, {}, 4);
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"sequence 0", zero_seq, absl::StatusCode::kInvalidArgument, "from 1"},
       {"timeout 0", no_timeout, absl::StatusCode::kInvalidArgument, "timeout"},
       {"no op",
@@ -137,11 +137,15 @@ TEST(CollectiveReduceTest, RefusesMalformedCalls) {
       {"src on sum", sum_src, absl::StatusCode::kInvalidArgument, "no src"},
       {"barrier values", barrier_values, absl::StatusCode::kInvalidArgument,
        "barrier"},
-      // Only the source sends a broadcast's values.
+      // Off the source, a broadcast's values are none or the full size.
       {"broadcast values off src",
-       Request(v1::COLLECTIVE_OP_BROADCAST, v1::COLLECTIVE_DTYPE_INT64, {1}, 8),
-       absl::StatusCode::kInvalidArgument, "only the broadcast's src"},
+       Request(v1::COLLECTIVE_OP_BROADCAST, v1::COLLECTIVE_DTYPE_INT64, {2}, 8),
+       absl::StatusCode::kInvalidArgument, "or none"},
+      {"broadcast from src without values",
+       Request(v1::COLLECTIVE_OP_BROADCAST, v1::COLLECTIVE_DTYPE_INT64, {2}, 0),
+       absl::StatusCode::kInvalidArgument, "want 16"},
   };
+  cases.back().request.set_rank(1);  // the src
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const absl::Status s = ValidateCollective(c.request, /*src_rank=*/1);
