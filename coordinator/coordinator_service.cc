@@ -159,6 +159,7 @@ void CoordinatorService::Shutdown() {
   for (const std::shared_ptr<WatchReactor>& w : Watchers()) {
     w->RequestFinish(ShuttingDown());
   }
+  collectives_.Shutdown();
   stop_.Notify();
   notifier_.join();
 }
@@ -169,8 +170,11 @@ void CoordinatorService::NotifyLoop() {
     // A bounded wait, so that Shutdown is noticed within it.
     std::optional<v1::ClusterView> view = membership_->AwaitViewAfter(
         generation, absl::Now() + absl::Milliseconds(100));
+    // So a collective's timeout is noticed within 100 ms.
+    collectives_.ExpireWaits(absl::Now());
     if (!view.has_value()) continue;
     generation = view->generation();
+    collectives_.DropDeparted(*view);
     auto shared = std::make_shared<const v1::ClusterView>(*std::move(view));
     for (const std::shared_ptr<WatchReactor>& w : Watchers()) w->Offer(shared);
   }
@@ -246,6 +250,21 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
   *response = membership_->Report();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Collective(
+    grpc::CallbackServerContext* ctx, const v1::CollectiveRequest* request,
+    v1::CollectiveResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // `response` lives until Finish; the answer may come from another
+  // caller's thread or the notifier.
+  collectives_.Call(
+      *request, membership_->View(), absl::Now(),
+      [reactor, response](absl::StatusOr<v1::CollectiveResponse> result) {
+        if (result.ok()) *response = *std::move(result);
+        reactor->Finish(ToGrpcStatus(result.status()));
+      });
   return reactor;
 }
 

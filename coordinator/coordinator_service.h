@@ -1,6 +1,8 @@
-// The Coordinator gRPC service: thin callback handlers over a Membership, and
-// WatchCluster streams fed by a notifier thread that wakes every open stream
-// when the generation changes, so no callback thread ever blocks.
+// The Coordinator gRPC service: thin callback handlers over a Membership and
+// the job's Collectives, and WatchCluster streams fed by a notifier thread
+// that wakes every open stream when the generation changes (and fails the
+// collectives that wait for a member gone, or past their timeout), so no
+// callback thread ever blocks.
 #ifndef SHARDPS_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SHARDPS_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -12,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "coordinator/collectives.h"
 #include "coordinator/membership.h"
 #include "shardps/v1/coordinator.grpc.pb.h"
 
@@ -31,9 +34,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // Calls Shutdown().
   ~CoordinatorService() override;
 
-  // Ends every open WatchCluster stream with UNAVAILABLE (later ones end at
-  // once) and stops the notifier. Call before grpc::Server::Shutdown, which
-  // would otherwise wait for the streams until its deadline. Idempotent.
+  // Ends every open WatchCluster stream and pending Collective call with
+  // UNAVAILABLE (later ones end at once) and stops the notifier. Call before
+  // grpc::Server::Shutdown, which would otherwise wait for the streams until
+  // its deadline. Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
@@ -54,12 +58,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetJobStatus(grpc::CallbackServerContext* ctx,
                                          const v1::JobStatusRequest* request,
                                          v1::JobStatus* response) override;
+  // Answered when every participant called it (or it failed): the reactor
+  // is finished by whichever thread completes the collective.
+  grpc::ServerUnaryReactor* Collective(
+      grpc::CallbackServerContext* ctx, const v1::CollectiveRequest* request,
+      v1::CollectiveResponse* response) override;
 
   // For WatchReactor::OnDone: forgets a finished stream.
   void Unregister(WatchReactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Offers each new view to every registered stream until Shutdown.
+  // Offers each new view to every registered stream, and fails the
+  // collectives it (or the time) ends, until Shutdown.
   void NotifyLoop();
   std::vector<std::shared_ptr<WatchReactor>> Watchers() const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -67,6 +77,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Membership* const membership_;
   CoordinatorMetrics* const metrics_;
   absl::Notification stop_;
+  Collectives collectives_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

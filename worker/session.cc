@@ -1,5 +1,6 @@
 #include "worker/session.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "coordinator/client/cluster_view.h"
+#include "coordinator/collective_reduce.h"
 #include "worker/worker_job.h"
 
 namespace shardps::worker {
@@ -208,6 +210,36 @@ absl::StatusOr<bool> Session::FinishStep() {
 }
 
 void Session::AbortStep() { client_->AbortStep(); }
+
+absl::StatusOr<std::string> Session::Collective(
+    v1::CollectiveOp op, v1::CollectiveDtype dtype,
+    const std::vector<int64_t>& shape, std::string values, int32_t src,
+    absl::Duration timeout) {
+  v1::CollectiveRequest request;
+  request.set_sequence(++collectives_);
+  request.set_op(op);
+  request.set_dtype(dtype);
+  for (int64_t d : shape) request.add_shape(d);
+  request.set_src(src);
+  request.set_timeout_ms(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  if (coordinator_ == nullptr) {
+    if (num_workers_ > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "collectives go through the coordinator, and this static job of ",
+          num_workers_,
+          " workers has none: start it with a coordinator "
+          "(SHARDPS_COORDINATOR, as shardps-local does)"));
+    }
+    request.set_values(values);
+    SHARDPS_RETURN_IF_ERROR(coordinator::ValidateCollective(request, rank_));
+    return values;  // the result over one rank
+  }
+  request.set_values(std::move(values));
+  SHARDPS_ASSIGN_OR_RETURN(v1::CollectiveResponse response,
+                           coordinator_->Collective(std::move(request)));
+  return std::move(*response.mutable_values());
+}
 
 void Session::SetProgress(int64_t step, int64_t epoch) {
   if (coordinator_ != nullptr) coordinator_->SetProgress(step, epoch);

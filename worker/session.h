@@ -101,6 +101,20 @@ class Session {
   void AbortStep();
   bool step_open() const { return client_->step_open(); }
 
+  // One collective over the job's live workers (rpc Collective in
+  // coordinator.proto): every rank calls the same ones in the same order.
+  // `values` holds this rank's tensor (raw little-endian, as the request's
+  // dtype and shape say; empty for a barrier and for a broadcast off src)
+  // and receives the result. The sequence number is the session's own
+  // count. Without a coordinator a job of one worker answers locally (the
+  // result of one rank is its own values); a larger static job has no one
+  // to match the calls: FailedPrecondition. The codes of rpc Collective.
+  absl::StatusOr<std::string> Collective(v1::CollectiveOp op,
+                                         v1::CollectiveDtype dtype,
+                                         const std::vector<int64_t>& shape,
+                                         std::string values, int32_t src,
+                                         absl::Duration timeout);
+
   // Tells the coordinator how far training got (for `shardps-ctl status`
   // and for workers that join later). No-op without a coordinator.
   void SetProgress(int64_t step, int64_t epoch);
@@ -127,7 +141,8 @@ class Session {
   std::unique_ptr<Recovery> recovery_;
   int64_t steps_per_epoch_ = 1;
   int64_t step_ = 0;
-  bool done_ = false;  // Finish or Leave was called
+  uint64_t collectives_ = 0;  // called so far: the last sequence number
+  bool done_ = false;         // Finish or Leave was called
 };
 
 }  // namespace shardps::worker

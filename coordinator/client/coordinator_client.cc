@@ -18,6 +18,10 @@ namespace {
 // A watch stream is reopened this often, so that it has a deadline like every
 // other RPC; views it missed in between come with the new stream.
 constexpr absl::Duration kWatchStreamLifetime = absl::Seconds(60);
+// How much longer than a collective's own timeout its call waits: the
+// coordinator notices the timeout within 100 ms and answers with the ranks
+// missing.
+constexpr absl::Duration kCollectiveAnswerSlack = absl::Seconds(5);
 // How often a wait between join attempts asks whether to give up.
 constexpr absl::Duration kCancelCheckInterval = absl::Milliseconds(100);
 
@@ -79,6 +83,26 @@ absl::StatusOr<v1::JoinResponse> CoordinatorClient::JoinOnce(
   const absl::Status s = FromGrpcStatus(stub_->Join(&ctx, request, &response));
   if (!s.ok())
     return WithPrefix(absl::StrCat("coordinator ", options_.coordinator), s);
+  return response;
+}
+
+absl::StatusOr<v1::CollectiveResponse> CoordinatorClient::Collective(
+    v1::CollectiveRequest request) {
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_rank(index_);
+  }
+  request.set_incarnation(options_.incarnation);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(ToChrono(absl::Now() +
+                            absl::Milliseconds(request.timeout_ms()) +
+                            kCollectiveAnswerSlack));
+  v1::CollectiveResponse response;
+  const absl::Status s =
+      FromGrpcStatus(stub_->Collective(&ctx, request, &response));
+  if (!s.ok()) {
+    return WithPrefix(absl::StrCat("coordinator ", options_.coordinator), s);
+  }
   return response;
 }
 

@@ -99,6 +99,16 @@ class CoordinatorClient {
       const std::function<bool(const v1::ClusterView&)>& ready,
       absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // One call of rpc Collective, as this member (rank and incarnation are
+  // filled in): waits for the coordinator's answer until the request's
+  // timeout_ms and a few seconds more (so that the coordinator's
+  // DEADLINE_EXCEEDED, which names the ranks missing, comes first). Not
+  // retried: a second call of a sequence would be refused. The codes of
+  // rpc Collective; Unavailable when the coordinator is gone. REQUIRES:
+  // Join succeeded.
+  absl::StatusOr<v1::CollectiveResponse> Collective(
+      v1::CollectiveRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Stops heartbeating and ends the membership (clean shutdown). One attempt
   // per rpc_timeout until `deadline`. NotFound when the coordinator had
   // already forgotten it (nothing left to end).

