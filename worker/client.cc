@@ -23,8 +23,6 @@
 #include "worker/client.h"
 
 #include <algorithm>
-#include <functional>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +31,7 @@
 #include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/partitioner.h"
+#include "common/run_parallel.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
 #include "worker/open_step.h"
@@ -41,36 +40,8 @@ namespace shardps {
 
 namespace {
 
-// Delays between attempts of a step or a Pull, and between asks to a shard
-// that is not ready yet (those capped at 1 s: it comes up any moment).
-Backoff RetryBackoff(const ClientOptions& o) {
-  return Backoff(o.initial_backoff, o.max_backoff);
-}
-Backoff WaitBackoff(const ClientOptions& o) {
-  return Backoff(o.initial_backoff,
-                 std::max(o.initial_backoff, absl::Seconds(1)));
-}
-
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
-}
-
-// Runs fn(i) for i in [0, n) on n threads; returns the first error.
-absl::Status RunParallel(size_t n,
-                         const std::function<absl::Status(size_t)>& fn) {
-  std::vector<absl::Status> statuses(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  // The calling thread takes the last item itself.
-  for (size_t i = 0; i + 1 < n; ++i) {
-    threads.emplace_back([&, i] { statuses[i] = fn(i); });
-  }
-  if (n > 0) statuses[n - 1] = fn(n - 1);
-  for (std::thread& t : threads) t.join();
-  for (absl::Status& s : statuses) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -133,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 absl::Status Client::DeclareOn(size_t shard, const v1::DeclareRequest& req,
                                absl::Time deadline, v1::DeclareResponse* resp) {
   Lane& lane = *lanes_[shard * options_.streams_per_shard];
-  Backoff backoff = WaitBackoff(options_);
+  Backoff backoff = options_.WaitBackoff();
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -512,7 +483,7 @@ absl::Status Client::RetryLane(Lane* lane, absl::Status s,
   for (uint32_t id : lane->chunk_ids) {
     if (!done[id]) pending.push_back(id);
   }
-  Backoff backoff = RetryBackoff(options_);
+  Backoff backoff = options_.RetryBackoff();
   for (int attempt = 1;
        !pending.empty() && IsRetryable(s) && attempt < options_.max_attempts;
        ++attempt) {
@@ -567,83 +538,6 @@ absl::Status Client::Push(int64_t step, const ConstTensors& gradients) {
 absl::Status Client::Initialize(const ConstTensors& values,
                                 const Tensors& weights) {
   return Step(0, values, &weights, /*initial_values=*/true);
-}
-
-absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
-  Lane& lane = *lanes_[shard * options_.streams_per_shard];
-  const size_t owned = std::count(shard_of_.begin(), shard_of_.end(), shard);
-  // Pull sends sparse weights whole.
-  const bool sparse = options_.compression.weights == v1::ENCODING_TOPK;
-  Backoff backoff = RetryBackoff(options_);
-  absl::Status status;
-  for (int attempt = 1;; ++attempt) {
-    v1::PullRequest req;
-    req.set_encoding(sparse ? v1::ENCODING_FP32 : options_.compression.weights);
-    SharedRegion* region = sparse ? nullptr : shm_.PullRegion(shard);
-    if (region != nullptr) {
-      auto& offsets = *req.mutable_reply_shm_offsets();
-      for (uint32_t id = 0; id < chunks_.size(); ++id) {
-        if (shard_of_[id] == shard) offsets[id] = plan_.pull_at[id];
-      }
-    }
-    size_t received = 0;
-    status = lane.Pull(req, region, options_.rpc_timeout, [&](Reply* r) {
-      const uint32_t id = r->response.chunk_id();
-      if (id >= chunks_.size() || shard_of_[id] != shard) {
-        return absl::InternalError(
-            absl::StrCat("server sent chunk ", id, " which it does not own"));
-      }
-      const ChunkSpec& c = chunks_[id];
-      SHARDPS_RETURN_IF_ERROR(reader_.Read(r, c,
-                                           weights[c.tensor].data() + c.offset,
-                                           region, plan_.pull_at[id]));
-      ++received;
-      return absl::OkStatus();
-    });
-    if (status.ok() && received != owned) {
-      status = absl::InternalError(absl::StrCat(
-          "Pull returned ", received, " chunks; the shard owns ", owned));
-    }
-    if (status.ok()) break;
-    // The shard may still be writing into this call's region.
-    if (region != nullptr) shm_.DropPullRegion(shard);
-    // The shard cannot map it: over gRPC.
-    if (shm::IsFallback(status)) shm_.Fallback(shard);
-    if (!IsRetryable(status) || attempt >= options_.max_attempts) break;
-    retries_.fetch_add(1);
-    absl::SleepFor(backoff.Next());
-  }
-  return WithPrefix(
-      absl::StrCat("Pull from shard ", shard, " at ", lane.address), status);
-}
-
-absl::Status Client::Pull(const Tensors& weights) {
-  if (open_ != nullptr) {
-    // Its lanes' readers use the same reply buffers (and sparse copies).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Pull while step ", open_->step(), " is open: FinishStep first"));
-  }
-  ConstTensors shapes(weights.begin(), weights.end());
-  SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
-  return RunParallel(options_.servers.size(), [&](size_t shard) {
-    return PullShard(static_cast<uint32_t>(shard), weights);
-  });
-}
-
-absl::Status Client::PullWhenReady(const Tensors& weights,
-                                   absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  Backoff backoff = WaitBackoff(options_);
-  while (true) {
-    absl::Status s = Pull(weights);
-    if (!absl::IsUnavailable(s)) return s;
-    if (absl::Now() + backoff.Peek() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the model's weights were not ready within ",
-                       absl::FormatDuration(timeout), ": ", s.message()));
-    }
-    absl::SleepFor(backoff.Next());
-  }
 }
 
 absl::Status Client::JoinAt(int64_t step) {

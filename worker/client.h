@@ -25,6 +25,7 @@
 #ifndef SHARDPS_WORKER_CLIENT_H_
 #define SHARDPS_WORKER_CLIENT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/backoff.h"
 #include "common/chunking.h"
 #include "common/security.h"
 #include "common/shared_memory.h"
@@ -73,6 +75,14 @@ struct ClientOptions {
   int max_attempts = 6;
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(5);
+  // The delays between attempts (initial_backoff doubling up to
+  // max_backoff), and between asks to a shard that is not up yet (capped
+  // at 1 s: it comes up any moment).
+  Backoff RetryBackoff() const { return Backoff(initial_backoff, max_backoff); }
+  Backoff WaitBackoff() const {
+    return Backoff(initial_backoff,
+                   std::max(initial_backoff, absl::Seconds(1)));
+  }
   // How gradients and weights cross the wire (worker/compression.h): fp32
   // both ways by default.
   Compression compression;

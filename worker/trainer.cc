@@ -298,19 +298,72 @@ std::vector<uint32_t> Trainer::EpochRanks() const {
                               options_.num_workers, options_.rank);
 }
 
-absl::StatusOr<TrainResult> Trainer::Run() {
-  SHARDPS_ASSIGN_OR_RETURN(
-      const int64_t steps_per_epoch,
-      StepsPerEpoch(train_.num_samples(), options_.batch_size,
-                    options_.num_workers));
+absl::Status Trainer::Prepare() {
   // Fewer workers may share a batch later: room for the whole batch.
   const int64_t max_batch = std::max<int64_t>(options_.batch_size, 1000);
   eval_batch_ = max_batch;
   SHARDPS_RETURN_IF_ERROR(backend_->Init(model_, static_cast<int>(max_batch)));
   x_.resize(max_batch * model_.num_features());
   labels_.resize(max_batch);
-  SHARDPS_RETURN_IF_ERROR(client_->Declare(
-      ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_));
+  return client_->Declare(
+      ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
+}
+
+int Trainer::StartEpoch(int epoch, std::vector<uint32_t>* last_ranks) {
+  const std::vector<uint32_t> ranks = EpochRanks();
+  if (ranks != *last_ranks) {
+    LogInfo("epoch %d: the global batch is sharded over %d worker(s), ranks %s",
+            epoch, ranks.size(), absl::StrJoin(ranks, ","));
+    *last_ranks = ranks;
+  }
+  epoch_workers_ = static_cast<uint32_t>(ranks.size());
+  return static_cast<int>(
+      std::lower_bound(ranks.begin(), ranks.end(), options_.rank) -
+      ranks.begin());
+}
+
+absl::Status Trainer::EndEpoch(int epoch, int64_t step, bool last,
+                               const EpochStats& stats, TrainResult* result) {
+  TrainResult& r = *result;
+  const absl::Duration epoch_time = absl::Now() - stats.start;
+  r.epoch = epoch;
+  r.step = step;
+  r.train_loss = stats.loss_sum / std::max<int64_t>(1, stats.steps);
+  const bool lead = options_.lead ? options_.lead() : options_.rank == 0;
+  if (lead) {
+    std::optional<EvalResult> eval;
+    if (test_.has_value() && test_->num_samples() > 0 &&
+        (last || epoch % options_.eval_every_epochs == 0)) {
+      SHARDPS_ASSIGN_OR_RETURN(eval, Evaluate());
+      r.test_accuracy =
+          static_cast<double>(eval->correct) / test_->num_samples();
+    }
+    const double total =
+        absl::ToDoubleSeconds(stats.compute + stats.push + stats.wait);
+    LogInfo(
+        "epoch %d/%d step %d train_loss %.4f test_accuracy %s samples/s "
+        "%.0f compute %.0f%% push %.0f%% wait %.0f%% (per step: compute "
+        "%.2f ms, exchange %.2f ms, %.2f ms of it not hidden)",
+        epoch, options_.epochs, step, r.train_loss,
+        eval ? absl::StrFormat("%.4f", r.test_accuracy) : "-",
+        stats.samples / absl::ToDoubleSeconds(epoch_time),
+        100 * absl::ToDoubleSeconds(stats.compute) / total,
+        100 * absl::ToDoubleSeconds(stats.push) / total,
+        100 * absl::ToDoubleSeconds(stats.wait) / total,
+        stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
+        stats.PerStepMs(stats.exposed));
+    SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,
+                                            eval ? &*eval : nullptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  SHARDPS_ASSIGN_OR_RETURN(
+      const int64_t steps_per_epoch,
+      StepsPerEpoch(train_.num_samples(), options_.batch_size,
+                    options_.num_workers));
+  SHARDPS_RETURN_IF_ERROR(Prepare());
   const int64_t total_steps =
       options_.max_steps > 0
           ? std::min<int64_t>(options_.max_steps,
@@ -343,17 +396,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   const int first_epoch = static_cast<int>(step / steps_per_epoch) + 1;
   for (int epoch = first_epoch; epoch <= options_.epochs; ++epoch) {
     const std::vector<int64_t> perm = EpochPermutation(n, options_.seed, epoch);
-    const std::vector<uint32_t> ranks = EpochRanks();
-    if (ranks != last_ranks) {
-      LogInfo(
-          "epoch %d: the global batch is sharded over %d worker(s), ranks %s",
-          epoch, ranks.size(), absl::StrJoin(ranks, ","));
-      last_ranks = ranks;
-    }
-    epoch_workers_ = static_cast<uint32_t>(ranks.size());
-    const int position = static_cast<int>(
-        std::lower_bound(ranks.begin(), ranks.end(), options_.rank) -
-        ranks.begin());
+    const int position = StartEpoch(epoch, &last_ranks);
     EpochStats stats;
     int64_t rejoined_at = -1;
     bool stop = options_.max_steps > 0 && step >= options_.max_steps;
@@ -384,36 +427,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       continue;
     }
     const bool last = stop || epoch == options_.epochs;
-    const absl::Duration epoch_time = absl::Now() - stats.start;
-    result.epoch = epoch;
-    result.step = step;
-    result.train_loss = stats.loss_sum / std::max<int64_t>(1, stats.steps);
-    const bool lead = options_.lead ? options_.lead() : options_.rank == 0;
-    if (lead) {
-      std::optional<EvalResult> eval;
-      if (test_.has_value() && test_->num_samples() > 0 &&
-          (last || epoch % options_.eval_every_epochs == 0)) {
-        SHARDPS_ASSIGN_OR_RETURN(eval, Evaluate());
-        result.test_accuracy =
-            static_cast<double>(eval->correct) / test_->num_samples();
-      }
-      const double total =
-          absl::ToDoubleSeconds(stats.compute + stats.push + stats.wait);
-      LogInfo(
-          "epoch %d/%d step %d train_loss %.4f test_accuracy %s samples/s "
-          "%.0f compute %.0f%% push %.0f%% wait %.0f%% (per step: compute "
-          "%.2f ms, exchange %.2f ms, %.2f ms of it not hidden)",
-          epoch, options_.epochs, step, result.train_loss,
-          eval ? absl::StrFormat("%.4f", result.test_accuracy) : "-",
-          stats.samples / absl::ToDoubleSeconds(epoch_time),
-          100 * absl::ToDoubleSeconds(stats.compute) / total,
-          100 * absl::ToDoubleSeconds(stats.push) / total,
-          100 * absl::ToDoubleSeconds(stats.wait) / total,
-          stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
-          stats.PerStepMs(stats.exposed));
-      SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,
-                                              eval ? &*eval : nullptr));
-    }
+    SHARDPS_RETURN_IF_ERROR(EndEpoch(epoch, step, last, stats, &result));
     if (stop) break;
   }
   if (options_.lead ? options_.lead() : options_.rank == 0) {

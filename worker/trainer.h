@@ -117,6 +117,13 @@ class Trainer {
   absl::StatusOr<EvalResult> Evaluate();
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
+  // Run's parts: the backend, buffers and Declare; an epoch's ranks (logged
+  // when they change from *last_ranks) and this rank's position among
+  // them; an epoch's result, log line, evaluation and metrics row.
+  absl::Status Prepare();
+  int StartEpoch(int epoch, std::vector<uint32_t>* last_ranks);
+  absl::Status EndEpoch(int epoch, int64_t step, bool last,
+                        const EpochStats& stats, TrainResult* result);
   absl::Status WriteMetricsRow(int epoch, int64_t step, const EpochStats& s,
                                absl::Duration epoch_time,
                                const EvalResult* eval);
