@@ -16,6 +16,8 @@ timeout_s runs out.
 import numpy as np
 import torch
 
+from . import _context
+
 MAX_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -26,8 +28,7 @@ _OPS = ("mean", "sum", "max", "min")
 
 
 def _session(context):
-    from . import torch as spt  # shardps.torch imports this module
-    return spt._context_or(context).session
+    return _context._context_or(context).session
 
 
 def _check(tensor, what):
