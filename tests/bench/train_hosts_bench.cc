@@ -397,6 +397,20 @@ void PrintTable(const TrainHostsOptions& o, int64_t rate,
         r.ddp.accuracy, a, FormatBytes(sa), sa * 8.0 / rate / r.shardps.train_s,
         b, FormatBytes(sb), sb * 8.0 / rate / r.ddp.train_s);
   }
+  // DDP's fp16 hook sums in fp16 on the CPU, which can cost more than the
+  // bytes it saves: compare a bf16 row with DDP's fp32 too.
+  for (const RowResult& r : results) {
+    for (const RowResult& fp32 : results) {
+      if (r.row.compression == "bf16" && fp32.row.compression == "fp32" &&
+          fp32.row.workers == r.row.workers &&
+          fp32.row.servers == r.row.servers) {
+        absl::PrintF("%dx%d bf16: shardps / DDP fp32 (%.1f s) %.2f\n",
+                     r.row.workers, r.row.servers, fp32.ddp.train_s,
+                     r.shardps.train_s / fp32.ddp.train_s);
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace
