@@ -49,14 +49,15 @@ int Slot(const LaunchOptions& o, const std::string& name) {
 
 std::string SlotAddress(int slot) { return absl::StrCat(kSubnet, slot + 1); }
 
-// Whether `pid` is a running shardps-local (not a pid reused by another
-// program since the launcher that made a namespace died).
+// Whether `pid` is a running program that makes emulated hosts:
+// shardps-local, or shardps-bench (train --emulate_hosts), not a pid reused
+// by another program since the one that made a namespace died.
 bool IsRunningLauncher(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
   std::ifstream comm(absl::StrCat("/proc/", pid, "/comm"));
   std::string name;
   std::getline(comm, name);
-  return name == "shardps-local";
+  return name == "shardps-local" || name == "shardps-bench";
 }
 
 // The pid of a namespace named shardps-<pid>-..., or 0.

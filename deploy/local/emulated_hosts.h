@@ -2,7 +2,7 @@
 // a network namespace of its own, whose one network card (eth0) is a veth to
 // a port of a Linux bridge in a switch namespace, shaped by a tc tbf both
 // ways, so every host has a full-duplex link of one rate. Used by the
-// Launcher from one thread.
+// Launcher and shardps-bench train --emulate_hosts, from one thread.
 #ifndef SHARDPS_DEPLOY_LOCAL_EMULATED_HOSTS_H_
 #define SHARDPS_DEPLOY_LOCAL_EMULATED_HOSTS_H_
 
@@ -58,7 +58,8 @@ std::string FormatLinkBytes(const std::vector<HostLinkBytes>& bytes,
 class EmulatedHosts {
  public:
   // First removes what launchers that died left behind (namespaces
-  // shardps-<pid>-* of a pid that is no running shardps-local), then makes
+  // shardps-<pid>-* of a pid that is no running shardps-local or
+  // shardps-bench), then makes
   // the switch and `hosts`, with a tbf of `shape` on each eth0 (what the
   // host sends) and each switch port (what it receives).
   //   Internal: a command failed; the message has its output. Whatever

@@ -24,6 +24,7 @@
 #include "tests/bench/scale_bench.h"
 #include "tests/bench/torch_bench.h"
 #include "tests/bench/train_bench.h"
+#include "tests/bench/train_hosts_bench.h"
 #include "tests/bench/transport_bench.h"
 
 ABSL_FLAG(std::string, server_binary, "",
@@ -31,7 +32,17 @@ ABSL_FLAG(std::string, server_binary, "",
 ABSL_FLAG(std::string, coordinator_binary, "",
           "scale: shardps-coordinator to start; default: next to this "
           "binary's build.");
-ABSL_FLAG(int32_t, epochs, 10, "Epochs (train).");
+ABSL_FLAG(int32_t, epochs, 10,
+          "Epochs (train; 2 unless given with --emulate_hosts).");
+ABSL_FLAG(bool, emulate_hosts, false,
+          "train: shardps (shardps-local --emulate_hosts) and PyTorch DDP "
+          "(gloo ring all-reduce, a rank per host) with every process on an "
+          "emulated host whose link is --link each way (root, iproute2, "
+          "python3-torch, an optimized build); one row per --rows and "
+          "--compressions.");
+ABSL_FLAG(std::string, rows, "2x2,4x4",
+          "train --emulate_hosts: WORKERSxSERVERS of each row (DDP: WORKERS "
+          "ranks), e.g. 2x2,4x4,4x1.");
 ABSL_FLAG(int32_t, steps, 10,
           "Measured steps per configuration (scale: per row, fewer for big "
           "rows, more for fast ones).");
@@ -51,7 +62,9 @@ ABSL_FLAG(std::string, compressions, "",
           "transport: instead of the table, PushPull step times of these "
           "codecs against the first, each GRADIENTS[/WEIGHTS] as "
           "--compression and --weight_encoding spell them, e.g. "
-          "none,bf16/bf16,topk:0.01/topk:0.05.");
+          "none,bf16/bf16,topk:0.01/topk:0.05. train --emulate_hosts: fp32 "
+          "(default) and/or bf16 (both ways; DDP all-reduces fp16), e.g. "
+          "fp32,bf16.");
 ABSL_FLAG(std::string, model, "w",
           "transport codec runs: w (one tensor of --model_mib) or mlp (the "
           "main job's model).");
@@ -79,6 +92,7 @@ ABSL_FLAG(std::string, scale_coordinator, "",
 ABSL_FLAG(uint64_t, scale_incarnation, 0,
           "scale_members: rank r joins with this incarnation + r.");
 ABSL_FLAG(std::string, link, "",
+          "train --emulate_hosts: each host's link, as tc writes a rate. "
           "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
           "between a servers' and a workers' network namespace, shaped with "
           "tbf each way (needs root, ip and tc); empty: loopback. Unless "
@@ -254,6 +268,25 @@ absl::Status Run(const std::string& command) {
           return WritePortFile(absl::GetFlag(FLAGS_port_file), port);
         });
   }
+  if (command == "train" && absl::GetFlag(FLAGS_emulate_hosts)) {
+    TrainHostsOptions o;
+    o.local_binary = SiblingBinary("deploy/local/shardps-local");
+    o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
+    o.epochs = Given(FLAGS_epochs) ? absl::GetFlag(FLAGS_epochs) : 2;
+    o.link = absl::GetFlag(FLAGS_link);
+    if (o.link.empty()) {
+      return absl::InvalidArgumentError(
+          "train --emulate_hosts needs --link=RATE, each host's link (e.g. "
+          "1gbit)");
+    }
+    SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(o.link).status());
+    const std::string compressions = absl::GetFlag(FLAGS_compressions);
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.rows,
+        ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
+                            compressions.empty() ? "fp32" : compressions));
+    return RunTrainHostsBench(o);
+  }
   if (command == "train") {
     TrainOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
@@ -287,6 +320,9 @@ int main(int argc, char** argv) {
       "torch [flags]\n"
       "  shardps-bench transport --link=1gbit  (as root: across a "
       "tbf-shaped veth link between two network namespaces)\n"
+      "  shardps-bench train --emulate_hosts --link=1gbit --rows=2x2,4x4 "
+      "--compressions=fp32,bf16  (as root: shardps and PyTorch DDP with "
+      "every process on an emulated host of its own)\n"
       "  shardps-bench scale --scale_workers=1,8,64 --scale_shards=1,4 "
       "--scale_models_mib=2,64  (a coordinated job: step time, bytes/s per "
       "shard, server RSS, connections, coordinator CPU as workers grow)");

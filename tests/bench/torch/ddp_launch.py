@@ -1,6 +1,8 @@
 """Starts a PyTorch DDP job of N processes on this machine (gloo on a free
-127.0.0.1 port) and returns what rank 0 reports: shared by the DDP baselines
-of shardps-bench (mlp_ddp.py for `train`, ddp_bench.py for `torch`)."""
+127.0.0.1 port) and returns what rank 0 reports, or runs one rank of a job
+whose ranks another program started (each on a host of its own): shared by
+the DDP baselines of shardps-bench (mlp_ddp.py for `train`, ddp_bench.py for
+`torch`)."""
 
 import os
 import queue as queue_module
@@ -27,6 +29,23 @@ def _entry(target, rank, processes, port, args, results):
     if rank == 0:
         results.put(result)
     dist.destroy_process_group()
+
+
+def run_rank(target, args, rank, processes, master, ifname=None):
+    """Runs target(rank, args) as rank `rank` of `processes`, meeting the
+    others at `master` ("ADDR:PORT", rank 0's host; rank 0 listens there);
+    gloo's connections use network card `ifname` when given (in a network
+    namespace the host name may not resolve to the card's address). Returns
+    target's return value."""
+    addr, port = master.rsplit(":", 1)
+    os.environ["MASTER_ADDR"] = addr
+    os.environ["MASTER_PORT"] = port
+    if ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    dist.init_process_group("gloo", rank=rank, world_size=processes)
+    result = target(rank, args)
+    dist.destroy_process_group()
+    return result
 
 
 def run(target, args, processes):
