@@ -122,8 +122,8 @@ absl::StatusOr<NetworkTools> FindNetworkTools(absl::string_view what) {
   return tools;
 }
 
-absl::StatusOr<std::string> RunNetworkCommand(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+absl::StatusOr<std::string> RunShellCommand(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("popen failed");
   std::string out;
   char buf[4096];

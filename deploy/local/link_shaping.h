@@ -48,9 +48,14 @@ struct NetworkTools {
 // them) when this process is not root or a tool is missing.
 absl::StatusOr<NetworkTools> FindNetworkTools(absl::string_view what);
 
-// Runs `command` through the shell: its stdout and stderr, or Internal
-// with the command, its exit status and its output.
-absl::StatusOr<std::string> RunNetworkCommand(const std::string& command);
+// Runs `command` through the shell: its stdout, or Internal with the
+// command, its exit status and its output.
+absl::StatusOr<std::string> RunShellCommand(const std::string& command);
+// RunShellCommand with stderr in the output too (what ip and tc say).
+inline absl::StatusOr<std::string> RunNetworkCommand(
+    const std::string& command) {
+  return RunShellCommand(command + " 2>&1");
+}
 
 }  // namespace shardps::local
 

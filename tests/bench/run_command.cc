@@ -2,26 +2,13 @@
 
 #include <sys/resource.h>
 
-#include <cstdio>
-
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "deploy/local/link_shaping.h"
 
 namespace shardps::bench {
 
 absl::StatusOr<std::string> RunCommand(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("popen failed");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  const int status = pclose(pipe);
-  if (status != 0) {
-    return absl::InternalError(
-        absl::StrCat("`", command, "` exited with ", status, ":\n", out));
-  }
-  return out;
+  return local::RunShellCommand(command);
 }
 
 absl::StatusOr<std::string> RunCommand(const std::string& command,
