@@ -52,6 +52,14 @@ struct PushArgs {
   // The payload is the chunk's initial weights (InitSpec KIND_PROVIDED),
   // handled by the store, never by an Aggregator; `step` is not checked.
   bool initial_values = false;
+  // Two-phase steps (sync only; PushPullRequest.second_phase): the chunk's
+  // update waits for the step's decision, and a `loss_scale` (> 0) unscales
+  // the averaged gradient and lets non-finite gradients in. A push with a
+  // `decision` carries no gradient: it is that decision for the chunk's
+  // sealed step.
+  bool second_phase = false;
+  std::optional<float> loss_scale;
+  std::optional<StepDecision> decision;
   // The gradient bytes, decoded once into the aggregation buffer when
   // accepted.
   const ByteSource* payload = nullptr;

@@ -346,13 +346,18 @@ absl::Status ReadChunksFromFile(const CheckpointInfo& ckpt,
   }
   SHARDPS_ASSIGN_OR_RETURN(const auto versions,
                            ParseVersions(path, md["versions"]));
+  SHARDPS_ASSIGN_OR_RETURN(const auto skipped,
+                           ParseVersions(path, md["skipped"]));
   for (const uint32_t id : ids) {
     const auto version = versions.find(id);
     if (version == versions.end()) {
       return absl::DataLossError(
           absl::StrCat(path, ": chunk ", id, " has no version"));
     }
-    ChunkState state{id, version->second, {}, {}};
+    ChunkState state{id, version->second, 0, {}, {}};
+    if (const auto it = skipped.find(id); it != skipped.end()) {
+      state.skipped_updates = it->second;
+    }
     const size_t n = static_cast<size_t>(plan.chunks[id].num_elements);
     for (int slot = -1; slot < plan.num_slots[id]; ++slot) {
       const auto it = by_name.find(TensorName(id, slot));
@@ -438,10 +443,14 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
 
   std::vector<SafetensorsTensor> tensors;
   std::vector<std::string> versions;
+  std::vector<std::string> skipped;
   uint32_t data_crc = 0;  // tensors are written contiguously in this order
   uint64_t data_bytes = 0;
   for (const ChunkState* c : ordered) {
     versions.push_back(absl::StrCat(c->chunk_id, ":", c->version));
+    if (c->skipped_updates > 0) {
+      skipped.push_back(absl::StrCat(c->chunk_id, ":", c->skipped_updates));
+    }
     for (int slot = -1; slot < plan.num_slots[c->chunk_id]; ++slot) {
       const std::vector<float>& v = slot < 0 ? c->weights : c->slots[slot];
       tensors.push_back({TensorName(c->chunk_id, slot),
@@ -454,7 +463,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
   v1::DeclareRequest model = declaration;
   model.clear_num_shards();  // the model, not this shard's view of it
   model.clear_shard_index();
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"step", absl::StrCat(step)},
       {"shard_index", absl::StrCat(shard_index)},
       {"num_shards", absl::StrCat(num_shards)},
@@ -462,6 +471,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
       {"declaration", absl::Base64Escape(model.SerializeAsString())},
       {"versions", absl::StrJoin(versions, ",")},
       {"crc32c", absl::StrFormat("%08x", data_crc)}};
+  if (!skipped.empty()) metadata["skipped"] = absl::StrJoin(skipped, ",");
   ShardFile file{step, shard_index, num_shards, plan.fingerprint,
                  ShardFileName(shard_index, num_shards)};
   const std::string path = absl::StrCat(step_dir, "/", file.name);

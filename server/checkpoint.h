@@ -26,6 +26,8 @@ namespace shardps::server {
 struct ChunkState {
   uint32_t chunk_id = 0;
   int64_t version = 0;
+  // Of the `version` updates, those skipped whole (Chunk::skipped_updates).
+  int64_t skipped_updates = 0;
   std::vector<float> weights;
   std::vector<std::vector<float>> slots;
 };
@@ -72,8 +74,9 @@ absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
 // "chunk.<id>.weights" and "chunk.<id>.slot<k>" (F32, shape [n]) in chunk id
 // order; "__metadata__" holds step, shard_index, num_shards, fingerprint (16
 // hex digits), declaration (base64 of the serialized DeclareRequest with
-// num_shards and shard_index cleared), versions ("id:version,..." ascending)
-// and crc32c (8 hex digits, of the data section). A COMMITTED manifest already
+// num_shards and shard_index cleared), versions ("id:version,..." ascending),
+// skipped ("id:skipped_updates,..." of the chunks with any; absent when
+// none) and crc32c (8 hex digits, of the data section). A COMMITTED manifest already
 // in the step directory is removed first, so the step reads as uncommitted
 // until CommitCheckpoint runs again. Returns the file's entry for the
 // manifest. InvalidArgument for a bad layout, optimizer, step or shard view,

@@ -87,7 +87,8 @@ absl::Status CheckNotAwaiting(const Chunk& chunk) {
 }
 
 void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
-                         std::optional<float> learning_rate) const {
+                         std::optional<float> learning_rate,
+                         GradientScaling scaling) const {
   // At most two slots (Adam): no allocation on the update path.
   float* slot_ptrs[2] = {};
   for (size_t i = 0; i < chunk->slots.size(); ++i) {
@@ -106,8 +107,10 @@ void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
     counters_->weight_copies.fetch_add(1, std::memory_order_relaxed);
   }
   const absl::Time start = absl::Now();
+  scaling.skipped_updates = chunk->skipped_updates;
   chunk->optimizer->ApplySum(chunk->version, sum, count, chunk->weights->data(),
-                             slots, chunk->spec.num_elements, learning_rate);
+                             slots, chunk->spec.num_elements, learning_rate,
+                             scaling);
   if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
   Advance(chunk);
@@ -118,6 +121,11 @@ void ChunkUpdater::Skip(Chunk* chunk) const {
   // the workers' copy stays too, and is sent whole.
   chunk->changes.reset();
   Advance(chunk);
+}
+
+void ChunkUpdater::SkipWhole(Chunk* chunk) const {
+  ++chunk->skipped_updates;
+  Skip(chunk);
 }
 
 void ChunkUpdater::Advance(Chunk* chunk) const {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,19 @@ class ServerMetrics;
 // anyone else holds it (copy on write).
 using WeightsBuffer = std::shared_ptr<const std::vector<float>>;
 
+// A two-phase step's decision (v1::StepDecision).
+struct StepDecision {
+  float clip_coefficient = 1;
+  bool skip = false;
+  bool operator==(const StepDecision& o) const {
+    // Bitwise: two ranks computing "the same" coefficient differently must
+    // be told.
+    return skip == o.skip &&
+           std::memcmp(&clip_coefficient, &o.clip_coefficient, 4) == 0;
+  }
+  bool operator!=(const StepDecision& o) const { return !(*this == o); }
+};
+
 // The updated weights of one chunk, for one accepted push.
 struct ChunkReply {
   uint32_t chunk_id = 0;
@@ -39,6 +53,10 @@ struct ChunkReply {
   // elements of the copy it changed), or null when the chunk got to
   // `version` otherwise (then only `weights` can be sent).
   std::shared_ptr<const std::string> changes;
+  // A sealed two-phase step: the chunk's sum of squares, and no weights.
+  std::optional<double> sum_of_squares;
+  // The reply of a two-phase step's update: the decision it applied.
+  std::optional<StepDecision> decision;
 };
 
 // Receives the reply of each accepted push exactly once, from any thread,
@@ -74,6 +92,9 @@ struct Chunk {
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   // Updates applied: the step the chunk is at.
   int64_t version ABSL_GUARDED_BY(mu) = 0;
+  // Of those, the ones a two-phase step skipped whole (a non-finite norm
+  // under loss scaling): Adam's step count leaves them out.
+  int64_t skipped_updates ABSL_GUARDED_BY(mu) = 0;
   // Sparse weights (Layout.sparse_weights_ratio; constant after the model
   // is built, 0: off): `copy` is what every worker holds, moved towards
   // `weights` at each update by the elements that differ most, which
@@ -141,14 +162,19 @@ class ChunkUpdater {
   // `learning_rate` replaces the scheduled one), bumps the version and
   // copies the chunk for a checkpoint when one is due at the new version.
   // REQUIRES: count >= 1; learning_rate unset, or finite and >= 0.
+  // `scaling` unscales and clips (its skipped_updates is the chunk's own).
   void Apply(Chunk* chunk, const float* sum, int32_t count,
-             std::optional<float> learning_rate) const
+             std::optional<float> learning_rate,
+             GradientScaling scaling = {}) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // A step in which no worker had a gradient for the chunk: bumps the
   // version (counted as an update, with the checkpoint copy Apply would
   // make) and leaves the weights and optimizer slots as they are.
   void Skip(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+  // A two-phase step every shard skips whole: Skip, and the optimizer's own
+  // step count (chunk->skipped_updates) stays behind.
+  void SkipWhole(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.

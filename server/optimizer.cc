@@ -109,6 +109,10 @@ struct Coefficients {
   float bias_correction2_sqrt;  // sqrt(bc2)
   float epsilon;
   float decay;  // AdamW: 1 - lr * weight_decay
+  // The averaged gradient is multiplied by these, in this order, when they
+  // are not 1 (GradientScaling).
+  float inv_loss_scale = 1;
+  float clip_coefficient = 1;
 };
 
 // learning_rate * LrFactor, in double.
@@ -121,13 +125,16 @@ double ScheduledLr(const Spec& spec, int64_t update) {
 // Python-float hyperparameters. A `learning_rate` is the workers' own
 // (their schedule's value this step) and replaces the scheduled one.
 Coefficients CoefficientsAt(const Spec& spec, int64_t update,
-                            std::optional<float> learning_rate) {
+                            std::optional<float> learning_rate,
+                            const GradientScaling& scaling) {
   const double lr = learning_rate.has_value()
                         ? static_cast<double>(*learning_rate)
                         : ScheduledLr(spec, update);
   const double beta1 = spec.beta1();
   const double beta2 = spec.beta2();
-  const double t = static_cast<double>(update + 1);
+  // Adam's own step count: updates skipped whole do not count (torch's
+  // GradScaler never calls optimizer.step() for them).
+  const double t = static_cast<double>(update - scaling.skipped_updates + 1);
   const double bias_correction1 = 1.0 - std::pow(beta1, t);
   const double bias_correction2 = 1.0 - std::pow(beta2, t);
   Coefficients k;
@@ -143,6 +150,8 @@ Coefficients CoefficientsAt(const Spec& spec, int64_t update,
   k.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   k.epsilon = spec.epsilon();
   k.decay = static_cast<float>(1.0 - lr * spec.weight_decay());
+  k.inv_loss_scale = scaling.inv_loss_scale;
+  k.clip_coefficient = scaling.clip_coefficient;
   return k;
 }
 
@@ -202,6 +211,20 @@ template <typename Len>
   }
   if (divisor != 1)
     DivideBy(len, static_cast<float>(divisor), g);  // s / 1 == s
+}
+
+// The unscaling, then the clipping, of a two-phase step (each a float
+// multiplication, as torch's unscale_ and clip_grad_norm_ make them).
+template <typename Len>
+[[gnu::always_inline]] inline void ScaleGradient(Len len,
+                                                 const Coefficients& k,
+                                                 float* __restrict g) {
+  if (k.inv_loss_scale != 1.0f) {
+    for (int64_t i = 0; i < len; ++i) g[i] *= k.inv_loss_scale;
+  }
+  if (k.clip_coefficient != 1.0f) {
+    for (int64_t i = 0; i < len; ++i) g[i] *= k.clip_coefficient;
+  }
 }
 
 // g += wd * w (L2 penalty folded into the gradient, as PyTorch does).
@@ -373,9 +396,11 @@ SHARDPS_MULTIVERSIONED void ApplyBlocks(
     const int64_t len = std::min(kBlockSize, n - offset);
     if (len == kBlockSize) {
       MeanGradient(FullBlock(), contributions, divisor, offset, g);
+      ScaleGradient(FullBlock(), k, g);
       UpdateBlock(FullBlock(), k, g, scratch, weights + offset, block_slots);
     } else {
       MeanGradient(len, contributions, divisor, offset, g);
+      ScaleGradient(len, k, g);
       UpdateBlock(len, k, g, scratch, weights + offset, block_slots);
     }
   }
@@ -422,24 +447,62 @@ float Optimizer::LearningRate(int64_t update) const {
 void Optimizer::Apply(int64_t update,
                       absl::Span<const float* const> contributions,
                       float* weights, absl::Span<float* const> slots, int64_t n,
-                      std::optional<float> learning_rate) const {
+                      std::optional<float> learning_rate,
+                      const GradientScaling& scaling) const {
   assert(!contributions.empty());
   assert(static_cast<int>(slots.size()) == num_slots());
   assert(!learning_rate.has_value() ||
          (std::isfinite(*learning_rate) && *learning_rate >= 0));
-  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate), contributions,
+  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate, scaling),
+              contributions,
               static_cast<int32_t>(contributions.size()), weights, slots, n);
 }
 
 void Optimizer::ApplySum(int64_t update, const float* sum, int32_t count,
                          float* weights, absl::Span<float* const> slots,
-                         int64_t n, std::optional<float> learning_rate) const {
+                         int64_t n, std::optional<float> learning_rate,
+                         const GradientScaling& scaling) const {
   assert(count >= 1);
   assert(static_cast<int>(slots.size()) == num_slots());
   assert(!learning_rate.has_value() ||
          (std::isfinite(*learning_rate) && *learning_rate >= 0));
-  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate),
+  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate, scaling),
               absl::MakeConstSpan(&sum, 1), count, weights, slots, n);
+}
+
+double SumOfSquaresOfMean(const float* sum, int32_t count,
+                          float inv_loss_scale, int64_t n) {
+  // The gradient exactly as ApplySum computes it (MeanGradient, then
+  // ScaleGradient before any clipping), squared and added in double: eight
+  // running sums over the elements by index mod 8, then added in order, so
+  // the result is the same on every machine and for any number of shards.
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  const float divisor = static_cast<float>(count);
+  const int c = static_cast<int>(count);
+  const bool power_of_two = (c & (c - 1)) == 0;
+  const float inverse = 1.0f / divisor;
+  int64_t i = 0;
+  auto value = [&](int64_t j) {
+    float g = count == 1 ? sum[j]
+              : power_of_two ? sum[j] * inverse
+                             : sum[j] / divisor;
+    if (inv_loss_scale != 1.0f) g *= inv_loss_scale;
+    return static_cast<double>(g);
+  };
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double g = value(i + l);
+      acc[l] += g * g;
+    }
+  }
+  for (int l = 0; i < n; ++i, ++l) {
+    const double g = value(i);
+    acc[l] += g * g;
+  }
+  double total = 0;
+  for (double a : acc) total += a;
+  return total;
 }
 
 absl::StatusOr<TensorOptimizers> TensorOptimizers::Create(

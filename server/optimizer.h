@@ -18,6 +18,25 @@
 
 namespace shardps::server {
 
+// What a two-phase step (PushPullRequest.second_phase) changes in an
+// update: the averaged gradient is multiplied by inv_loss_scale, then by
+// clip_coefficient (each skipped when 1), and Adam's bias correction counts
+// only the updates that were not skipped whole.
+struct GradientScaling {
+  float inv_loss_scale = 1;
+  float clip_coefficient = 1;
+  // Updates before this one that were skipped whole (loss-scale skips):
+  // bias correction uses t = update - skipped_updates + 1.
+  int64_t skipped_updates = 0;
+};
+
+// The sum of the squares, in double, of the gradient ApplySum computes from
+// `sum` and `count` before clipping (the mean, times inv_loss_scale): the
+// chunk's part of a two-phase step's norm. Deterministic: a fixed order of
+// additions, whatever the machine. Non-finite when a value is.
+double SumOfSquaresOfMean(const float* sum, int32_t count,
+                          float inv_loss_scale, int64_t n);
+
 class Optimizer {
  public:
   // Elements per block in Apply: the mean gradient of a block is kept in a
@@ -64,7 +83,8 @@ class Optimizer {
   // gradient used is their mean, computed per element exactly as
   //   float s = c[0][i]; for r in 1..N-1: s += c[r][i];
   //   g = s / static_cast<float>(N);
-  // so that callers can reproduce it bitwise. Then, in float32 (PyTorch's
+  // so that callers can reproduce it bitwise; `scaling` then multiplies it
+  // (GradientScaling). Then, in float32 (PyTorch's
   // formulas; wd = weight_decay, lr = LearningRate(update) or the given
   // learning_rate, rounded to float from double either way):
   //   SGD      g += wd*w; with momentum: buf = momentum*buf + g, then
@@ -81,7 +101,8 @@ class Optimizer {
   // unset or finite and >= 0.
   void Apply(int64_t update, absl::Span<const float* const> contributions,
              float* weights, absl::Span<float* const> slots, int64_t n,
-             std::optional<float> learning_rate = std::nullopt) const;
+             std::optional<float> learning_rate = std::nullopt,
+             const GradientScaling& scaling = {}) const;
 
   // Apply with the contributions already added: `sum` holds the gradients
   // of `count` >= 1 workers summed in rank order as Apply sums them
@@ -89,7 +110,8 @@ class Optimizer {
   // makes from those `count` contributions. `sum` is only read.
   void ApplySum(int64_t update, const float* sum, int32_t count, float* weights,
                 absl::Span<float* const> slots, int64_t n,
-                std::optional<float> learning_rate = std::nullopt) const;
+                std::optional<float> learning_rate = std::nullopt,
+                const GradientScaling& scaling = {}) const;
 
  private:
   explicit Optimizer(v1::OptimizerSpec spec) : spec_(std::move(spec)) {}

@@ -194,6 +194,7 @@ absl::Status ParameterStore::Restore(const v1::DeclareRequest& declaration,
     *chunk->weights = std::move(saved.weights);
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    chunk->skipped_updates = saved.skipped_updates;
     ResetWorkerCopy(chunk);
     // The checkpoint holds the values a worker provided.
     built->model->StopAwaiting(chunk);
@@ -232,6 +233,7 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
         std::make_shared<std::vector<float>>(std::move(saved.weights));
     chunk->slots = std::move(saved.slots);
     chunk->version = saved.version;
+    chunk->skipped_updates = saved.skipped_updates;
     ResetWorkerCopy(chunk);
     st->model->StopAwaiting(chunk);
     st->aggregator->Reset(chunk, &failed);
@@ -255,9 +257,10 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
                         " (", chunk.tensor_name, ")");
   };
   if (args.initial_values) {
-    if (args.no_gradient) {
+    if (args.no_gradient || args.second_phase || args.decision.has_value()) {
       return absl::InvalidArgumentError(
-          what() + " sets both initial_values and no_gradient");
+          what() + " sets initial_values with " +
+          (args.no_gradient ? "no_gradient" : "a two-phase step's fields"));
     }
     // Any step: the values do not belong to one. Exact weights only.
     return WithPrefix(what() + " (initial values)",
@@ -274,6 +277,30 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
     return absl::InvalidArgumentError(
         absl::StrCat(what(), " has learning rate ", *args.learning_rate,
                      ": it must be finite and >= 0"));
+  }
+  if (args.loss_scale.has_value() &&
+      (!args.second_phase || !std::isfinite(*args.loss_scale) ||
+       *args.loss_scale <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), " has loss scale ", *args.loss_scale,
+        args.second_phase ? ": it must be finite and > 0"
+                          : " without second_phase (a loss-scaled step is a "
+                            "two-phase step)"));
+  }
+  if (args.decision.has_value()) {
+    const float c = args.decision->clip_coefficient;
+    if (!std::isfinite(c) || c <= 0 || c > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what(), " decides clip coefficient ", c,
+          ": it must be finite and in (0, 1]"));
+    }
+    if (args.payload->size() != 0 || args.no_gradient) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), " carries a step decision and a ",
+                       args.no_gradient ? "no_gradient flag" : "payload",
+                       ": a decision carries nothing else"));
+    }
+    return absl::OkStatus();
   }
   if (args.no_gradient) {
     if (args.payload->size() == 0) return absl::OkStatus();

@@ -470,6 +470,12 @@ bool PushPullReactor::Take(const v1::PushPullRequest& request,
     }
     args.no_gradient = request.no_gradient();
     args.initial_values = request.initial_values();
+    args.second_phase = request.second_phase();
+    if (request.has_loss_scale()) args.loss_scale = request.loss_scale();
+    if (request.has_decision()) {
+      args.decision = StepDecision{request.decision().clip_coefficient(),
+                                   request.decision().skip()};
+    }
     args.payload = request.shm_bytes() > 0
                        ? static_cast<const ByteSource*>(&shared_payload)
                        : &payload;

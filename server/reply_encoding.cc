@@ -50,6 +50,14 @@ void EncodeReply(ChunkReply reply, v1::Encoding encoding, ParameterStore* store,
   header->set_chunk_id(reply.chunk_id);
   header->set_version(reply.version);
   header->set_encoding(encoding);
+  if (reply.sum_of_squares.has_value()) {
+    header->set_sum_of_squares(*reply.sum_of_squares);
+  }
+  if (reply.decision.has_value()) {
+    header->mutable_decision()->set_clip_coefficient(
+        reply.decision->clip_coefficient);
+    header->mutable_decision()->set_skip(reply.decision->skip);
+  }
   *payload_out = grpc::Slice();
   if (reply.weights == nullptr) return;
   const std::vector<float>& w = *reply.weights;

@@ -46,6 +46,7 @@ void SnapshotScheduler::AfterUpdate(const Chunk& chunk) {
   ChunkState copy;
   copy.chunk_id = chunk.spec.id;
   copy.version = step;
+  copy.skipped_updates = chunk.skipped_updates;
   copy.weights = *chunk.weights;
   copy.slots = chunk.slots;
   absl::MutexLock lock(&mu_);

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "server/gradient_decode.h"
+#include "server/optimizer.h"
 #include "server/server_metrics.h"
 
 namespace shardps::server {
@@ -102,6 +103,122 @@ absl::Status SyncAggregator::CheckLearningRate(const Step& step,
       ": every worker of a step must use the same learning rate"));
 }
 
+absl::Status SyncAggregator::CheckPhases(const Step& step,
+                                         const PushArgs& args) const {
+  if (step.num_contributed == 0) return absl::OkStatus();
+  const bool same_scale =
+      step.loss_scale.has_value() == args.loss_scale.has_value() &&
+      (!args.loss_scale.has_value() ||
+       std::memcmp(&*step.loss_scale, &*args.loss_scale, sizeof(float)) == 0);
+  if (step.second_phase == args.second_phase && same_scale) {
+    return absl::OkStatus();
+  }
+  auto name = [](bool second_phase, const std::optional<float>& scale) {
+    if (!second_phase) return std::string("a one-phase step");
+    return scale.has_value()
+               ? absl::StrFormat("a two-phase step with loss scale %.9g",
+                                 *scale)
+               : std::string("a two-phase step without loss scale");
+  };
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", args.rank, " pushes chunk ", step.chunk->spec.id, " (",
+      step.chunk->tensor_name, ") of step ", args.step, " as ",
+      name(args.second_phase, args.loss_scale),
+      ", but the step's first push made it ",
+      name(step.second_phase, step.loss_scale),
+      ": every worker of a step must clip and scale the loss alike"));
+}
+
+ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only) const {
+  ChunkReply reply = CurrentReply(*step.chunk, push_only);
+  reply.decision = step.applied;
+  // A worker that lost the sealed step's reply needs the chunk's part of
+  // the norm too.
+  if (step.applied.has_value()) {
+    reply.sum_of_squares = step.applied_sum_of_squares;
+  }
+  return reply;
+}
+
+void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
+  Chunk* chunk = step->chunk;
+  const float inv = step->loss_scale.has_value()
+                        ? static_cast<float>(1.0 / double{*step->loss_scale})
+                        : 1.0f;
+  step->sum_of_squares =
+      step->num_with_gradient == 0
+          ? 0.0
+          : SumOfSquaresOfMean(step->sum.data(),
+                               static_cast<int32_t>(step->num_summed), inv,
+                               chunk->spec.num_elements);
+  step->sealed = true;
+  for (Waiter& w : step->waiters) {
+    ChunkReply reply;
+    reply.chunk_id = chunk->spec.id;
+    reply.version = chunk->version;
+    reply.sum_of_squares = step->sum_of_squares;
+    replies->emplace_back(std::move(w.sink), std::move(reply));
+  }
+  step->waiters.clear();
+}
+
+absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
+                                    std::shared_ptr<ReplySink> sink) {
+  Chunk* chunk = step->chunk;
+  const StepDecision& d = *args.decision;
+  auto disagree = [&](const StepDecision& first) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d decides step %d of chunk %d (%s) with clip coefficient %.9g%s, "
+        "but the step's first decision was %.9g%s: every worker of a step "
+        "must clip with the same max_grad_norm",
+        args.rank, args.step, chunk->spec.id, chunk->tensor_name,
+        d.clip_coefficient, d.skip ? " (skip)" : "", first.clip_coefficient,
+        first.skip ? " (skip)" : ""));
+  };
+  bool schedule = false;
+  {
+    absl::ReleasableMutexLock lock(&chunk->mu);
+    if (args.step == chunk->version - 1) {
+      // The reply to a decision was lost: answer with the weights, if it is
+      // the decision that was applied.
+      if (!step->applied.has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", args.rank, " decides step ", args.step, " of chunk ",
+            chunk->spec.id, " (", chunk->tensor_name,
+            "), whose update was not a two-phase step's"));
+      }
+      if (*step->applied != d) return disagree(*step->applied);
+      ChunkReply reply = RetryReply(*step, args.push_only);
+      lock.Release();
+      updater_->Deliver(sink.get(), std::move(reply));
+      return absl::OkStatus();
+    }
+    if (args.step != chunk->version) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "decision for step ", args.step, " of chunk ", chunk->spec.id,
+          " is in the ", args.step < chunk->version ? "past" : "future",
+          ": the chunk is at step ", chunk->version));
+    }
+    if (!step->sealed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", args.rank, " decides step ", args.step, " of chunk ",
+          chunk->spec.id, " (", chunk->tensor_name,
+          "), which is not sealed: ",
+          step->second_phase ? "not every rank's gradient is in yet"
+                             : "it is not a two-phase step"));
+    }
+    if (step->decided.has_value()) {
+      if (*step->decided != d) return disagree(*step->decided);
+    } else {
+      step->decided = d;
+      schedule = true;
+    }
+    step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+  }
+  if (schedule) ScheduleApply(step);
+  return absl::OkStatus();
+}
+
 void SyncAggregator::Clear(Step* step) {
   step->fold = 0;
   step->num_summed = 0;
@@ -111,6 +228,10 @@ void SyncAggregator::Clear(Step* step) {
   step->num_with_gradient = 0;
   step->learning_rate.reset();
   step->apply_scheduled = false;
+  step->second_phase = false;
+  step->loss_scale.reset();
+  step->sealed = false;
+  step->decided.reset();
 }
 
 absl::Status SyncAggregator::Contribute(
@@ -128,13 +249,17 @@ absl::Status SyncAggregator::Contribute(
   // push leaves no trace (the sum is scratch while num_summed is 0).
   const GradientOrigin origin{args.rank, &chunk->spec, chunk->tensor_name};
   const int64_t n = chunk->spec.num_elements;
+  // Under loss scaling an overflow is expected: it makes the step's norm
+  // non-finite, and the workers skip the step.
+  const bool allow_nonfinite =
+      options_.allow_nonfinite || args.loss_scale.has_value();
   if (args.rank == step->fold) {
     // Every rank below is summed: add this one now.
     if (args.no_gradient) {
       AddToSum(step, nullptr);
     } else if (step->num_summed == 0) {
       SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
-                                             origin, options_.allow_nonfinite,
+                                             origin, allow_nonfinite,
                                              step->sum.data()));
       ++step->num_summed;
     } else {
@@ -142,7 +267,7 @@ absl::Status SyncAggregator::Contribute(
       thread_local std::vector<float> decoded;
       decoded.resize(n);
       SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
-                                             origin, options_.allow_nonfinite,
+                                             origin, allow_nonfinite,
                                              decoded.data()));
       AddToSum(step, decoded.data());
     }
@@ -153,7 +278,7 @@ absl::Status SyncAggregator::Contribute(
     if (!args.no_gradient) {
       early->gradient.reset(new float[n]);
       SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
-                                             origin, options_.allow_nonfinite,
+                                             origin, allow_nonfinite,
                                              early->gradient.get()));
     }
     early->reader = sink;
@@ -165,6 +290,8 @@ absl::Status SyncAggregator::Contribute(
   if (step->num_contributed == 0) {
     step->first_contribution = absl::Now();
     step->learning_rate = args.learning_rate;
+    step->second_phase = args.second_phase;
+    step->loss_scale = args.loss_scale;
   }
   ++step->num_contributed;
   return absl::OkStatus();
@@ -173,6 +300,7 @@ absl::Status SyncAggregator::Contribute(
 absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                                   std::shared_ptr<ReplySink> sink) {
   Step* step = steps_[chunk->spec.id].get();
+  if (args.decision.has_value()) return Decide(args, step, std::move(sink));
   bool ready = false;
   std::vector<std::shared_ptr<ReplySink>> released;
   absl::Status status;
@@ -181,7 +309,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     if (args.step == step->chunk->version - 1) {
       // The reply to this push was lost: its gradient is already in the
       // weights. Answer with them and apply nothing.
-      ChunkReply reply = CurrentReply(*step->chunk, args.push_only);
+      ChunkReply reply = RetryReply(*step, args.push_only);
       lock.Release();
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
@@ -193,6 +321,18 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
           ": the chunk is at step ", step->chunk->version));
     }
     SHARDPS_RETURN_IF_ERROR(CheckLearningRate(*step, args));
+    SHARDPS_RETURN_IF_ERROR(CheckPhases(*step, args));
+    if (step->sealed && step->contributed[args.rank]) {
+      // The reply to this push of a sealed step was lost: its sum of
+      // squares again.
+      ChunkReply reply;
+      reply.chunk_id = step->chunk->spec.id;
+      reply.version = step->chunk->version;
+      reply.sum_of_squares = step->sum_of_squares;
+      lock.Release();
+      updater_->Deliver(sink.get(), std::move(reply));
+      return absl::OkStatus();
+    }
     if (!step->contributed[args.rank]) {
       Fold(step, &released);  // past ranks below that stopped being waited for
       status = Contribute(args, step, sink);
@@ -233,35 +373,59 @@ void SyncAggregator::Apply(Step* step) {
       step->apply_scheduled = false;
       return;
     }
-    if (step->num_with_gradient == 0) {
-      // No rank had a gradient: leave weights and optimizer state alone,
-      // as torch skips a parameter whose grad is None, but still advance
-      // the version so the step completes for everyone.
-      updater_->Skip(step->chunk);
+    if (step->second_phase && !step->decided.has_value()) {
+      // Complete, but the update needs the whole step's norm first.
+      Seal(step, &replies);
     } else {
-      // The sum is in rank order, so the weights are bitwise deterministic.
-      // The mean is over the contributions that arrived (zeros for
-      // no_gradient pushes): a rank that left the job mid-step is not
-      // waited for.
-      updater_->Apply(step->chunk, step->sum.data(),
-                      static_cast<int32_t>(step->num_summed),
-                      step->learning_rate);
+      Update(step, &replies);
     }
-    replies.reserve(step->waiters.size());
-    for (Waiter& w : step->waiters) {
-      replies.emplace_back(std::move(w.sink),
-                           CurrentReply(*step->chunk, w.push_only));
-    }
-    step->waiters.clear();
-    if (options_.metrics != nullptr) {
-      options_.metrics->StepDone(absl::Now() - step->first_contribution);
-    }
-    Clear(step);
   }
   // Delivered outside the lock: sinks start gRPC writes.
   for (auto& [sink, reply] : replies) {
     updater_->Deliver(sink.get(), std::move(reply));
   }
+}
+
+void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
+  const std::optional<StepDecision>& decided = step->decided;
+  if (decided.has_value() && decided->skip) {
+    // Every shard skips the whole step (a non-finite norm under loss
+    // scaling), as torch's GradScaler skips optimizer.step().
+    updater_->SkipWhole(step->chunk);
+  } else if (step->num_with_gradient == 0) {
+    // No rank had a gradient: leave weights and optimizer state alone,
+    // as torch skips a parameter whose grad is None, but still advance
+    // the version so the step completes for everyone.
+    updater_->Skip(step->chunk);
+  } else {
+    // The sum is in rank order, so the weights are bitwise deterministic.
+    // The mean is over the contributions that arrived (zeros for
+    // no_gradient pushes): a rank that left the job mid-step is not
+    // waited for.
+    GradientScaling scaling;
+    if (step->loss_scale.has_value()) {
+      // torch's unscale_: the reciprocal in double, rounded to float.
+      scaling.inv_loss_scale =
+          static_cast<float>(1.0 / double{*step->loss_scale});
+    }
+    if (decided.has_value()) {
+      scaling.clip_coefficient = decided->clip_coefficient;
+    }
+    updater_->Apply(step->chunk, step->sum.data(),
+                    static_cast<int32_t>(step->num_summed),
+                    step->learning_rate, scaling);
+  }
+  step->applied = decided;
+  step->applied_sum_of_squares = step->sum_of_squares;
+  replies->reserve(step->waiters.size());
+  for (Waiter& w : step->waiters) {
+    replies->emplace_back(std::move(w.sink), RetryReply(*step, w.push_only));
+  }
+  step->waiters.clear();
+  if (options_.metrics != nullptr) {
+    options_.metrics->StepDone(absl::Now() - step->first_contribution);
+  }
+  Clear(step);
 }
 
 int64_t SyncAggregator::NextStep(uint32_t rank) const {
@@ -315,6 +479,7 @@ void SyncAggregator::Reset(Chunk* chunk,
   // The early gradients' streams are among the waiters, which the caller
   // fails: they end, so their reads need no release.
   Clear(step);
+  step->applied.reset();
   for (Waiter& w : step->waiters) failed->push_back(std::move(w.sink));
   step->waiters.clear();
 }
@@ -326,7 +491,8 @@ std::vector<StalledChunk> SyncAggregator::Stalled(
   for (const auto& step : steps_) {
     if (step == nullptr) continue;
     absl::MutexLock lock(&step->chunk->mu);
-    if (step->num_contributed == 0 ||
+    // A sealed step waits for a decision, not for a rank.
+    if (step->num_contributed == 0 || step->sealed ||
         now - step->first_contribution < timeout) {
       continue;
     }

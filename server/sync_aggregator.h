@@ -70,14 +70,46 @@ class SyncAggregator final : public Aggregator {
     std::optional<float> learning_rate ABSL_GUARDED_BY(chunk->mu);
     absl::Time first_contribution ABSL_GUARDED_BY(chunk->mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(chunk->mu);
-    // The complete step's update is queued (Apply will run).
+    // The complete step's update is queued (Apply will run), or the step
+    // is sealed.
     bool apply_scheduled ABSL_GUARDED_BY(chunk->mu) = false;
+    // Two-phase steps (PushArgs::second_phase, loss_scale) as the step's
+    // first push set them; every later push must agree.
+    bool second_phase ABSL_GUARDED_BY(chunk->mu) = false;
+    std::optional<float> loss_scale ABSL_GUARDED_BY(chunk->mu);
+    // Complete and answered with its sum of squares: the update waits for
+    // the step's decision.
+    bool sealed ABSL_GUARDED_BY(chunk->mu) = false;
+    double sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
+    // The sealed step's decision, once one came (its update is then
+    // scheduled).
+    std::optional<StepDecision> decided ABSL_GUARDED_BY(chunk->mu);
+    // The decision of the update to the chunk's current version (none: that
+    // update was not a two-phase step's), for the retries of that step.
+    std::optional<StepDecision> applied ABSL_GUARDED_BY(chunk->mu);
+    double applied_sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
   };
 
   // INVALID_ARGUMENT unless `args` carries the learning rate of the step's
   // first push (any, when it is the first).
   absl::Status CheckLearningRate(const Step& step, const PushArgs& args) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // INVALID_ARGUMENT unless `args` is a two-phase push (or not) with the
+  // loss scale of the step's first push.
+  absl::Status CheckPhases(const Step& step, const PushArgs& args) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // A decision (args.decision) for the chunk's step: applied once the
+  // step is sealed; a retry of the last one answered with the weights.
+  absl::Status Decide(const PushArgs& args, Step* step,
+                      std::shared_ptr<ReplySink> sink);
+  // The reply to a push of the step before the chunk's (a retry whose reply
+  // was lost): the current weights, with the decision they applied.
+  ChunkReply RetryReply(const Step& step, bool push_only) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // Seals a complete two-phase step: computes its sum of squares and
+  // answers every waiter with it.
+  void Seal(Step* step, PendingReplies* replies) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Clears the step's contributions (after Apply or a reset).
   static void Clear(Step* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Records a first push of `args.rank` for the step: added to the sum when
@@ -99,7 +131,11 @@ class SyncAggregator final : public Aggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // Applies a complete step inline (small chunks) or on the pool.
   void ScheduleApply(Step* step);
+  // Seals a complete two-phase step without a decision, else updates it.
   void Apply(Step* step) ABSL_LOCKS_EXCLUDED(step->chunk->mu);
+  // Applies the complete step's update (or skip) and answers its waiters.
+  void Update(Step* step, PendingReplies* replies) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
 
   const AggregatorOptions options_;
   const ChunkUpdater* const updater_;

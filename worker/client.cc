@@ -23,9 +23,11 @@
 #include "worker/client.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
@@ -326,7 +328,7 @@ absl::Status Client::CheckTensors(const ConstTensors& gradients,
 
 // BeginStep for every kind of step (push-only: null weights).
 absl::Status Client::Open(int64_t step, const Tensors* weights,
-                          bool initial_values) {
+                          bool initial_values, const StepOptions& options) {
   if (!declared_) {
     return absl::FailedPreconditionError("call Declare before any step");
   }
@@ -346,10 +348,39 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   model.plan = &plan_;
   model.compressor = compressor_.get();
   model.reader = &reader_;
-  open_ = std::make_unique<OpenStep>(model, step, weights, initial_values);
+  open_ = std::make_unique<OpenStep>(model, step, weights, initial_values,
+                                     options);
   for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
-    lane->BeginStep(this, NamesFor(*lane), chunks_.size(), open_->start());
+    lane->BeginStep(this, NamesFor(*lane), lane->chunk_ids, chunks_.size(),
+                    open_->start());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::CheckStepOptions(const StepOptions& options) const {
+  auto bad = [](const std::optional<float>& v) {
+    return v.has_value() && !(std::isfinite(*v) && *v > 0);
+  };
+  if (bad(options.loss_scale) || bad(options.max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bad(options.loss_scale) ? "loss scale " : "max_grad_norm ",
+        bad(options.loss_scale) ? *options.loss_scale : *options.max_grad_norm,
+        " must be finite and > 0"));
+  }
+  if (!options.second_phase &&
+      (options.loss_scale.has_value() || options.max_grad_norm.has_value())) {
+    return absl::InvalidArgumentError(
+        "a loss scale or max_grad_norm needs a two-phase step "
+        "(StepOptions::second_phase)");
+  }
+  const v1::Encoding g = options_.compression.gradients;
+  if (options.loss_scale.has_value() &&
+      (g == v1::ENCODING_INT8 || g == v1::ENCODING_TOPK)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaling with ", v1::Encoding_Name(g),
+        " gradients: an overflow must reach the servers as inf, which only "
+        "FP32, BF16 and FP16 gradients carry"));
   }
   return absl::OkStatus();
 }
@@ -365,8 +396,23 @@ RegionsToName Client::NamesFor(const Lane& lane) const {
   return names;
 }
 
-absl::Status Client::BeginStep(int64_t step, const Tensors& weights) {
-  return Open(step, &weights, false);
+absl::Status Client::BeginStep(int64_t step, const Tensors& weights,
+                               const StepOptions& options) {
+  SHARDPS_RETURN_IF_ERROR(CheckStepOptions(options));
+  return Open(step, &weights, false, options);
+}
+
+absl::Status Client::SetMaxGradNorm(float max_norm) {
+  if (open_ == nullptr || !open_->options().second_phase) {
+    return absl::FailedPreconditionError(
+        "max_grad_norm is set on an open two-phase step: BeginStep with "
+        "StepOptions::second_phase first");
+  }
+  StepOptions options = open_->options();
+  options.max_grad_norm = max_norm;
+  SHARDPS_RETURN_IF_ERROR(CheckStepOptions(options));
+  open_->set_max_grad_norm(max_norm);
+  return absl::OkStatus();
 }
 
 absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
@@ -433,41 +479,130 @@ void Client::AbortStep() {
   }
   open_.reset();
   shm_.Renew();
+  any_failed_ = false;
+}
+
+absl::Status Client::EndPhase() {
+  std::vector<size_t> failed;
+  std::vector<absl::Status> lane_status(lanes_.size());
+  std::vector<std::vector<uint32_t>> lane_answered(lanes_.size());
+  std::vector<std::vector<uint32_t>> lane_ids(lanes_.size());
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    lane_ids[l] = open_->Pending(lanes_[l]->chunk_ids);
+    if (lane_ids[l].empty()) continue;
+    lane_status[l] = EndLaneStep(lanes_[l].get(), false, &lane_answered[l]);
+    if (!lane_status[l].ok()) failed.push_back(l);
+  }
+  // Retries run one lane per thread; only after a failure.
+  const absl::Status status = RunParallel(failed.size(), [&](size_t i) {
+    const size_t l = failed[i];
+    return RetryLane(lanes_[l].get(), lane_ids[l], lane_status[l],
+                     lane_answered[l]);
+  });
+  if (!failed.empty()) {
+    any_failed_ = true;
+  }
+  if (!status.ok()) {
+    open_.reset();
+    shm_.Renew();
+    any_failed_ = false;
+  }
+  return status;
+}
+
+absl::StatusOr<double> Client::GradNorm() {
+  if (open_ == nullptr || !open_->options().second_phase) {
+    return absl::FailedPreconditionError(
+        "GradNorm needs an open two-phase step (StepOptions::second_phase)");
+  }
+  if (!open_->norm().has_value()) {
+    SHARDPS_RETURN_IF_ERROR(CheckAllPushed());
+    SHARDPS_RETURN_IF_ERROR(EndPhase());
+    absl::StatusOr<double> norm = open_->Norm();
+    if (!norm.ok()) {
+      AbortStep();
+      return norm.status();
+    }
+    open_->set_norm(*norm);
+  }
+  return *open_->norm();
+}
+
+StepDecision DecideStep(double norm, std::optional<float> max_grad_norm) {
+  StepDecision decision;
+  decision.skip = !std::isfinite(norm);
+  if (!decision.skip && max_grad_norm.has_value()) {
+    // As torch's clip_grad_norm_ computes it in float32: max_norm /
+    // (total + 1e-6) is reciprocal(total + 1e-6) * max_norm, clamped to 1.
+    const float inverse = 1.0f / (static_cast<float>(norm) + 1e-6f);
+    decision.clip_coefficient = std::min(1.0f, inverse * *max_grad_norm);
+  }
+  return decision;
+}
+
+absl::Status Client::SendDecision(double norm) {
+  const StepDecision decision = DecideStep(norm, open_->options().max_grad_norm);
+  if (const std::optional<StepDecision>& applied = open_->applied()) {
+    if (applied->skip != decision.skip ||
+        applied->clip_coefficient != decision.clip_coefficient) {
+      const int64_t step = open_->step();
+      AbortStep();
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "step %d: this worker decides clip coefficient %.9g%s, but a shard "
+          "already applied %.9g%s from another worker: every worker of a "
+          "step must clip with the same max_grad_norm",
+          step, decision.clip_coefficient, decision.skip ? " (skip)" : "",
+          applied->clip_coefficient, applied->skip ? " (skip)" : ""));
+    }
+  }
+  last_grad_norm_ = norm;
+  last_step_skipped_ = decision.skip;
+  StartPhase2(decision);
+  return absl::OkStatus();
+}
+
+void Client::StartPhase2(const StepDecision& decision) {
+  open_->Decide(decision);
+  for (auto& lane : lanes_) {
+    const std::vector<uint32_t> ids = open_->Pending(lane->chunk_ids);
+    if (ids.empty()) continue;
+    lane->BeginStep(this, NamesFor(*lane), ids, chunks_.size(),
+                    open_->start());
+    for (uint32_t id : ids) lane->Queue(id);
+    lane->call->Pump();
+  }
+}
+
+absl::Status Client::CheckAllPushed() {
+  if (open_->tensors_left() == 0) return absl::OkStatus();
+  const std::vector<std::string> missing = open_->Missing();
+  const int64_t step = open_->step();
+  AbortStep();
+  return absl::FailedPreconditionError(
+      absl::StrCat("step ", step, " ended without a push of tensor(s) ",
+                   absl::StrJoin(missing, ", ")));
 }
 
 absl::Status Client::FinishStep() {
   if (open_ == nullptr) {
     return absl::FailedPreconditionError("no step is open: BeginStep first");
   }
-  if (open_->tensors_left() > 0) {
-    const std::vector<std::string> missing = open_->Missing();
-    const int64_t step = open_->step();
-    AbortStep();
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " ended without a push of tensor(s) ",
-                     absl::StrJoin(missing, ", ")));
+  SHARDPS_RETURN_IF_ERROR(CheckAllPushed());
+  if (open_->options().second_phase) {
+    // The decision goes out only now: max_grad_norm may be set until here.
+    SHARDPS_ASSIGN_OR_RETURN(const double norm, GradNorm());
+    SHARDPS_RETURN_IF_ERROR(SendDecision(norm));
   }
-  std::vector<size_t> failed;
-  std::vector<absl::Status> lane_status(lanes_.size());
-  std::vector<std::vector<uint32_t>> lane_answered(lanes_.size());
-  for (size_t l = 0; l < lanes_.size(); ++l) {
-    if (lanes_[l]->chunk_ids.empty()) continue;
-    lane_status[l] = EndLaneStep(lanes_[l].get(), false, &lane_answered[l]);
-    if (!lane_status[l].ok()) failed.push_back(l);
-  }
-  // Retries run one lane per thread; only after a failure.
-  const absl::Status status = RunParallel(failed.size(), [&](size_t i) {
-    return RetryLane(lanes_[failed[i]].get(), lane_status[failed[i]],
-                     lane_answered[failed[i]]);
-  });
+  SHARDPS_RETURN_IF_ERROR(EndPhase());
   absl::Time pushed = open_->start();
   for (const auto& lane : lanes_) {
     pushed = std::max(pushed, lane->writes_done_at());
   }
   last_push_time_ = pushed - open_->start();
   open_.reset();
-  if (!failed.empty()) shm_.Renew();
-  return status;
+  if (any_failed_) shm_.Renew();
+  any_failed_ = false;
+  return absl::OkStatus();
 }
 
 // After the step failed on `lane` with `s`: retries the lane's chunks not
@@ -475,12 +610,13 @@ absl::Status Client::FinishStep() {
 // each attempt on a call of its own that is closed when it ends (the next
 // step opens one naming the regions). Returns the last error, naming the
 // step and the shard.
-absl::Status Client::RetryLane(Lane* lane, absl::Status s,
+absl::Status Client::RetryLane(Lane* lane, absl::Span<const uint32_t> ids,
+                               absl::Status s,
                                const std::vector<uint32_t>& answered) {
   std::vector<bool> done(chunks_.size(), false);
   for (uint32_t id : answered) done[id] = true;
   std::vector<uint32_t> pending;
-  for (uint32_t id : lane->chunk_ids) {
+  for (uint32_t id : ids) {
     if (!done[id]) pending.push_back(id);
   }
   Backoff backoff = options_.RetryBackoff();

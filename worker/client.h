@@ -99,6 +99,33 @@ struct ClientOptions {
   bool shared_memory_rings = true;
 };
 
+// How one step is taken (Client::BeginStep).
+struct StepOptions {
+  // A two-phase step (PushPullRequest.second_phase): the shards answer each
+  // chunk with its sum of squares, the client combines them into the
+  // global norm of the averaged gradient (GradNorm) and sends every chunk
+  // the step's decision (clip, skip), and only then do the weights come.
+  // One more round trip of small messages than a one-phase step.
+  bool second_phase = false;
+  // The loss was multiplied by this (> 0): the shards unscale, and a step
+  // whose norm is not finite is skipped on every shard. Two-phase only.
+  std::optional<float> loss_scale;
+  // Global-norm clipping (torch's clip_grad_norm_): the averaged gradient
+  // is multiplied by min(1, max_grad_norm / (norm + 1e-6)). Two-phase only;
+  // SetMaxGradNorm may set it until FinishStep.
+  std::optional<float> max_grad_norm;
+};
+
+// A two-phase step's decision (v1::StepDecision).
+struct StepDecision {
+  float clip_coefficient = 1;
+  bool skip = false;
+};
+
+// The decision of a two-phase step whose norm is `norm`: skip when it is
+// not finite, else clip to max_grad_norm (if any) as torch does.
+StepDecision DecideStep(double norm, std::optional<float> max_grad_norm);
+
 // A tensor's values, in layout order; the client reads gradients from and
 // writes weights into these.
 using ConstTensors = std::vector<absl::Span<const float>>;
@@ -188,7 +215,12 @@ class Client : private LaneOwner {
   // passes other buffers. Gradient buffers are read until FinishStep
   // returns. One step at a time; the calls come from one thread at a time.
   //   FAILED_PRECONDITION: before Declare, or a step is already open.
-  absl::Status BeginStep(int64_t step, const Tensors& weights);
+  //   INVALID_ARGUMENT: StepOptions that are not valid (a loss scale or
+  //     max_grad_norm that is not finite and > 0, either without
+  //     second_phase, a loss scale with INT8 or TOPK gradients, which
+  //     cannot carry an overflow).
+  absl::Status BeginStep(int64_t step, const Tensors& weights,
+                         const StepOptions& options = {});
   //   INVALID_ARGUMENT (nothing sent): a tensor index out of range, one
   //     pushed twice in the step, a gradient of the wrong size, a learning
   //     rate that is negative or not finite, a value the compression cannot
@@ -208,6 +240,24 @@ class Client : private LaneOwner {
   // on error). FAILED_PRECONDITION naming the tensors not pushed (the
   // step's streams are cancelled); otherwise the codes of PushPull.
   absl::Status FinishStep();
+  // Two-phase steps, after every tensor is pushed: waits for every chunk's
+  // sum of squares (retrying as FinishStep does) and returns the global
+  // norm of the step's averaged (and unscaled) gradient, as
+  // torch.nn.utils.clip_grad_norm_ computes it, in double: the chunks'
+  // sums added in chunk id order, so it is the same on every worker and
+  // for any number of shards. Not finite when a gradient was not (loss
+  // scaling). FinishStep then sends the decision. On error the step is
+  // closed (as by FinishStep). FAILED_PRECONDITION: no two-phase step is
+  // open, or tensors are not pushed yet (named).
+  absl::StatusOr<double> GradNorm();
+  // Sets the open two-phase step's max_grad_norm (StepOptions).
+  // INVALID_ARGUMENT: not finite and > 0; FAILED_PRECONDITION: no
+  // two-phase step is open.
+  absl::Status SetMaxGradNorm(float max_norm);
+  // After a two-phase FinishStep: the step's global norm (GradNorm) and
+  // whether every shard skipped it (a norm that is not finite).
+  double last_grad_norm() const { return last_grad_norm_; }
+  bool last_step_skipped() const { return last_step_skipped_; }
   // Cancels the open step, if any: what was pushed stays pushed (the
   // servers keep it; pushing the step again is safe).
   void AbortStep();
@@ -311,7 +361,8 @@ class Client : private LaneOwner {
   v1::DeclareRequest DeclareRequestFor(size_t shard) const;
   absl::Status CheckTensors(const ConstTensors& gradients,
                             const Tensors* weights) const;
-  absl::Status Open(int64_t step, const Tensors* weights, bool initial_values);
+  absl::Status Open(int64_t step, const Tensors* weights, bool initial_values,
+                    const StepOptions& options = {});
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             std::optional<float> learning_rate,
                             bool no_gradient);
@@ -319,8 +370,21 @@ class Client : private LaneOwner {
                     const Tensors* weights, bool initial_values = false);
   absl::Status EndLaneStep(Lane* lane, bool cancel,
                            std::vector<uint32_t>* answered);
-  absl::Status RetryLane(Lane* lane, absl::Status s,
+  absl::Status RetryLane(Lane* lane, absl::Span<const uint32_t> ids,
+                         absl::Status s,
                          const std::vector<uint32_t>& answered);
+  // Waits for the current phase's replies on every lane, retrying, as
+  // FinishStep does; closes the step on error.
+  absl::Status EndPhase();
+  // Sends every chunk still without weights the step's decision.
+  void StartPhase2(const StepDecision& decision);
+  // The decision from the step's norm and max_grad_norm, sent (after
+  // checking it against one a shard already applied).
+  absl::Status SendDecision(double norm);
+  // FAILED_PRECONDITION naming the tensors the open step lacks (the step
+  // is then aborted).
+  absl::Status CheckAllPushed();
+  absl::Status CheckStepOptions(const StepOptions& options) const;
   RegionsToName NamesFor(const Lane& lane) const;
   absl::Status PullShard(uint32_t shard, const Tensors& weights);
 
@@ -338,6 +402,9 @@ class Client : private LaneOwner {
   int64_t start_step_ = 0;
   std::atomic<int64_t> retries_{0};
   absl::Duration last_push_time_;
+  double last_grad_norm_ = 0;
+  bool any_failed_ = false;  // a stream of the open step failed
+  bool last_step_skipped_ = false;
   LanePlan plan_;                   // of the declared chunk map
   std::unique_ptr<OpenStep> open_;  // the step between BeginStep and FinishStep
   // Lossy gradient encodings: each chunk's payload and residual.

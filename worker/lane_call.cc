@@ -101,7 +101,8 @@ bool Lane::Arm(absl::Span<const uint32_t> ids, size_t num_chunks,
 }
 
 void Lane::BeginStep(LaneOwner* owner, const RegionsToName& names,
-                     size_t num_chunks, absl::Time start) {
+                     absl::Span<const uint32_t> ids, size_t num_chunks,
+                     absl::Time start) {
   if (call != nullptr &&
       call->NamesOtherBuffers(names.gradients.get(), names.weights.get())) {
     // Its stream names a gradient or weight region that was replaced
@@ -112,12 +113,12 @@ void Lane::BeginStep(LaneOwner* owner, const RegionsToName& names,
   }
   // A reply that ends the stream meanwhile fails this step, not the last
   // one.
-  if (!Arm(chunk_ids, num_chunks, start)) {
+  if (!Arm(ids, num_chunks, start)) {
     // The server ended it between steps (restarted, or shut down), or
     // sent what nobody asked for: a new stream for this step.
     call->Close(/*cancel=*/true);
     call.reset();
-    Arm(chunk_ids, num_chunks, start);
+    Arm(ids, num_chunks, start);
   }
   if (call == nullptr) {
     call = std::make_unique<LaneCall>(owner, this);

@@ -95,10 +95,12 @@ struct Lane {
   // runs the step (the caller's; a retry's) creates and ends it.
   std::unique_ptr<LaneCall> call;
 
-  // Opens a step on this lane for its chunks: a call whose stream is dead
-  // or names other buffers than `names` is replaced first.
+  // Opens a step (or a two-phase step's second phase) on this lane for
+  // `ids`, some of its chunks: a call whose stream is dead or names other
+  // buffers than `names` is replaced first.
   void BeginStep(LaneOwner* owner, const RegionsToName& names,
-                 size_t num_chunks, absl::Time start) ABSL_LOCKS_EXCLUDED(mu);
+                 absl::Span<const uint32_t> ids, size_t num_chunks,
+                 absl::Time start) ABSL_LOCKS_EXCLUDED(mu);
   // One retry of `ids` (some of its chunks, of `num_chunks` in all) on a
   // call of its own that names no region (payloads in the messages), up to
   // `timeout`, then closed: the next step opens a call naming the regions.

@@ -12,9 +12,10 @@
 namespace shardps {
 
 OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
-                   bool initial_values)
+                   bool initial_values, const StepOptions& options)
     : model_(model),
       step_(step),
+      options_(options),
       initial_values_(initial_values),
       push_only_(weights == nullptr),
       weights_(weights != nullptr ? *weights : Tensors()),
@@ -28,6 +29,39 @@ OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
     payloads_.assign(model.chunks->size(), {});
     encoded_.assign(n, false);
   }
+  if (options.second_phase) {
+    sum_of_squares_.assign(model.chunks->size(), std::nullopt);
+    updated_.assign(model.chunks->size(), false);
+  }
+}
+
+void OpenStep::Decide(const StepDecision& decision) {
+  decision_ = decision;
+  phase_ = 2;
+}
+
+std::vector<uint32_t> OpenStep::Pending(
+    absl::Span<const uint32_t> lane_chunks) const {
+  if (phase_ == 1) return {lane_chunks.begin(), lane_chunks.end()};
+  std::vector<uint32_t> pending;
+  for (uint32_t id : lane_chunks) {
+    if (!updated_[id]) pending.push_back(id);
+  }
+  return pending;
+}
+
+absl::StatusOr<double> OpenStep::Norm() const {
+  // In chunk id order, whatever shard each chunk is on.
+  double total = 0;
+  for (size_t id = 0; id < sum_of_squares_.size(); ++id) {
+    if (!sum_of_squares_[id].has_value()) {
+      return absl::InternalError(absl::StrCat(
+          "bad reply: no sum of squares came for chunk ", id, " of step ",
+          step_));
+    }
+    total += *sum_of_squares_[id];
+  }
+  return std::sqrt(total);
 }
 
 std::vector<std::string> OpenStep::Missing() const {
@@ -145,6 +179,20 @@ bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
   header->set_rollback_id(*model_.rollback_id);
   header->set_step(step_);
   header->set_chunk_id(id);
+  if (phase_ == 2) {
+    // The decision alone: the gradient is in, its settings stand.
+    header->set_push_only(push_only_);
+    header->set_reply_encoding(options.compression.weights);
+    header->mutable_decision()->set_clip_coefficient(
+        decision_->clip_coefficient);
+    header->mutable_decision()->set_skip(decision_->skip);
+    PlaceReply(c, regions, header);
+    return true;
+  }
+  header->set_second_phase(options_.second_phase);
+  if (options_.loss_scale.has_value()) {
+    header->set_loss_scale(*options_.loss_scale);
+  }
   header->set_encoding(Compressed(id) ? model_.compressor->encoding()
                                       : v1::ENCODING_FP32);
   header->set_push_only(push_only_);
@@ -198,8 +246,24 @@ absl::Status OpenStep::TakeReply(Lane* lane, std::vector<bool>* expected,
                      " which was not pushed or was answered already"));
   }
   (*expected)[id] = false;
+  const v1::PushPullResponse& r = lane->reply.response;
   // Acknowledged: what this payload dropped is the chunk's residual now.
-  if (Compressed(id)) model_.compressor->Commit(id);
+  if (Compressed(id) && phase_ == 1) model_.compressor->Commit(id);
+  if (options_.second_phase) {
+    if (r.has_sum_of_squares()) sum_of_squares_[id] = r.sum_of_squares();
+    if (r.has_decision()) {
+      applied_ = StepDecision{r.decision().clip_coefficient(),
+                              r.decision().skip()};
+      updated_[id] = true;
+    } else if (phase_ == 2 || !r.has_sum_of_squares()) {
+      return absl::InternalError(absl::StrCat(
+          "bad reply: chunk ", id, " of two-phase step ", step_,
+          phase_ == 1 ? " came without its sum of squares"
+                      : " came without the decision it applied"));
+    } else {
+      return absl::OkStatus();  // sealed: the weights come in phase 2
+    }
+  }
   if (push_only_) {
     // The shard moved its copy of what workers hold without telling this
     // one.

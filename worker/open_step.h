@@ -44,7 +44,26 @@ class OpenStep {
   // `weights`: where replies go (null: a push-only step; else copied, the
   // spans must outlive the step). Starts now.
   OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
-           bool initial_values);
+           bool initial_values, const StepOptions& options = {});
+
+  const StepOptions& options() const { return options_; }
+  void set_max_grad_norm(float max_norm) { options_.max_grad_norm = max_norm; }
+  // Two-phase steps: 1 while the gradients go out (replies: each chunk's
+  // sum of squares), 2 once the decision does (replies: the weights).
+  int phase() const { return phase_; }
+  // Starts phase 2 with `decision`: the chunks still to be sent it are
+  // those whose weights did not come yet (Pending).
+  void Decide(const StepDecision& decision);
+  // The chunks of `lane_chunks` whose reply the current phase still needs.
+  std::vector<uint32_t> Pending(absl::Span<const uint32_t> lane_chunks) const;
+  // After phase 1: the step's norm from every chunk's sum of squares,
+  // added in chunk id order (InternalError naming a chunk without one),
+  // and the decision a shard already applied, if a reply brought one.
+  absl::StatusOr<double> Norm() const;
+  const std::optional<StepDecision>& applied() const { return applied_; }
+  // The norm, once phase 1 ended (Client::GradNorm).
+  const std::optional<double>& norm() const { return norm_; }
+  void set_norm(double norm) { norm_ = norm; }
 
   int64_t step() const { return step_; }
   absl::Time start() const { return start_; }
@@ -88,6 +107,15 @@ class OpenStep {
 
   const StepModel model_;
   const int64_t step_;
+  StepOptions options_;
+  int phase_ = 1;
+  // Two-phase steps, by chunk id: its sum of squares, once a reply brought
+  // it; its weights came (a shard had applied the decision already).
+  std::vector<std::optional<double>> sum_of_squares_;
+  std::vector<bool> updated_;
+  std::optional<StepDecision> decision_;  // phase 2's
+  std::optional<StepDecision> applied_;   // a reply's
+  std::optional<double> norm_;
   const bool initial_values_;
   const bool push_only_;
   const Tensors weights_;                            // empty for push-only
