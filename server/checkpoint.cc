@@ -354,7 +354,7 @@ absl::Status ReadChunksFromFile(const CheckpointInfo& ckpt,
       return absl::DataLossError(
           absl::StrCat(path, ": chunk ", id, " has no version"));
     }
-    ChunkState state{id, version->second, 0, {}, {}};
+    ChunkState state{id, version->second, {}, {}};
     if (const auto it = skipped.find(id); it != skipped.end()) {
       state.skipped_updates = it->second;
     }

@@ -26,10 +26,10 @@ namespace shardps::server {
 struct ChunkState {
   uint32_t chunk_id = 0;
   int64_t version = 0;
-  // Of the `version` updates, those skipped whole (Chunk::skipped_updates).
-  int64_t skipped_updates = 0;
   std::vector<float> weights;
   std::vector<std::vector<float>> slots;
+  // Of the `version` updates, those skipped whole (Chunk::skipped_updates).
+  int64_t skipped_updates = 0;
 };
 
 // One written shard file, as a COMMITTED manifest lists it.

@@ -319,6 +319,8 @@ absl::Status ParameterStore::Push(const PushArgs& args,
   const uint64_t bytes = args.payload->size();
   uint64_t fp32_bytes = 0;
   const absl::Status status = Route(args, std::move(sink), &fp32_bytes);
+  // A two-phase step's decision is not a push: it carries no gradient.
+  if (status.ok() && args.decision.has_value()) return status;
   if (status.ok()) {
     counters_.pushes.fetch_add(1, std::memory_order_relaxed);
     counters_.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
@@ -342,7 +344,9 @@ absl::Status ParameterStore::Route(const PushArgs& args,
   }
   SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(args.chunk_id));
   SHARDPS_RETURN_IF_ERROR(CheckPush(args, *chunk));
-  if (!args.no_gradient) *fp32_bytes = chunk->spec.bytes();
+  if (!args.no_gradient && !args.decision.has_value()) {
+    *fp32_bytes = chunk->spec.bytes();
+  }
   if (args.initial_values) {
     // No rollback or step check: the values are the same whenever they
     // come, and only the first ones count.

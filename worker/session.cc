@@ -177,13 +177,28 @@ std::vector<uint32_t> Session::ActiveRanks() {
   return RanksSharingTheBatch(client_.get(), view_ranks, num_workers_, rank_);
 }
 
-absl::Status Session::BeginStep() {
+absl::Status Session::BeginStep(const StepOptions& options) {
   if (done_) {
     return absl::FailedPreconditionError(
         "this worker already finished or left the job");
   }
   recovery();  // knows the job's rollback before the first push
-  return client_->BeginStep(step_, weights_);
+  recovered_ = false;
+  return client_->BeginStep(step_, weights_, options);
+}
+
+absl::StatusOr<std::optional<double>> Session::GradNorm() {
+  if (recovered_) return std::nullopt;
+  if (client_->tensors_left() > 0 || !client_->step_open()) {
+    return client_->GradNorm();  // the caller's to fix
+  }
+  absl::StatusOr<double> norm = client_->GradNorm();
+  if (norm.ok()) return *norm;
+  SHARDPS_ASSIGN_OR_RETURN(step_, recovery().Recover(norm.status(), step_));
+  LogInfo("step failed (%s): going on from step %d", norm.status().message(),
+          step_);
+  recovered_ = true;
+  return std::nullopt;
 }
 
 absl::Status Session::PushTensor(int tensor, absl::Span<const float> gradient,
@@ -196,6 +211,10 @@ absl::Status Session::PushNoGradient(int tensor, float learning_rate) {
 }
 
 absl::StatusOr<bool> Session::FinishStep() {
+  if (recovered_) {
+    recovered_ = false;
+    return false;
+  }
   // A tensor not pushed is the caller's to fix; the job's refusals (a
   // rollback, a drop) are recovered from.
   if (client_->tensors_left() > 0) return client_->FinishStep();

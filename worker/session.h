@@ -87,8 +87,9 @@ class Session {
   // (as the servers wait for them; else the coordinator's view).
   std::vector<uint32_t> ActiveRanks();
 
-  // One step, tensor by tensor (see Client::BeginStep).
-  absl::Status BeginStep();
+  // One step, tensor by tensor (see Client::BeginStep; `options` makes it
+  // a two-phase step: clipping, loss scaling).
+  absl::Status BeginStep(const StepOptions& options = {});
   absl::Status PushTensor(int tensor, absl::Span<const float> gradient,
                           float learning_rate);
   absl::Status PushNoGradient(int tensor, float learning_rate);
@@ -98,6 +99,10 @@ class Session {
   // step(), from where the loop goes on. Errors: those of
   // Client::FinishStep that recovery cannot explain.
   absl::StatusOr<bool> FinishStep();
+  // Two-phase steps, after every push: Client::GradNorm. None when the step
+  // failed and the job went back (or on): FinishStep then returns false at
+  // once. Errors: those of Client::GradNorm that recovery cannot explain.
+  absl::StatusOr<std::optional<double>> GradNorm();
   void AbortStep();
   bool step_open() const { return client_->step_open(); }
 
@@ -143,6 +148,8 @@ class Session {
   int64_t step_ = 0;
   uint64_t collectives_ = 0;  // called so far: the last sequence number
   bool done_ = false;         // Finish or Leave was called
+  // GradNorm lost the open step to a recovery: FinishStep returns false.
+  bool recovered_ = false;
 };
 
 }  // namespace shardps::worker

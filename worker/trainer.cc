@@ -23,6 +23,7 @@ namespace shardps::worker {
 // Per-epoch accumulators.
 struct Trainer::EpochStats {
   double loss_sum = 0.0;
+  double grad_norm_sum = 0.0;  // clipping: the steps' global norms
   int64_t steps = 0;
   int64_t samples = 0;  // global
   absl::Duration compute, push, wait;
@@ -179,7 +180,13 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   // while backward runs, which is safe: the backend computes on its own
   // copy.
   const absl::Time opened = absl::Now();
-  SHARDPS_RETURN_IF_ERROR(client_->BeginStep(step, WeightViews()));
+  StepOptions step_options;
+  if (options_.clip_grad_norm > 0) {
+    step_options.second_phase = true;
+    step_options.max_grad_norm = static_cast<float>(options_.clip_grad_norm);
+  }
+  SHARDPS_RETURN_IF_ERROR(
+      client_->BeginStep(step, WeightViews(), step_options));
   std::optional<absl::Time> first_push;
   absl::StatusOr<double> loss = backend_->Gradients(
       absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
@@ -204,6 +211,9 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   stats->push += std::min(pushing, exposed);
   stats->wait += exposed - std::min(pushing, exposed);
   stats->loss_sum += *loss;
+  if (step_options.second_phase) {
+    stats->grad_norm_sum += client_->last_grad_norm();
+  }
   ++stats->steps;
   stats->samples += options_.batch_size;
   if (options_.metrics != nullptr) {
@@ -352,6 +362,11 @@ absl::Status Trainer::EndEpoch(int epoch, int64_t step, bool last,
         100 * absl::ToDoubleSeconds(stats.wait) / total,
         stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
         stats.PerStepMs(stats.exposed));
+    if (options_.clip_grad_norm > 0) {
+      LogInfo("epoch %d: mean global gradient norm %.4f (clipped to %g)",
+              epoch, stats.grad_norm_sum / std::max<int64_t>(1, stats.steps),
+              options_.clip_grad_norm);
+    }
     SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,
                                             eval ? &*eval : nullptr));
   }

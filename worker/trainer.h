@@ -34,6 +34,9 @@ struct TrainerOptions {
   uint64_t seed = 1;
   int eval_every_epochs = 1;
   uint64_t chunk_bytes = 256 << 10;
+  // > 0: every step is a two-phase step clipping the global norm of the
+  // averaged gradient to this (Client StepOptions::max_grad_norm).
+  double clip_grad_norm = 0;
   // Written by the lead only (see `lead`); empty: not written.
   std::string metrics_csv;
   std::string model_out;

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, lr_schedule, "cosine",
           "Learning-rate schedule: constant, cosine (to 0 over the run) or "
           "step:SIZE:GAMMA.");
 ABSL_FLAG(int64_t, warmup_steps, 0, "Linear warmup steps.");
+ABSL_FLAG(double, clip_grad_norm, 0,
+          "Clip the global norm of each step's averaged gradient to this "
+          "(torch's clip_grad_norm_), on the servers; 0: off. Adds one round "
+          "trip of small messages per step.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and data order.");
 ABSL_FLAG(std::string, backend, "auto",
           "Compute backend: auto (CUDA when a GPU exists), cpu or cuda.");
@@ -75,6 +79,7 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "weight_decay",
                                        "lr_schedule",
                                        "warmup_steps",
+                                       "clip_grad_norm",
                                        "seed",
                                        "backend",
                                        "eval_every_epochs",

@@ -26,6 +26,7 @@ ABSL_DECLARE_FLAG(bool, nesterov);
 ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(std::string, lr_schedule);
 ABSL_DECLARE_FLAG(int64_t, warmup_steps);
+ABSL_DECLARE_FLAG(double, clip_grad_norm);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int32_t, eval_every_epochs);

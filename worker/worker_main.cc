@@ -4,6 +4,7 @@
 // addresses from the coordinator, waits until every member is present, and
 // tells the coordinator when it finished. Flag parsing only: the run is
 // RunWorker's (worker/worker_job.h).
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,13 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.eval_every_epochs = absl::GetFlag(FLAGS_eval_every_epochs);
   o.step_delay = absl::Milliseconds(absl::GetFlag(FLAGS_fault_step_delay_ms));
+  o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
+  if (!(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0 &&
+        o.clip_grad_norm <= 3.0e38)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--clip_grad_norm=", o.clip_grad_norm,
+        " must be finite and >= 0 (0: no clipping)"));
+  }
   const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
   if (o.epochs < 1 || o.eval_every_epochs < 1 || o.max_steps < 0 ||
       chunk_kib < 1 || chunk_kib > (64 << 10)) {

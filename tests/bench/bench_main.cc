@@ -43,6 +43,10 @@ ABSL_FLAG(bool, emulate_hosts, false,
 ABSL_FLAG(std::string, rows, "2x2,4x4",
           "train --emulate_hosts: WORKERSxSERVERS of each row (DDP: WORKERS "
           "ranks), e.g. 2x2,4x4,4x1.");
+ABSL_FLAG(double, clip_grad_norm, 0,
+          "train, torch: also run shardps with global-norm clipping at this "
+          "bound (two-phase steps), alternating with runs without, and "
+          "print what clipping costs; 0: not.");
 ABSL_FLAG(int32_t, steps, 10,
           "Measured steps per configuration (scale: per row, fewer for big "
           "rows, more for fast ones).");
@@ -292,6 +296,7 @@ absl::Status Run(const std::string& command) {
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
     o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
     o.epochs = absl::GetFlag(FLAGS_epochs);
+    o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
     return RunTrainBench(o);
   }
   if (command == "torch") {

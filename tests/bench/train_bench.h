@@ -14,6 +14,10 @@ struct TrainOptions {
   std::string torch_script;  // tests/bench/torch/mlp_ddp.py
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 10;
+  // > 0: the cluster also runs with --clip_grad_norm at this bound
+  // (two-phase steps), alternating with runs without, and the cost of
+  // clipping is printed.
+  double clip_grad_norm = 0;
 };
 
 absl::Status RunTrainBench(const TrainOptions& options);

@@ -9,6 +9,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 import cluster
 import safetensors_read
@@ -36,10 +37,16 @@ def coordinated(make_cluster, tmp_path, name):
                       "--checkpoint_every_steps=5"])
 
 
+@pytest.mark.parametrize("extra", [
+    [],
+    # The LLM recipe's two-phase steps: clipping, loss scaling, a skip.
+    ["--max_grad_norm=0.3", "--clip=call", "--loss_scale=1024",
+     "--inf_at=16"],
+], ids=["plain", "clip-scale-skip"])
 def test_a_killed_server_comes_back_and_the_model_is_bitwise_the_same(
-        make_cluster, tmp_path):
+        make_cluster, tmp_path, extra):
     args = ["--model=cnn", "--optimizer=adamw", "--warmup", "--lr=0.01",
-            f"--steps={STEPS}", "--step_delay=0.05"]
+            f"--steps={STEPS}", "--step_delay=0.05"] + extra
     ref = coordinated(make_cluster, tmp_path, "ref")
     ref_out = str(tmp_path / "ref.safetensors")
     procs = ref.run_workers(JOB, args + [f"--out={ref_out}"])

@@ -52,6 +52,17 @@ def main():
                         help="a LambdaLR warmup from lr 0")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--out", default="")
+    parser.add_argument("--max_grad_norm", type=float, default=0.0,
+                        help="clip the averaged gradient's global norm")
+    parser.add_argument("--clip", choices=["constant", "call"],
+                        default="constant",
+                        help="max_grad_norm= of DistributedOptimizer, or "
+                        "opt.clip_grad_norm_ at every step")
+    parser.add_argument("--loss_scale", type=float, default=0.0,
+                        help="a GradScaler with this initial scale")
+    parser.add_argument("--inf_at", type=int, default=-1,
+                        help="with --loss_scale: rank 1's loss is inf at "
+                        "this step (the reference skips it)")
     parser.add_argument("--step_delay", type=float, default=0.0)
     parser.add_argument("--plain", choices=["", "halves", "whole"],
                         default="",
@@ -89,6 +100,15 @@ def main():
                                   for p in model.parameters()])
                 for p, g0, g1 in zip(model.parameters(), *grads):
                     p.grad = None if g0 is None else (g0 + g1) / 2
+            if step == args.inf_at:
+                print(f"step {step + 1} skipped True", flush=True)
+                if sched:
+                    sched.step()
+                continue
+            if args.max_grad_norm:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                      args.max_grad_norm)
+                print(f"step {step + 1} norm {norm.item():.9g}", flush=True)
             inner.step()
             if sched:
                 sched.step()
@@ -99,9 +119,14 @@ def main():
 
     import shardps.torch as spt
     ctx = spt.init()
-    opt = spt.DistributedOptimizer(inner,
-                                   named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=args.accumulate)
+    constant = args.max_grad_norm and args.clip == "constant"
+    opt = spt.DistributedOptimizer(
+        inner, named_parameters=model.named_parameters(),
+        backward_passes_per_step=args.accumulate,
+        max_grad_norm=args.max_grad_norm if constant else None,
+        clip_grad_norm_calls=bool(args.max_grad_norm and not constant))
+    scaler = spt.GradScaler(init_scale=args.loss_scale) if (
+        args.loss_scale) else None
     sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))
              if args.warmup else None)
     sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
@@ -113,8 +138,26 @@ def main():
             opt.zero_grad()
             for part in indices.chunk(args.accumulate):
                 loss = loss_of(model, args.model, x[part], y[part])
-                (loss * len(part) / len(indices)).backward()
-            opt.step()
+                weighted = loss * len(part) / len(indices)
+                if scaler:
+                    weighted = scaler.scale(weighted)
+                    if ctx.step == args.inf_at and ctx.rank == 1:
+                        weighted = weighted * float("inf")
+                weighted.backward()
+            if args.max_grad_norm and not constant:
+                if scaler:
+                    scaler.unscale_(opt)
+                norm = opt.clip_grad_norm_(args.max_grad_norm)
+                print(f"called step {ctx.step + 1} norm {norm.item():.9g}",
+                      flush=True)
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if opt.grad_norm is not None:
+                print(f"step {ctx.step} norm {opt.grad_norm:.9g} skipped "
+                      f"{opt.last_step_skipped}", flush=True)
             if sched:
                 sched.last_epoch = ctx.step - 1
                 sched.step()

@@ -204,11 +204,16 @@ class PySession {
     Check(status);
   }
 
-  void BeginStep() {
+  void BeginStep(bool second_phase, std::optional<float> loss_scale,
+                 std::optional<float> max_grad_norm) {
+    StepOptions options;
+    options.second_phase = second_phase;
+    options.loss_scale = loss_scale;
+    options.max_grad_norm = max_grad_norm;
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = session_->BeginStep();
+      status = session_->BeginStep(options);
     }
     Check(status);
     gradients_ = py::list();
@@ -422,7 +427,33 @@ void DefineModule(py::module_& m) {
           [](PySession& p) { return p.s().client().buffer_regions(); },
           "Gradient and weight regions made so far: a new value means new "
           "gradient_buffers (after a step that failed on a stream).")
-      .def("begin_step", &PySession::BeginStep)
+      .def("begin_step", &PySession::BeginStep,
+           py::arg("second_phase") = false, py::arg("loss_scale") = py::none(),
+           py::arg("max_grad_norm") = py::none(),
+           "Opens the next step; second_phase makes it a two-phase step "
+           "(global-norm clipping to max_grad_norm, loss scaling).")
+      .def(
+          "grad_norm",
+          [](PySession& p) {
+            absl::StatusOr<std::optional<double>> norm =
+                Unlocked([&] { return p.s().GradNorm(); });
+            return Check(std::move(norm));
+          },
+          "Two-phase steps, after every push: the global norm of the step's "
+          "averaged gradient (None when the job went back: finish_step then "
+          "returns False).")
+      .def(
+          "set_max_grad_norm",
+          [](PySession& p, float max_norm) {
+            Check(p.s().client().SetMaxGradNorm(max_norm));
+          },
+          py::arg("max_norm"))
+      .def_property_readonly(
+          "last_grad_norm",
+          [](PySession& p) { return p.s().client().last_grad_norm(); })
+      .def_property_readonly(
+          "last_step_skipped",
+          [](PySession& p) { return p.s().client().last_step_skipped(); })
       .def("push", &PySession::Push, py::arg("tensor"), py::arg("gradient"),
            py::arg("learning_rate"), py::arg("name"),
            "Pushes one tensor's gradient (None: no gradient this step).")

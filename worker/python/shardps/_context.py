@@ -29,6 +29,7 @@ class Context:
         self.grad_scale = 1.0  # set by the sampler for uneven slices
         self._done = False
         self._optimizer = None  # the job's DistributedOptimizer
+        self.scaler = None  # the job's GradScaler, once it scaled a loss
 
     @property
     def is_lead(self):

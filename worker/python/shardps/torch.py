@@ -50,6 +50,15 @@ What runs where:
     parameters. Scale the loss instead of the gradients, clip values in a
     hook on the parameter (p.register_hook), which runs before the push,
     or leave p.grad unchanged until step().
+  * Clipping by the global norm and loss scaling run on the servers, on
+    the averaged gradient (the LLM recipe): DistributedOptimizer(...,
+    max_grad_norm=1.0) clips every step, opt.clip_grad_norm_(max_norm)
+    between backward and step() clips that step and returns the norm (as
+    torch's), and GradScaler (torch's interface) scales the loss; the
+    servers unscale, and a step whose gradient is not finite is skipped on
+    every shard. Such a step takes one more round trip of small messages
+    (_two_phase.py); opt.grad_norm is the last one's norm. clip_grad_norm_
+    needs DistributedOptimizer(..., clip_grad_norm_calls=True).
   * Buffers (BatchNorm running statistics) follow rank 0's (the lead's):
     given the model (DistributedOptimizer(..., model=model)), every step()
     ends with one broadcast of all its buffers from the lead, as DDP's
@@ -64,64 +73,20 @@ What runs where:
 import numpy as np
 import torch
 
-from . import _collectives
-from . import _context
+from . import _collectives, _two_phase
 from . import _errors
-from . import _shardps
 from ._collectives import all_reduce, barrier, broadcast
 from ._context import Context, _context_or, init
 from ._optim_spec import _check_parameter, _server_optimizer, _settings
 from ._sampler import DistributedSampler
+from ._two_phase import GradScaler  # noqa: F401 (shardps.torch API)
+from ._model_state import _buffers_to_broadcast, _changed_message, save
 
 __all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
            "save", "all_reduce", "broadcast", "barrier"]
 
 # id(parameter) -> name, for every parameter a DistributedOptimizer trains.
 _claimed = {}
-
-
-def _changed_message(names):
-    shown = ", ".join(names[:5])
-    if len(names) > 5:
-        shown += f" and {len(names) - 5} more"
-    return (
-        f"p.grad of {shown} changed between backward and step() (an "
-        "in-place op such as clip_grad_norm_ or p.grad.mul_, or a new "
-        "tensor). shardps pushes each gradient to the servers as backward "
-        "produces it: this step was taken with the gradients as backward "
-        "left them, and the change was not applied. Change gradients before "
-        "the push instead: scale the loss rather than p.grad, clip values in "
-        "a hook on the parameter (p.register_hook(lambda g: "
-        "g.clamp(-c, c))), or leave p.grad unchanged until step(); clipping "
-        "by the global norm is not available yet")
-
-
-def _buffers_to_broadcast(ctx, named_buffers):
-    """The buffers DistributedOptimizer broadcasts at every step: all of
-    them (as DDP) when one is floating-point, else none."""
-    buffers, seen = [], set()
-    for name, b in named_buffers or ():
-        if b is None or id(b) in seen:
-            continue
-        seen.add(id(b))
-        if b.device.type != "cpu" or b.is_sparse:
-            raise ValueError(f"buffer {name} is {b.layout} on {b.device}: "
-                             "shardps.torch broadcasts dense CPU buffers")
-        buffers.append(b)
-    if not any(b.is_floating_point() for b in buffers):
-        return []
-    nbytes = sum(b.numel() * b.element_size() for b in buffers)
-    if nbytes > _collectives.MAX_BYTES:
-        raise ValueError(
-            f"the model's buffers hold {nbytes} bytes, over the collectives' "
-            f"limit of {_collectives.MAX_BYTES} (1 MiB): pass "
-            "broadcast_buffers=False (each rank then keeps its own)")
-    if not ctx.session.coordinated and ctx.num_workers > 1:
-        raise ValueError(
-            "broadcast_buffers needs a coordinator (this static job of "
-            f"{ctx.num_workers} workers has none): start the job with one "
-            "(shardps-local does) or pass broadcast_buffers=False")
-    return buffers
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -163,6 +128,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             the last one.
         chunk_bytes: the largest piece of a tensor the servers hold as one
             unit (a multiple of 4, at most 4 MiB).
+        max_grad_norm: clip the global 2-norm of every step's averaged
+            gradient to this, on the servers, exactly as
+            torch.nn.utils.clip_grad_norm_ on the averaged gradient would
+            (the norm is the same on any number of shards). None: no
+            clipping at a constant bound.
+        clip_grad_norm_calls: every step is a two-phase step, so that
+            opt.clip_grad_norm_(max_norm) may clip it (FSDP-style, between
+            backward and step(); a step that does not call it is not
+            clipped). Every rank must make its optimizer alike.
         context: the Context (default: the one init() returned).
 
     Construction declares the model on the servers (rank 0's values are the
@@ -186,7 +160,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             static job of several workers (no coordinator). At a step (backward's first push or
             step(), before anything of it is sent): a hyper-parameter
             other than lr changed, or a parameter in no param_group was
-            unfrozen (p.requires_grad_(True)).
+            unfrozen (p.requires_grad_(True)). A max_grad_norm that is not
+            finite and > 0, or given with clip_grad_norm_calls=True (one
+            way to clip).
         shardps.Error: the servers refused the declaration (its .code
             says why).
     """
@@ -194,8 +170,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer, named_parameters=None,
                  backward_passes_per_step=1, chunk_bytes=1 << 20,
                  context=None, model=None, named_buffers=None,
-                 broadcast_buffers=True):
+                 broadcast_buffers=True, max_grad_norm=None,
+                 clip_grad_norm_calls=False):
         self._ctx = _context_or(context)
+        self._max_grad_norm = _two_phase.check_max_grad_norm(max_grad_norm)
+        if clip_grad_norm_calls and max_grad_norm is not None:
+            raise ValueError(
+                "max_grad_norm and clip_grad_norm_calls=True: choose one way "
+                "to clip (a constant bound, or clip_grad_norm_ calls)")
+        # Two-phase steps (_two_phase.py).
+        self._clip_calls = bool(clip_grad_norm_calls)
+        self._clip_called = False
+        self._step_two_phase = False
+        self._step_loss_scale = None
+        self._last_norm = None
+        self._last_skipped = False
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("DistributedOptimizer wraps a torch.optim "
                             "optimizer")
@@ -420,7 +409,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer: shardps holds it at rank 0's initial value and "
                 "would not train it. Put it in the optimizer before "
                 "wrapping (a frozen parameter there trains once unfrozen)")
-        self._ctx.session.begin_step()
+        second_phase, loss_scale = _two_phase.step_mode(self)
+        self._ctx.session.begin_step(second_phase=second_phase,
+                                     loss_scale=loss_scale,
+                                     max_grad_norm=self._max_grad_norm)
         self._take_buffers()
         self._open = True
 
@@ -508,10 +500,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(
                 f"step() after {done_passes} of {self._k} backward passes "
                 "(backward_passes_per_step)")
+        step = self._ctx.session.step
         try:
-            for i, p in enumerate(self._params):
-                if not self._pushed[i]:
-                    self._push(i, p.grad)
+            self._push_rest()
             # Checked while the replies are on their way.
             changed = self._changed()
             self._ctx.session.finish_step()
@@ -530,7 +521,49 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._broadcast_buffers()
         if changed:
             raise _errors.GradientChanged(_changed_message(changed))
+        _two_phase.after_step(self, step)
         return loss
+
+    def _push_rest(self):
+        for i, p in enumerate(self._params):
+            if not self._pushed[i]:
+                self._push(i, p.grad)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0,
+                        error_if_nonfinite=False):
+        """Clips this step's averaged gradient by its global 2-norm, as
+        torch.nn.utils.clip_grad_norm_ (FSDP's clip_grad_norm_): call it
+        between the last backward() and step(). The servers clip when
+        step() sends the decision; p.grad is left as it is.
+
+        Returns the global norm of the averaged (and, with a GradScaler,
+        unscaled) gradient over every parameter, the same on every rank,
+        as a float32 tensor (NaN when the job went back meanwhile: step()
+        then loads the rollback's weights).
+
+        Raises:
+            ValueError: max_norm not finite and > 0, or a norm_type other
+                than 2.
+            RuntimeError: a DistributedOptimizer made without
+                clip_grad_norm_calls=True, before the last backward pass,
+                twice in a step, or a non-finite norm with
+                error_if_nonfinite.
+            shardps.Error: the servers' refusals.
+        """
+        return _two_phase.clip_grad_norm_(self, max_norm, norm_type,
+                                          error_if_nonfinite)
+
+    @property
+    def grad_norm(self):
+        """The global norm of the last two-phase step's averaged gradient
+        (None before one)."""
+        return self._last_norm
+
+    @property
+    def last_step_skipped(self):
+        """Every shard skipped the last step (a non-finite gradient under
+        loss scaling)."""
+        return self._last_skipped
 
     def zero_grad(self, set_to_none=False):
         """As torch.optim.Optimizer.zero_grad (default set_to_none=False, as
@@ -556,28 +589,3 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError(
             "the optimizer's state lives on the shardps servers: restore a "
             "server checkpoint instead")
-
-
-# --- saving -----------------------------------------------------------------
-
-def save(model, path, metadata=None):
-    """Writes the model's parameters as safetensors (the names of
-    named_parameters(), float32), with `metadata` (str -> str) in the
-    header. Optimizer state lives on the servers, checkpointed by them."""
-    names, shapes, arrays = [], [], []
-    seen = set()
-    for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        t = p.detach()
-        if t.dtype != torch.float32:
-            t = t.float()
-        arrays.append(np.ascontiguousarray(t.cpu().numpy()).reshape(-1))
-        names.append(name)
-        shapes.append(list(p.shape))
-    meta = {"format": "pt"}
-    if _context.current() is not None:
-        meta["step"] = str(_context.current().step)
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    _shardps.write_safetensors(path, names, shapes, arrays, meta)

@@ -1,0 +1,82 @@
+"""What shardps.torch keeps of a model besides its parameters' updates:
+the buffers it broadcasts, the message when p.grad changed after its push,
+and saving the model as safetensors."""
+
+import numpy as np
+import torch
+
+from . import _collectives
+from . import _context
+from . import _shardps
+
+
+def _changed_message(names):
+    shown = ", ".join(names[:5])
+    if len(names) > 5:
+        shown += f" and {len(names) - 5} more"
+    return (
+        f"p.grad of {shown} changed between backward and step() (an "
+        "in-place op such as clip_grad_norm_ or p.grad.mul_, or a new "
+        "tensor). shardps pushes each gradient to the servers as backward "
+        "produces it: this step was taken with the gradients as backward "
+        "left them, and the change was not applied. Change gradients before "
+        "the push instead: scale the loss rather than p.grad, clip values in "
+        "a hook on the parameter (p.register_hook(lambda g: "
+        "g.clamp(-c, c))), or leave p.grad unchanged until step(). To clip "
+        "by the global norm use opt.clip_grad_norm_(max_norm) or "
+        "DistributedOptimizer(..., max_grad_norm=...); for loss scaling "
+        "shardps.torch.GradScaler: the servers clip and unscale the "
+        "averaged gradient")
+
+
+def _buffers_to_broadcast(ctx, named_buffers):
+    """The buffers DistributedOptimizer broadcasts at every step: all of
+    them (as DDP) when one is floating-point, else none."""
+    buffers, seen = [], set()
+    for name, b in named_buffers or ():
+        if b is None or id(b) in seen:
+            continue
+        seen.add(id(b))
+        if b.device.type != "cpu" or b.is_sparse:
+            raise ValueError(f"buffer {name} is {b.layout} on {b.device}: "
+                             "shardps.torch broadcasts dense CPU buffers")
+        buffers.append(b)
+    if not any(b.is_floating_point() for b in buffers):
+        return []
+    nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    if nbytes > _collectives.MAX_BYTES:
+        raise ValueError(
+            f"the model's buffers hold {nbytes} bytes, over the collectives' "
+            f"limit of {_collectives.MAX_BYTES} (1 MiB): pass "
+            "broadcast_buffers=False (each rank then keeps its own)")
+    if not ctx.session.coordinated and ctx.num_workers > 1:
+        raise ValueError(
+            "broadcast_buffers needs a coordinator (this static job of "
+            f"{ctx.num_workers} workers has none): start the job with one "
+            "(shardps-local does) or pass broadcast_buffers=False")
+    return buffers
+
+
+# --- saving -----------------------------------------------------------------
+
+def save(model, path, metadata=None):
+    """Writes the model's parameters as safetensors (the names of
+    named_parameters(), float32), with `metadata` (str -> str) in the
+    header. Optimizer state lives on the servers, checkpointed by them."""
+    names, shapes, arrays = [], [], []
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        t = p.detach()
+        if t.dtype != torch.float32:
+            t = t.float()
+        arrays.append(np.ascontiguousarray(t.cpu().numpy()).reshape(-1))
+        names.append(name)
+        shapes.append(list(p.shape))
+    meta = {"format": "pt"}
+    if _context.current() is not None:
+        meta["step"] = str(_context.current().step)
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    _shardps.write_safetensors(path, names, shapes, arrays, meta)
