@@ -57,21 +57,26 @@ What runs where:
   * all_reduce, broadcast and barrier carry small tensors (metrics, flags,
     seeds; at most 1 MiB) over the job's workers through the coordinator,
     in rank order: every rank gets bitwise the same result.
-  * Parameters must be float32, contiguous and on the CPU (there is no GPU
-    path in this layer yet: move the model to the CPU).
+  * Parameters are float32, bfloat16 or float16 (each on its own: a model
+    may mix them), contiguous and on the CPU (there is no GPU path in this
+    layer yet). The servers keep float32 weights and optimizer state: a
+    bf16 model trains with fp32 master weights, exactly what fp32-master
+    training computes from its bf16 gradients, and the model's bf16 copy
+    is their round-to-nearest-even. torch.autocast leaves float32
+    parameters and gradients: nothing changes.
 """
 
 import numpy as np
 import torch
 
 from . import _collectives
-from . import _context
 from . import _errors
-from . import _shardps
+from . import _precision
 from ._collectives import all_reduce, barrier, broadcast
 from ._context import Context, _context_or, init
 from ._optim_spec import _check_parameter, _server_optimizer, _settings
 from ._sampler import DistributedSampler
+from ._save import save
 
 __all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
            "save", "all_reduce", "broadcast", "barrier"]
@@ -180,11 +185,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Raises:
         ValueError: before anything is sent, an optimizer option the
             servers cannot run exactly (see `optimizer`), a parameter that
-            is not float32, contiguous and on the CPU, empty, unnamed,
-            trained by another DistributedOptimizer, or in no param_group
-            but requiring grad, buffers to broadcast over 1 MiB or in a
-            static job of several workers (no coordinator). At a step (backward's first push or
-            step(), before anything of it is sent): a hyper-parameter
+            is not float32, bfloat16 or float16, contiguous and on the CPU,
+            empty, unnamed, trained by another DistributedOptimizer, or in
+            no param_group but requiring grad, buffers to broadcast over 1
+            MiB or in a static job of several workers (no coordinator). At
+            a step (backward's first push or step(), before anything of it
+            is sent): a hyper-parameter
             other than lr changed, or a parameter in no param_group was
             unfrozen (p.requires_grad_(True)).
         shardps.Error: the servers refused the declaration (its .code
@@ -284,7 +290,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                          for p in self._params]
         initial = []
         if self._ctx.rank == 0:
-            initial = [p.detach().numpy().reshape(-1) for p in self._params]
+            initial = [_precision.initial_values(p) for p in self._params]
         if self._ctx._optimizer is not None:
             raise ValueError("this job already has a DistributedOptimizer: "
                              "the servers hold one model per job")
@@ -354,9 +360,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 offset += n
 
     def _load_weights(self):
+        # A bfloat16 or float16 parameter gets the float32 weights rounded
+        # to nearest even (copy_ converts as .to(dtype) does).
         with torch.no_grad():
             for p, w in zip(self._params, self._weights):
                 p.copy_(torch.from_numpy(w).view(p.shape))
+
+    def _float32_weights(self, p):
+        """The job's float32 weights of parameter p after the last step (a
+        flat array), or None for a parameter not declared here. Raises
+        RuntimeError while a step is open: its replies are writing them."""
+        if self._open or self._ctx.session.step_open:
+            raise RuntimeError(
+                "the job's float32 weights are being written by the open "
+                "step's replies: read them (spt.save) after step()")
+        i = self._index.get(id(p))
+        return None if i is None else self._weights[i]
 
     def _hook(self, i):  # runs on the thread running backward
         def hook(*unused):
@@ -441,17 +460,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"the gradient of {name} has shape {list(grad.shape)}, "
                     f"the parameter {list(self._shapes[i])}")
             g = grad.detach()
-            if g.dtype != torch.float32 or g.device.type != "cpu":
-                raise ValueError(f"the gradient of {name} is {g.dtype} on "
-                                 f"{g.device}: want float32 on the CPU")
+            _precision.check_gradient(name, g)
             # The client reads the gradient until the step ends: it gets
-            # our copy, never memory the script can still change.
+            # our float32 copy, never memory the script can still change.
             array, copy = self._buffers[i]
             scale = self._ctx.grad_scale
-            if scale != 1.0:
-                torch.mul(g, scale, out=copy)
-            else:
-                copy.copy_(g)
+            _precision.copy_gradient(g, copy, scale)
             self._sent[i] = (grad, grad._version, scale)
         self._pushed[i] = True
         self._ctx.session.push(i, array, lr, name)
@@ -470,9 +484,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if now is not grad or now._version != version:
                 changed.append(self._names[i])
                 continue
-            g = now.detach()
-            if scale != 1.0:
-                g = g * scale
+            g = _precision.as_pushed(now.detach(), scale)
             # Bitwise, so that a NaN pushed is a NaN unchanged.
             if not torch.equal(g.view(torch.int32),
                                self._buffers[i][1].view(torch.int32)):
@@ -556,28 +568,3 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError(
             "the optimizer's state lives on the shardps servers: restore a "
             "server checkpoint instead")
-
-
-# --- saving -----------------------------------------------------------------
-
-def save(model, path, metadata=None):
-    """Writes the model's parameters as safetensors (the names of
-    named_parameters(), float32), with `metadata` (str -> str) in the
-    header. Optimizer state lives on the servers, checkpointed by them."""
-    names, shapes, arrays = [], [], []
-    seen = set()
-    for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        t = p.detach()
-        if t.dtype != torch.float32:
-            t = t.float()
-        arrays.append(np.ascontiguousarray(t.cpu().numpy()).reshape(-1))
-        names.append(name)
-        shapes.append(list(p.shape))
-    meta = {"format": "pt"}
-    if _context.current() is not None:
-        meta["step"] = str(_context.current().step)
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    _shardps.write_safetensors(path, names, shapes, arrays, meta)
