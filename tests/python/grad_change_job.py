@@ -6,9 +6,10 @@ naming the changed parameters, after the step was taken with the gradients
 as backward produced them (plain SGD, so the expected float32 weights are
 w - lr * g, and the parameters their rounding). Steps without a change,
 after zero_grad() and a new backward, must go through, and parameters
-without a gradient are never named. Prints one line per case and exits
-non-zero at the first that fails. With --dtype=bf16 the model is bfloat16
-(float32 on the servers).
+without a gradient are never named. Then torch's loss-scaler hook:
+step(grad_scaler=...) runs a disabled scaler's step and refuses an
+enabled one. Prints one line per case and exits non-zero at the first that
+fails. With --dtype=bf16 the model is bfloat16 (float32 on the servers).
 """
 
 import sys
@@ -71,6 +72,19 @@ CASES = {
 }
 
 
+class StandInScaler:
+    """Stands in for torch.cuda.amp.GradScaler, whose enabled form cannot be
+    made without CUDA (it disables itself): its step(opt) calls
+    opt.step(grad_scaler=self) when the optimizer sets
+    _step_supports_amp_scaling, and the optimizer asks is_enabled()."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def is_enabled(self):
+        return self.enabled
+
+
 def fail(message):
     print(f"FAILED: {message}", flush=True)
     sys.exit(1)
@@ -93,7 +107,7 @@ def main():
         return {n: torch.from_numpy(opt._float32_weights(p).copy())
                 .view(p.shape) for n, p in model.named_parameters()}
 
-    def step(name, change=None, scale=1.0, set_to_none=False):
+    def step(name, change=None, scale=1.0, set_to_none=False, scaler=None):
         opt.zero_grad(set_to_none=set_to_none)
         w = weights()
         loss = nn.functional.cross_entropy(model(x), y) * scale
@@ -105,7 +119,7 @@ def main():
         if change is not None:
             change(model)
         try:
-            opt.step()
+            opt.step(grad_scaler=scaler)
         except shardps.GradientChanged as e:
             error = e
         if ctx.step != before + 1:
@@ -148,6 +162,24 @@ def main():
         fail("the hook did not clip")
     hook.remove()
     print("clipped in a hook: went through", flush=True)
+    # torch's GradScaler.step(opt): a disabled one's step is a plain step;
+    # an enabled one is refused (the gradients went to the servers
+    # scaled), and the step is cancelled: the last thing this job does.
+    if step("a disabled loss scaler", scaler=StandInScaler(False)):
+        fail("a disabled loss scaler raised")
+    print("a disabled loss scaler: went through", flush=True)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    try:
+        opt.step(grad_scaler=StandInScaler(True))
+        fail("an enabled loss scaler: no error")
+    except ValueError as e:
+        print(f"an enabled loss scaler: {e}", flush=True)
+        if "shardps.torch.GradScaler" not in str(e):
+            fail("the message does not name shardps.torch.GradScaler")
+    if ctx.session.step_open:
+        fail("an enabled loss scaler: the step is still open")
+    print("an enabled loss scaler: refused", flush=True)
     print(f"final: step={ctx.step}", flush=True)
 
 

@@ -32,4 +32,6 @@ def test_a_changed_gradient_raises_after_the_step_as_pushed(
     for case in CASES:
         assert f"{case}: raised, then clean steps went through" in log, log
     assert "clipped in a hook: went through" in log, log
+    assert "a disabled loss scaler: went through" in log, log
+    assert "an enabled loss scaler: refused" in log, log
     print(log)

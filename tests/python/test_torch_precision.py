@@ -1,6 +1,7 @@
 """Mixed precision through shardps: a bfloat16 (or mixed float32, bfloat16
 and float16) model trains with float32 master weights on the servers,
-and torch.autocast with float32 parameters trains as in torch.
+torch.autocast with float32 parameters trains as in torch, and torch's
+GradScaler, disabled as it is without CUDA, changes nothing.
 
 As tests/python/test_torch_equivalence.py, two workers run
 tests/python/torch_job.py against real servers, and the reference is the
@@ -106,3 +107,14 @@ def test_autocast_trains_as_in_torch(make_cluster, tmp_path, model):
     print(f"{model} autocast bf16: max |dw| vs the plain process "
           f"{max_diff(ours, plain):.3g}")
 
+
+def test_a_disabled_torch_grad_scaler_changes_nothing(make_cluster, tmp_path):
+    # torch.cuda.amp.GradScaler disables itself without CUDA: scale(loss)
+    # is the loss, and step(opt) calls opt.step(). The weights are the
+    # run's without it, bitwise (an enabled one is refused: see
+    # grad_change_job.py, which cannot make a real one here either).
+    args = ["--model=cnn", "--optimizer=sgd", "--steps=10", "--autocast"]
+    with_scaler, _ = run(make_cluster, tmp_path, args + ["--torch_scaler"])
+    (tmp_path / "without").mkdir()
+    without, _ = run(make_cluster, tmp_path / "without", args)
+    assert max_diff(with_scaler, without) == 0.0

@@ -85,6 +85,9 @@ def main():
                         help="the model's parameters (and the CNN's input)")
     parser.add_argument("--autocast", action="store_true",
                         help="forward and loss under torch.autocast bf16")
+    parser.add_argument("--torch_scaler", action="store_true",
+                        help="backward and step through torch's GradScaler "
+                        "(enabled=False: there is no CUDA here)")
     parser.add_argument("--out", default="")
     parser.add_argument("--values_out", default="",
                         help="the model's parameter values, as float32")
@@ -160,6 +163,9 @@ def main():
              if args.warmup else None)
     sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
     epoch = sampler.start_epoch  # a process new to the job joins here
+    # Disabled (no CUDA here), it calls opt.step() as plain torch would.
+    scaler = (torch.cuda.amp.GradScaler(enabled=False)
+              if args.torch_scaler else None)
     print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}",
           flush=True)
     while ctx.step < args.steps:
@@ -168,8 +174,12 @@ def main():
             for part in indices.chunk(args.accumulate):
                 loss = loss_of(model, args.model, x[part], y[part], ac)
                 part_loss = loss * len(part) / len(indices)
-                part_loss.backward()
-            opt.step()
+                (scaler.scale(part_loss) if scaler else part_loss).backward()
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             if sched:
                 sched.last_epoch = ctx.step - 1
                 sched.step()

@@ -1,6 +1,7 @@
 """Mixed precision in shardps.torch: the parameter dtypes it trains and
 their float32 copies (the servers keep float32 weights and optimizer state
-whatever the model's dtype). Pure functions.
+whatever the model's dtype), and the refusal of torch's own loss scaler.
+Pure functions.
 
 A bfloat16 or float16 parameter trains with float32 master weights on the
 servers: its initial values and its gradients become float32 exactly
@@ -60,3 +61,25 @@ def as_pushed(g, scale):
     g = g.float()
     return g * scale if scale != 1.0 else g
 
+
+def refuse_loss_scaler(grad_scaler):
+    """Raises ValueError for an enabled loss scaler of torch's
+    (torch.cuda.amp.GradScaler passes itself to step() when the optimizer
+    says _step_supports_amp_scaling). Unscaling p.grad after backward
+    cannot reach the servers, which got the scaled gradients during
+    backward, and skipping optimizer.step() would leave the job's step
+    half done. A disabled scaler (torch's on a machine without CUDA) calls
+    step() without itself, as plain torch does."""
+    if grad_scaler is None:
+        return
+    is_enabled = getattr(grad_scaler, "is_enabled", None)
+    if is_enabled is not None and not is_enabled():
+        return
+    raise ValueError(
+        f"{type(grad_scaler).__name__} is an enabled loss scaler of torch's: "
+        "it cannot drive a shardps DistributedOptimizer, whose gradients "
+        "reached the servers scaled during backward (unscaling p.grad or "
+        "skipping step() here cannot take effect there). Use "
+        "shardps.torch.GradScaler (spt.GradScaler): the servers unscale and "
+        "skip a non-finite step on every shard. This step's scaled "
+        "gradients were already pushed: stop the script here")

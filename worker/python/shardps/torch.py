@@ -63,7 +63,8 @@ What runs where:
     bf16 model trains with fp32 master weights, exactly what fp32-master
     training computes from its bf16 gradients, and the model's bf16 copy
     is their round-to-nearest-even. torch.autocast leaves float32
-    parameters and gradients: nothing changes.
+    parameters and gradients: nothing changes. torch's own GradScaler,
+    enabled, is refused at step() (ValueError): use spt.GradScaler.
 """
 
 import numpy as np
@@ -196,6 +197,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         shardps.Error: the servers refused the declaration (its .code
             says why).
     """
+
+    # torch's GradScaler.step(opt) then calls opt.step(grad_scaler=scaler).
+    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer, named_parameters=None,
                  backward_passes_per_step=1, chunk_bytes=1 << 20,
@@ -491,12 +495,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 changed.append(self._names[i])
         return changed
 
-    def step(self, closure=None):
+    def step(self, closure=None, grad_scaler=None):
         """Waits for the servers' update of this step and writes the new
         weights into the parameters. Parameters without a gradient
         (p.grad is None) are skipped by the servers, as torch skips them.
 
         Returns the closure's loss (if a closure was given).
+        `grad_scaler` is what torch's GradScaler.step(opt) passes when
+        enabled (this class sets _step_supports_amp_scaling, so that
+        torch does not unscale p.grad or skip the step itself).
 
         Raises:
             shardps.GradientChanged: p.grad of a parameter changed after
@@ -506,7 +513,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 are loaded) and the change was not applied.
             RuntimeError: step() without backward, or before the last of
                 backward_passes_per_step.
+            ValueError: an enabled loss scaler of torch's (see
+                _precision.refuse_loss_scaler); the step is cancelled.
         """
+        try:
+            _precision.refuse_loss_scaler(grad_scaler)
+        except ValueError:
+            self._reset_step()
+            raise
         loss = None
         if closure is not None:
             with torch.enable_grad():
