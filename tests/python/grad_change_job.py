@@ -3,10 +3,13 @@ step() in the ways training scripts do, for test_torch_grad_changes.py.
 
 Each case trains one step: the change must raise shardps.GradientChanged
 naming the changed parameters, after the step was taken with the gradients
-as backward produced them (plain SGD, so the expected weights are
-w - lr * g). Steps without a change, after zero_grad() and a new backward,
-must go through, and parameters without a gradient are never named. Prints
-one line per case and exits non-zero at the first that fails.
+as backward produced them (plain SGD, so the expected float32 weights are
+w - lr * g, and the parameters their rounding). Steps without a change,
+after zero_grad() and a new backward, must go through, and parameters
+without a gradient are never named. Then torch's loss-scaler hook:
+step(grad_scaler=...) runs a disabled scaler's step and refuses an
+enabled one. Prints one line per case and exits non-zero at the first that
+fails. With --dtype=bf16 the model is bfloat16 (float32 on the servers).
 """
 
 import sys
@@ -18,6 +21,7 @@ import shardps
 import shardps.torch as spt
 
 LR = 0.1
+DTYPE = torch.bfloat16 if "--dtype=bf16" in sys.argv[1:] else torch.float32
 
 
 class Net(nn.Module):
@@ -68,6 +72,19 @@ CASES = {
 }
 
 
+class StandInScaler:
+    """Stands in for torch.cuda.amp.GradScaler, whose enabled form cannot be
+    made without CUDA (it disables itself): its step(opt) calls
+    opt.step(grad_scaler=self) when the optimizer sets
+    _step_supports_amp_scaling, and the optimizer asks is_enabled()."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def is_enabled(self):
+        return self.enabled
+
+
 def fail(message):
     print(f"FAILED: {message}", flush=True)
     sys.exit(1)
@@ -76,38 +93,46 @@ def fail(message):
 def main():
     torch.manual_seed(7)
     ctx = spt.init()
-    model = Net()
+    model = Net().to(DTYPE)
     opt = spt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters())
     print(f"gradient buffers in shared memory: "
           f"{len(ctx.session.gradient_buffers())}", flush=True)
-    x = torch.randn(32, 8)
+    x = torch.randn(32, 8).to(DTYPE)
     y = torch.randint(0, 4, (32,))
 
-    def step(name, change=None, scale=1.0, set_to_none=False):
+    def weights():
+        # The job's float32 weights, as copies. Only between steps: the
+        # replies of a step write them while it is open.
+        return {n: torch.from_numpy(opt._float32_weights(p).copy())
+                .view(p.shape) for n, p in model.named_parameters()}
+
+    def step(name, change=None, scale=1.0, set_to_none=False, scaler=None):
         opt.zero_grad(set_to_none=set_to_none)
+        w = weights()
         loss = nn.functional.cross_entropy(model(x), y) * scale
         loss.backward()
-        expected = {n: (p.detach() - LR * p.grad).clone()
+        expected = {n: w[n] - LR * p.grad.float()
                     for n, p in model.named_parameters() if p.grad is not None}
-        untouched = {n: p.detach().clone()
-                     for n, p in model.named_parameters() if p.grad is None}
         before = ctx.step
         error = None
         if change is not None:
             change(model)
         try:
-            opt.step()
+            opt.step(grad_scaler=scaler)
         except shardps.GradientChanged as e:
             error = e
         if ctx.step != before + 1:
             fail(f"{name}: the step did not complete ({before} -> "
                  f"{ctx.step})")
+        now = weights()
         for n, p in model.named_parameters():
-            want = expected.get(n, untouched.get(n))
-            if not torch.allclose(p.detach(), want, rtol=1e-6, atol=1e-6):
+            want, got = expected.get(n, w[n]), now[n]
+            if not torch.allclose(got, want, rtol=1e-6, atol=1e-6):
                 fail(f"{name}: {n} is not the step of the gradient as "
                      "backward produced it")
+            if not torch.equal(p.detach(), got.to(p.dtype)):
+                fail(f"{name}: {n} is not the job's weights rounded")
         return error
 
     for name, (change, names, scale) in CASES.items():
@@ -137,6 +162,24 @@ def main():
         fail("the hook did not clip")
     hook.remove()
     print("clipped in a hook: went through", flush=True)
+    # torch's GradScaler.step(opt): a disabled one's step is a plain step;
+    # an enabled one is refused (the gradients went to the servers
+    # scaled), and the step is cancelled: the last thing this job does.
+    if step("a disabled loss scaler", scaler=StandInScaler(False)):
+        fail("a disabled loss scaler raised")
+    print("a disabled loss scaler: went through", flush=True)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    try:
+        opt.step(grad_scaler=StandInScaler(True))
+        fail("an enabled loss scaler: no error")
+    except ValueError as e:
+        print(f"an enabled loss scaler: {e}", flush=True)
+        if "shardps.torch.GradScaler" not in str(e):
+            fail("the message does not name shardps.torch.GradScaler")
+    if ctx.session.step_open:
+        fail("an enabled loss scaler: the step is still open")
+    print("an enabled loss scaler: refused", flush=True)
     print(f"final: step={ctx.step}", flush=True)
 
 

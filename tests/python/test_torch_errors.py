@@ -81,6 +81,31 @@ def test_bad_models_and_options_are_refused_before_anything_is_sent(ctx):
     assert row["PUSHES"] == "0", row
 
 
+def test_parameters_of_other_dtypes_are_refused_by_name(ctx):
+    spt, context, c = ctx
+    # bfloat16 and float16 train (float32 on the servers); the others are
+    # named, before anything is sent.
+    net = Net().to(torch.bfloat16)
+    net.half_scale = nn.Parameter(torch.ones(3, dtype=torch.float16))
+    net.extra = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"parameter extra is torch\.float64: "
+                       r"shardps trains float32, bfloat16 and float16"):
+        spt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                 named_parameters=net.named_parameters())
+    # A frozen parameter left out of the optimizer is declared too.
+    del net.extra
+    net.counts = nn.Parameter(torch.zeros(2, dtype=torch.int64),
+                              requires_grad=False)
+    with pytest.raises(ValueError, match=r"parameter counts is torch\.int64"):
+        spt.DistributedOptimizer(
+            torch.optim.SGD([p for p in net.parameters() if p.requires_grad],
+                            lr=0.1),
+            named_parameters=net.named_parameters())
+    (row,) = shard_table(c)
+    assert row["DECLARED"] == "no", row
+    assert row["PUSHES"] == "0", row
+
+
 def test_options_the_servers_would_not_run_exactly_are_refused(ctx):
     spt, context, c = ctx
     net = Net()

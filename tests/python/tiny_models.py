@@ -1,8 +1,8 @@
 """Tiny models and deterministic data for the Python tests: a CNN (two
-conv layers, two linear, and a parameter no step uses) and the example's
+conv layers, two linear, and a parameter no step uses), the example's
 LLaMA-style GPT (worker/python/examples/gpt_kjv.py: RMSNorm, rotary
 embeddings, SwiGLU, tied embeddings) at a tiny size, so that 20 steps take
-a second."""
+a second, and an MLP whose parameters are float32, bfloat16 and float16."""
 
 import os
 import sys
@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 IMAGE = 12
+FEATURES = 12
 VOCAB = 32
 CONTEXT = 16
 
@@ -33,9 +34,26 @@ class TinyCnn(nn.Module):
         return self.fc2(x)
 
 
+class MixedMlp(nn.Module):
+    """A float32 layer, a bfloat16 one and a float16 output scale (used
+    elementwise only: torch 1.13 has no float16 matmul on the CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, 16)
+        self.fc2 = nn.Linear(16, 10).to(torch.bfloat16)
+        self.scale = nn.Parameter(torch.ones(10, dtype=torch.float16))
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x)).to(torch.bfloat16)
+        return self.fc2(h).float() * self.scale.float()
+
+
 def make(kind):
     if kind == "cnn":
         return TinyCnn()
+    if kind == "mixed":
+        return MixedMlp()
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))), "worker", "python",
         "examples"))
@@ -45,6 +63,10 @@ def make(kind):
 
 def data(kind, n):
     g = torch.Generator().manual_seed(99)
+    if kind == "mixed":
+        x = torch.randn(n, FEATURES, generator=g)
+        y = torch.randint(0, 10, (n,), generator=g)
+        return x, y
     if kind == "cnn":
         x = torch.randn(n, 1, IMAGE, IMAGE, generator=g)
         y = torch.randint(0, 10, (n,), generator=g)

@@ -1,12 +1,21 @@
-"""A small shardps.torch training job for the Python tests: a tiny CNN or
-GPT on deterministic synthetic data, run as every worker of a job (or, with
---plain, as one ordinary torch process that averages the two ranks' half
-batches as the servers do). Writes the final parameters as safetensors.
+"""A small shardps.torch training job for the Python tests: a tiny CNN, GPT
+or mixed-precision MLP on deterministic synthetic data, run as every worker
+of a job (or, with --plain, as one ordinary torch process that averages the
+two ranks' half batches as the servers do). Writes the final parameters as
+safetensors.
 
   python3 torch_job.py --model=cnn --optimizer=sgd --steps=20 --out=w.safetensors
+
+A model that is not all float32 (--dtype=bf16, --model=mixed) trains in
+--plain as the servers train it: a float32 master copy of the parameters
+takes the torch optimizer's steps from the model's gradients made float32
+(the two halves averaged in float32), and the model gets the master
+rounded (p.copy_(master)). Then --out holds the master weights (spt.save
+writes them under shardps) and --values_out the model's own values.
 """
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -34,16 +43,37 @@ def make_optimizer(model, name, lr):
     raise ValueError(name)
 
 
-def loss_of(model, kind, x, y):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}
+
+
+def loss_of(model, kind, x, y, autocast=False):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return _loss(model, kind, x, y)
+
+
+def _loss(model, kind, x, y):
     out = model(x)
     if kind == "gpt":
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
     return F.cross_entropy(out, y)
 
 
+def save_values(model, path):
+    """The model's parameters as they are, made float32 (exact)."""
+    import shardps
+    names, tensors = zip(*[(n, p.detach().float().contiguous())
+                           for n, p in model.named_parameters()])
+    shardps.write_safetensors(path, list(names),
+                              [list(t.shape) for t in tensors],
+                              [t.numpy().reshape(-1) for t in tensors],
+                              {"format": "pt"})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", choices=["cnn", "gpt"], default="cnn")
+    parser.add_argument("--model", choices=["cnn", "gpt", "mixed"],
+                        default="cnn")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=32)
@@ -51,6 +81,13 @@ def main():
     parser.add_argument("--warmup", action="store_true",
                         help="a LambdaLR warmup from lr 0")
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the model's parameters (and the CNN's input)")
+    parser.add_argument("--autocast", action="store_true",
+                        help="forward and loss under torch.autocast bf16")
+    parser.add_argument("--torch_scaler", action="store_true",
+                        help="backward and step through torch's GradScaler "
+                        "(enabled=False: there is no CUDA here)")
     parser.add_argument("--out", default="")
     parser.add_argument("--max_grad_norm", type=float, default=0.0,
                         help="clip the averaged gradient's global norm")
@@ -63,6 +100,8 @@ def main():
     parser.add_argument("--inf_at", type=int, default=-1,
                         help="with --loss_scale: rank 1's loss is inf at "
                         "this step (the reference skips it)")
+    parser.add_argument("--values_out", default="",
+                        help="the model's parameter values, as float32")
     parser.add_argument("--step_delay", type=float, default=0.0)
     parser.add_argument("--plain", choices=["", "halves", "whole"],
                         default="",
@@ -73,10 +112,18 @@ def main():
     torch.manual_seed(1234)
     model = tiny_models.make(args.model)
     x, y = tiny_models.data(args.model, NUM_SAMPLES)
-    inner = make_optimizer(model, args.optimizer, args.lr)
+    if args.dtype != "fp32":
+        model.to(DTYPES[args.dtype])
+        if args.model == "cnn":
+            x = x.to(DTYPES[args.dtype])
+    ac = args.autocast
 
     if args.plain:
         import shardps
+        master = model
+        if any(p.dtype != torch.float32 for p in model.parameters()):
+            master = copy.deepcopy(model).float()
+        inner = make_optimizer(master, args.optimizer, args.lr)
         sched = (torch.optim.lr_scheduler.LambdaLR(
             inner, lambda s: min(1.0, s / 4)) if args.warmup else None)
         spe = NUM_SAMPLES // args.batch
@@ -86,58 +133,73 @@ def main():
                 shardps.epoch_permutation(NUM_SAMPLES, 0, epoch + 1))
             batch = perm[s * args.batch:(s + 1) * args.batch]
             if args.plain == "whole":
-                inner.zero_grad()
-                loss_of(model, args.model, x[batch], y[batch]).backward()
+                model.zero_grad()
+                loss_of(model, args.model, x[batch], y[batch], ac).backward()
+                for m, p in zip(master.parameters(), model.parameters()):
+                    m.grad = None if p.grad is None else p.grad.float()
             else:
                 grads = []
                 for r in range(2):
                     b, e = shardps.worker_slice(s * args.batch, args.batch,
                                                 r, 2)
-                    inner.zero_grad()
+                    model.zero_grad()
                     loss_of(model, args.model, x[perm[b:e]],
-                            y[perm[b:e]]).backward()
+                            y[perm[b:e]], ac).backward()
                     grads.append([None if p.grad is None else p.grad.clone()
                                   for p in model.parameters()])
-                for p, g0, g1 in zip(model.parameters(), *grads):
-                    p.grad = None if g0 is None else (g0 + g1) / 2
+                for m, g0, g1 in zip(master.parameters(), *grads):
+                    m.grad = None if g0 is None else (
+                        g0.float() + g1.float()) / 2
             if step == args.inf_at:
                 print(f"step {step + 1} skipped True", flush=True)
                 if sched:
                     sched.step()
                 continue
             if args.max_grad_norm:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                norm = torch.nn.utils.clip_grad_norm_(master.parameters(),
                                                       args.max_grad_norm)
                 print(f"step {step + 1} norm {norm.item():.9g}", flush=True)
             inner.step()
+            if master is not model:
+                with torch.no_grad():
+                    for p, m in zip(model.parameters(), master.parameters()):
+                        p.copy_(m)
             if sched:
                 sched.step()
         if args.out:
             from shardps.torch import save
-            save(model, args.out)
+            save(master, args.out)
+        if args.values_out:
+            save_values(model, args.values_out)
         return
 
     import shardps.torch as spt
     ctx = spt.init()
+    inner = make_optimizer(model, args.optimizer, args.lr)
     constant = args.max_grad_norm and args.clip == "constant"
     opt = spt.DistributedOptimizer(
         inner, named_parameters=model.named_parameters(),
         backward_passes_per_step=args.accumulate,
         max_grad_norm=args.max_grad_norm if constant else None,
         clip_grad_norm_calls=bool(args.max_grad_norm and not constant))
-    scaler = spt.GradScaler(init_scale=args.loss_scale) if (
-        args.loss_scale) else None
     sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))
              if args.warmup else None)
     sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
     epoch = sampler.start_epoch  # a process new to the job joins here
+    # shardps's GradScaler (the servers unscale and skip), or torch's,
+    # disabled (no CUDA here): it calls opt.step() as plain torch would.
+    scaler = None
+    if args.loss_scale:
+        scaler = spt.GradScaler(init_scale=args.loss_scale)
+    elif args.torch_scaler:
+        scaler = torch.cuda.amp.GradScaler(enabled=False)
     print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}",
           flush=True)
     while ctx.step < args.steps:
         for indices in sampler.epoch(epoch):
             opt.zero_grad()
             for part in indices.chunk(args.accumulate):
-                loss = loss_of(model, args.model, x[part], y[part])
+                loss = loss_of(model, args.model, x[part], y[part], ac)
                 weighted = loss * len(part) / len(indices)
                 if scaler:
                     weighted = scaler.scale(weighted)
@@ -169,6 +231,8 @@ def main():
         epoch += 1
     if ctx.is_lead and args.out:
         spt.save(model, args.out)
+    if ctx.is_lead and args.values_out:
+        save_values(model, args.values_out)
     print(f"final: step={ctx.step}", flush=True)
 
 

@@ -54,12 +54,11 @@ def run(rank, bench):
     while step < bench.steps:
         for batch in sampler.epoch(epoch):
             indices = batch[rank * local:(rank + 1) * local]
-            loss = r.loss(ddp, indices, epoch)
             r.optimizer.zero_grad()
-            loss.backward()
+            losses.append(common.backward(r, ddp, indices, epoch, args.accum,
+                                          ddp.no_sync))
             r.optimizer.step()
             r.scheduler.step()
-            losses.append(loss.item())
             step += 1
             if step >= bench.steps:
                 break

@@ -9,6 +9,9 @@ conv(1,32,5)-relu-maxpool-conv(32,64,5)-relu-maxpool-fc(1024,128)-relu-fc(10),
 Adam with a cosine decay of the learning rate over the run; global batch 128.
 Every rank evaluates its part of the test set after each epoch; the lead
 prints one line per epoch (the accuracy over the whole set) and a final line.
+--dtype=bf16 makes the parameters (and the images) bfloat16: the servers
+keep float32 master weights and Adam state, the model their rounding
+(--plain keeps the same float32 master in the process).
 """
 import math
 import os
@@ -35,11 +38,16 @@ class Net(torch.nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @torch.no_grad()
 def correct(model, x, y, batch=1000):
     """(correct predictions, samples) over x."""
     model.eval()
-    right = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+    dtype = model.fc2.weight.dtype
+    right = sum(int((model(x[i:i + batch].to(dtype)).argmax(1) ==
+                     y[i:i + batch]).sum())
                 for i in range(0, len(x), batch))
     model.train()
     return right, len(x)
@@ -48,6 +56,9 @@ def correct(model, x, y, batch=1000):
 def arg_parser():
     p = common.parser(__doc__, epochs=10, batch_size=128, lr=2e-3)
     p.add_argument("--data", default=common.FASHION_MNIST)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                   help="the parameters' dtype (float32 master weights on "
+                   "the servers either way)")
     return p
 
 
@@ -55,7 +66,8 @@ def build(args, data):
     """The recipe: model from --seed, Adam, cosine decay over the run."""
     x, y, _, _ = data
     torch.manual_seed(args.seed)
-    model = Net()
+    dtype = DTYPES[args.dtype]
+    model = Net().to(dtype)  # bf16: the float32 initial weights rounded
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     total_steps = len(x) // args.batch_size * args.epochs
     if args.max_steps:
@@ -65,7 +77,7 @@ def build(args, data):
             math.pi * min(s, total_steps) / total_steps)))
 
     def loss(module, indices, epoch):
-        return F.cross_entropy(module(x[indices]), y[indices])
+        return F.cross_entropy(module(x[indices].to(dtype)), y[indices])
 
     return common.Recipe(model, optimizer, scheduler, len(x), 1, loss)
 
@@ -76,7 +88,7 @@ def main() -> int:
     data = common.fashion_mnist(args.data)
     _, _, tx, ty = data
     return common.train(job, args, build(args, data), "cnn_fashion_mnist",
-                        "Adam with cosine decay",
+                        f"Adam with cosine decay, {args.dtype} parameters",
                         lambda model, part: correct(model, tx[part], ty[part]),
                         len(tx), "test_accuracy", "samples")
 

@@ -9,6 +9,7 @@ Under shardps each worker computes the gradient of its slice of every global
 batch and the servers average them, so both runs compute the same steps.
 """
 import argparse
+import contextlib
 import gzip
 import os
 import struct
@@ -38,6 +39,9 @@ def parser(description: str, epochs: int, batch_size: int,
                    help="initial weights and the sampler's permutations")
     p.add_argument("--max_steps", type=int, default=0,
                    help="stop after this many global steps (0: no limit)")
+    p.add_argument("--accum", type=int, default=1,
+                   help="backward passes per step (gradient accumulation): "
+                   "each rank's slice in this many micro-batches")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: 1 under shardps, all cores plain)")
     p.add_argument("--model_out", default="",
@@ -77,6 +81,35 @@ class PlainSampler:
             yield perm[s * self.batch_size:(s + 1) * self.batch_size]
 
 
+class Float32Master:
+    """The plain twin of shardps's float32 master weights, for a model that
+    is not all float32: `optimizer` steps float32 copies of the parameters
+    with the model's gradients made float32 (exact), and the model gets
+    the copies rounded to nearest even, as DistributedOptimizer and the
+    servers do."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer, self.pairs = optimizer, []
+        for group in optimizer.param_groups:
+            masters = [p.detach().to(torch.float32, copy=True)
+                       for p in group["params"]]
+            self.pairs += zip(group["params"], masters)
+            group["params"] = masters
+
+    def zero_grad(self, set_to_none: bool = False):
+        for p, _ in self.pairs:
+            if p.grad is not None:
+                p.grad = None if set_to_none else p.grad.zero_()
+
+    def step(self):
+        for p, m in self.pairs:
+            m.grad = None if p.grad is None else p.grad.float()
+        self.optimizer.step()
+        with torch.no_grad():
+            for p, m in self.pairs:
+                p.copy_(m)
+
+
 class PlainContext:
     rank, num_workers, is_lead, step = 0, 1, True, 0
 
@@ -102,11 +135,14 @@ class Job:
         return self.ctx.is_lead
 
     def optimizer(self, optimizer: torch.optim.Optimizer,
-                  model: torch.nn.Module):
+                  model: torch.nn.Module, backward_passes_per_step: int = 1):
         if self.spt is None:
+            if any(p.dtype != torch.float32 for p in model.parameters()):
+                return Float32Master(optimizer)
             return optimizer
         return self.spt.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters())
+            optimizer, named_parameters=model.named_parameters(),
+            backward_passes_per_step=backward_passes_per_step)
 
     def sampler(self, n: int, batch_size: int, seed: int):
         if self.spt is None:
@@ -180,6 +216,28 @@ class Recipe:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.num_samples, self.items_per_sample = num_samples, items_per_sample
         self.loss = loss
+
+
+def backward(r: Recipe, module, indices, epoch: int, accum: int = 1,
+             no_sync=None) -> float:
+    """The backward passes of one step: `indices` in `accum` micro-batches
+    (torch.tensor_split), each loss weighted by its share of `indices`, so
+    that the gradients add up to those of the mean loss over `indices`.
+    With no_sync (DDP's), all passes but the last run under it. Returns
+    the mean loss."""
+    if len(indices) < accum:
+        raise ValueError(f"--accum={accum} micro-batches of a slice of "
+                         f"{len(indices)} samples")
+    total = 0.0
+    for i, part in enumerate(torch.tensor_split(indices, accum)):
+        late = no_sync is not None and i < accum - 1
+        with no_sync() if late else contextlib.nullcontext():
+            loss = r.loss(module, part, epoch)
+            if accum > 1:
+                loss = loss * (len(part) / len(indices))
+            loss.backward()
+        total += loss.item()
+    return total
 
 
 class Steps:
@@ -273,7 +331,7 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
     model, sched = r.model, r.scheduler
     sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
     steps_per_epoch = r.num_samples // args.batch_size
-    opt = job.optimizer(r.optimizer, model)
+    opt = job.optimizer(r.optimizer, model, args.accum)
     first_epoch = sampler.start_epoch  # a worker joining a job waits here
     steps = Steps(args.max_steps, job.step)
     job.follow(sched, stepped=False)
@@ -287,13 +345,13 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
     for epoch in range(first_epoch, args.epochs):
         clock = EpochClock()
         for indices in sampler.epoch(epoch):
-            loss = r.loss(model, indices, sampler.batch_epoch)
             opt.zero_grad()
-            loss.backward()
+            loss = backward(r, model, indices, sampler.batch_epoch,
+                            args.accum)
             opt.step()
             job.follow(sched)
             steps.step = job.step
-            clock.add(items_per_step, loss.item())
+            clock.add(items_per_step, loss)
             if steps.done():
                 break
         seconds = clock.seconds

@@ -14,7 +14,24 @@ steps_per_epoch x batch_size training windows of one fixed seeded shuffle (so
 epochs see disjoint windows until the shuffle wraps around); the sampler
 permutes them within the epoch. Then every rank evaluates its part of the
 first --val_windows validation windows, and the ranks average the loss.
-AdamW (weight decay on matrices, none on norms), linear warmup then cosine.
+
+The recipe of today's LLMs; each part's flag, at the value that turns it off:
+  AdamW betas (0.9, 0.95)                         --beta2=0.999 (torch's)
+  weight decay 0.1 on tensors of >= 2 dims (the matrices and the tied
+    embedding, as nanoGPT; not the norms)         --weight_decay=0
+  linear warmup over 20 steps                     --warmup_steps=0
+  then cosine down to 10 % of --lr                --min_lr_ratio=1
+  bf16 autocast                                   --autocast=off
+  gradient accumulation: --accum=N micro-batches  --accum=1 (the default)
+    per rank and step (DistributedOptimizer's backward_passes_per_step=N:
+    one push per step, at the last backward)
+bf16 through torch.autocast rather than bf16 parameters: the matmuls run in
+bf16 while the weights stay float32 on the worker too (each forward uses a
+bf16 copy), and what autocast keeps in float32 stays there: the residual
+stream (the embedding's float32 output plus the bf16 projections), so the
+RMSNorms, the softmax over float32 scores (bf16 scores plus the float32
+mask) and the loss. No gradient clipping yet: p.grad goes to the servers
+during backward, so clipping by the global norm needs their help.
 """
 import math
 import os
@@ -142,12 +159,19 @@ def loss_of(model, w):
                            w[:, 1:].reshape(-1))
 
 
+def autocast(args):
+    """The forward's precision: bf16 matmuls under torch.autocast, or off."""
+    return torch.autocast("cpu", dtype=torch.bfloat16,
+                          enabled=args.autocast == "bf16")
+
+
 @torch.no_grad()
-def validation_loss(model, val, batch=32):
+def validation_loss(model, val, args, batch=32):
     """(summed loss of the windows, windows) over val."""
     model.eval()
-    total = sum(float(loss_of(model, val[i:i + batch])) * len(val[i:i + batch])
-                for i in range(0, len(val), batch))
+    with autocast(args):
+        total = sum(float(loss_of(model, val[i:i + batch])) *
+                    len(val[i:i + batch]) for i in range(0, len(val), batch))
     model.train()
     return total, len(val)
 
@@ -162,13 +186,19 @@ def arg_parser():
                    help="global steps between evaluations (0: all windows)")
     p.add_argument("--val_windows", type=int, default=128)
     p.add_argument("--warmup_steps", type=int, default=20)
-    p.add_argument("--weight_decay", type=float, default=0.1)
+    p.add_argument("--min_lr_ratio", type=float, default=0.1,
+                   help="the cosine's end, a fraction of --lr (1: constant)")
+    p.add_argument("--weight_decay", type=float, default=0.1,
+                   help="AdamW's, on tensors of 2 or more dims")
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--autocast", choices=("bf16", "off"), default="bf16")
     return p
 
 
 def build(args, train):
     """The recipe: model from --seed; AdamW with weight decay on the matrices
-    only; linear warmup, then cosine down to a tenth of --lr."""
+    only; linear warmup, then cosine down to --min_lr_ratio of --lr; the
+    forward under autocast(args)."""
     torch.manual_seed(args.seed)
     model = GPT(args.seq_len, args.dim, args.layers, args.heads)
     full_epoch = len(train) // args.batch_size
@@ -184,20 +214,21 @@ def build(args, train):
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    warmup = max(args.warmup_steps, 1)
+        lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    warmup, floor = args.warmup_steps, args.min_lr_ratio
 
     def lr_factor(s):
         if s < warmup:
             return (s + 1) / warmup
         frac = min((s - warmup) / max(total_steps - warmup, 1), 1.0)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * frac))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
     def loss(module, indices, epoch):
-        return loss_of(module, train[order[(epoch * epoch_windows + indices)
-                                           % len(train)]])
+        with autocast(args):
+            return loss_of(module, train[order[(epoch * epoch_windows +
+                                                 indices) % len(train)]])
 
     return common.Recipe(model, optimizer, scheduler, epoch_windows,
                          args.seq_len, loss)
@@ -210,9 +241,11 @@ def main() -> int:
     val = val[:args.val_windows]
     details = (f"dim {args.dim}, {args.layers} layers, {args.heads} heads, "
                f"{len(train)} train / {len(val)} validation windows of "
-               f"{args.seq_len} bytes")
+               f"{args.seq_len} bytes, autocast {args.autocast}, "
+               f"{args.accum} backward pass(es) per step")
     return common.train(job, args, build(args, train), "gpt_kjv", details,
-                        lambda model, part: validation_loss(model, val[part]),
+                        lambda model, part: validation_loss(model, val[part],
+                                                            args),
                         len(val), "val_loss", "tokens")
 
 

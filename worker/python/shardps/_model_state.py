@@ -1,13 +1,11 @@
 """What shardps.torch keeps of a model besides its parameters' updates:
-the buffers it broadcasts, the message when p.grad changed after its push,
-and saving the model as safetensors."""
+the buffers it broadcasts, and the message when p.grad changed after its
+push."""
 
-import numpy as np
 import torch
 
 from . import _collectives
-from . import _context
-from . import _shardps
+from . import _precision
 
 
 def _changed_message(names):
@@ -57,26 +55,24 @@ def _buffers_to_broadcast(ctx, named_buffers):
     return buffers
 
 
-# --- saving -----------------------------------------------------------------
-
-def save(model, path, metadata=None):
-    """Writes the model's parameters as safetensors (the names of
-    named_parameters(), float32), with `metadata` (str -> str) in the
-    header. Optimizer state lives on the servers, checkpointed by them."""
-    names, shapes, arrays = [], [], []
-    seen = set()
-    for name, p in model.named_parameters():
-        if id(p) in seen:
+def changed_gradients(opt):
+    """The names of the parameters of DistributedOptimizer `opt` whose
+    p.grad changed since its push:
+    another tensor, an in-place op (its version counter, shared with
+    .detach() views) or different values (an op on p.grad.data, as
+    torch 1.13's clip_grad_value_, bumps no version)."""
+    changed = []
+    for i, sent in enumerate(opt._sent):
+        if sent is None:
             continue
-        seen.add(id(p))
-        t = p.detach()
-        if t.dtype != torch.float32:
-            t = t.float()
-        arrays.append(np.ascontiguousarray(t.cpu().numpy()).reshape(-1))
-        names.append(name)
-        shapes.append(list(p.shape))
-    meta = {"format": "pt"}
-    if _context.current() is not None:
-        meta["step"] = str(_context.current().step)
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    _shardps.write_safetensors(path, names, shapes, arrays, meta)
+        grad, version, scale = sent
+        now = opt._params[i].grad
+        if now is not grad or now._version != version:
+            changed.append(opt._names[i])
+            continue
+        g = _precision.as_pushed(now.detach(), scale)
+        # Bitwise, so that a NaN pushed is a NaN unchanged.
+        if not torch.equal(g.view(torch.int32),
+                           opt._buffers[i][1].view(torch.int32)):
+            changed.append(opt._names[i])
+    return changed

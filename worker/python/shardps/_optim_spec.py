@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+from . import _precision
+
 
 # Keys torch's lr schedulers add to a param_group for their own use: they
 # only compute lr (which travels with every step) and momentum or betas
@@ -119,10 +121,7 @@ def _settings(group):
 
 
 def _check_parameter(name, p, shape=None):
-    if p.dtype != torch.float32:
-        raise ValueError(
-            f"parameter {name} is {p.dtype}: shardps trains float32 "
-            "parameters (call model.float())")
+    _precision.check_parameter(name, p.dtype)
     if p.device.type != "cpu":
         raise ValueError(
             f"parameter {name} is on {p.device}: shardps.torch trains CPU "

@@ -66,8 +66,14 @@ What runs where:
   * all_reduce, broadcast and barrier carry small tensors (metrics, flags,
     seeds; at most 1 MiB) over the job's workers through the coordinator,
     in rank order: every rank gets bitwise the same result.
-  * Parameters must be float32, contiguous and on the CPU (there is no GPU
-    path in this layer yet: move the model to the CPU).
+  * Parameters are float32, bfloat16 or float16 (each on its own: a model
+    may mix them), contiguous and on the CPU (there is no GPU path in this
+    layer yet). The servers keep float32 weights and optimizer state: a
+    bf16 model trains with fp32 master weights, exactly what fp32-master
+    training computes from its bf16 gradients, and the model's bf16 copy
+    is their round-to-nearest-even. torch.autocast leaves float32
+    parameters and gradients: nothing changes. torch's own GradScaler,
+    enabled, is refused at step() (ValueError): use spt.GradScaler.
 """
 
 import numpy as np
@@ -75,12 +81,15 @@ import torch
 
 from . import _collectives, _two_phase
 from . import _errors
+from . import _precision
 from ._collectives import all_reduce, barrier, broadcast
 from ._context import Context, _context_or, init
 from ._optim_spec import _check_parameter, _server_optimizer, _settings
 from ._sampler import DistributedSampler
 from ._two_phase import GradScaler  # noqa: F401 (shardps.torch API)
-from ._model_state import _buffers_to_broadcast, _changed_message, save
+from . import _model_state
+from ._model_state import _buffers_to_broadcast, _changed_message
+from ._save import save
 
 __all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
            "save", "all_reduce", "broadcast", "barrier"]
@@ -154,11 +163,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Raises:
         ValueError: before anything is sent, an optimizer option the
             servers cannot run exactly (see `optimizer`), a parameter that
-            is not float32, contiguous and on the CPU, empty, unnamed,
-            trained by another DistributedOptimizer, or in no param_group
-            but requiring grad, buffers to broadcast over 1 MiB or in a
-            static job of several workers (no coordinator). At a step (backward's first push or
-            step(), before anything of it is sent): a hyper-parameter
+            is not float32, bfloat16 or float16, contiguous and on the CPU,
+            empty, unnamed, trained by another DistributedOptimizer, or in
+            no param_group but requiring grad, buffers to broadcast over 1
+            MiB or in a static job of several workers (no coordinator). At
+            a step (backward's first push or step(), before anything of it
+            is sent): a hyper-parameter
             other than lr changed, or a parameter in no param_group was
             unfrozen (p.requires_grad_(True)). A max_grad_norm that is not
             finite and > 0, or given with clip_grad_norm_calls=True (one
@@ -166,6 +176,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         shardps.Error: the servers refused the declaration (its .code
             says why).
     """
+
+    # torch's GradScaler.step(opt) then calls opt.step(grad_scaler=scaler).
+    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer, named_parameters=None,
                  backward_passes_per_step=1, chunk_bytes=1 << 20,
@@ -273,7 +286,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                          for p in self._params]
         initial = []
         if self._ctx.rank == 0:
-            initial = [p.detach().numpy().reshape(-1) for p in self._params]
+            initial = [_precision.initial_values(p) for p in self._params]
         if self._ctx._optimizer is not None:
             raise ValueError("this job already has a DistributedOptimizer: "
                              "the servers hold one model per job")
@@ -343,9 +356,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 offset += n
 
     def _load_weights(self):
+        # A bfloat16 or float16 parameter gets the float32 weights rounded
+        # to nearest even (copy_ converts as .to(dtype) does).
         with torch.no_grad():
             for p, w in zip(self._params, self._weights):
                 p.copy_(torch.from_numpy(w).view(p.shape))
+
+    def _float32_weights(self, p):
+        """The job's float32 weights of parameter p after the last step (a
+        flat array), or None for a parameter not declared here. Raises
+        RuntimeError while a step is open: its replies are writing them."""
+        if self._open or self._ctx.session.step_open:
+            raise RuntimeError(
+                "the job's float32 weights are being written by the open "
+                "step's replies: read them (spt.save) after step()")
+        i = self._index.get(id(p))
+        return None if i is None else self._weights[i]
 
     def _hook(self, i):  # runs on the thread running backward
         def hook(*unused):
@@ -433,50 +459,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"the gradient of {name} has shape {list(grad.shape)}, "
                     f"the parameter {list(self._shapes[i])}")
             g = grad.detach()
-            if g.dtype != torch.float32 or g.device.type != "cpu":
-                raise ValueError(f"the gradient of {name} is {g.dtype} on "
-                                 f"{g.device}: want float32 on the CPU")
+            _precision.check_gradient(name, g)
             # The client reads the gradient until the step ends: it gets
-            # our copy, never memory the script can still change.
+            # our float32 copy, never memory the script can still change.
             array, copy = self._buffers[i]
             scale = self._ctx.grad_scale
-            if scale != 1.0:
-                torch.mul(g, scale, out=copy)
-            else:
-                copy.copy_(g)
+            _precision.copy_gradient(g, copy, scale)
             self._sent[i] = (grad, grad._version, scale)
         self._pushed[i] = True
         self._ctx.session.push(i, array, lr, name)
 
-    def _changed(self):
-        """The names of the parameters whose p.grad changed since its push:
-        another tensor, an in-place op (its version counter, shared with
-        .detach() views) or different values (an op on p.grad.data, as
-        torch 1.13's clip_grad_value_, bumps no version)."""
-        changed = []
-        for i, sent in enumerate(self._sent):
-            if sent is None:
-                continue
-            grad, version, scale = sent
-            now = self._params[i].grad
-            if now is not grad or now._version != version:
-                changed.append(self._names[i])
-                continue
-            g = now.detach()
-            if scale != 1.0:
-                g = g * scale
-            # Bitwise, so that a NaN pushed is a NaN unchanged.
-            if not torch.equal(g.view(torch.int32),
-                               self._buffers[i][1].view(torch.int32)):
-                changed.append(self._names[i])
-        return changed
-
-    def step(self, closure=None):
+    def step(self, closure=None, grad_scaler=None):
         """Waits for the servers' update of this step and writes the new
         weights into the parameters. Parameters without a gradient
         (p.grad is None) are skipped by the servers, as torch skips them.
 
         Returns the closure's loss (if a closure was given).
+        `grad_scaler` is what torch's GradScaler.step(opt) passes when
+        enabled (this class sets _step_supports_amp_scaling, so that
+        torch does not unscale p.grad or skip the step itself).
 
         Raises:
             shardps.GradientChanged: p.grad of a parameter changed after
@@ -486,7 +487,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 are loaded) and the change was not applied.
             RuntimeError: step() without backward, or before the last of
                 backward_passes_per_step.
+            ValueError: an enabled loss scaler of torch's (see
+                _precision.refuse_loss_scaler); the step is cancelled.
         """
+        try:
+            _precision.refuse_loss_scaler(grad_scaler)
+        except ValueError:
+            self._reset_step()
+            raise
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -504,7 +512,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             self._push_rest()
             # Checked while the replies are on their way.
-            changed = self._changed()
+            changed = _model_state.changed_gradients(self)
             self._ctx.session.finish_step()
         finally:
             self._reset_step()
