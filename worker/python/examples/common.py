@@ -23,8 +23,8 @@ import torch
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def parser(description: str, epochs: int, batch_size: int,
-           lr: float) -> argparse.ArgumentParser:
+def parser(description: str, epochs: int, batch_size: int, lr: float,
+           max_grad_norm: float = 0.0) -> argparse.ArgumentParser:
     """The flags every example takes; each adds its own."""
     p = argparse.ArgumentParser(
         description=description,
@@ -42,6 +42,10 @@ def parser(description: str, epochs: int, batch_size: int,
     p.add_argument("--accum", type=int, default=1,
                    help="backward passes per step (gradient accumulation): "
                    "each rank's slice in this many micro-batches")
+    p.add_argument("--max_grad_norm", type=float, default=max_grad_norm,
+                   help="clip the global norm of each step's averaged "
+                   "gradient to this (on the servers; plain: torch's "
+                   "clip_grad_norm_); 0: off")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: 1 under shardps, all cores plain)")
     p.add_argument("--model_out", default="",
@@ -101,13 +105,25 @@ class Float32Master:
             if p.grad is not None:
                 p.grad = None if set_to_none else p.grad.zero_()
 
-    def step(self):
+    def step(self, max_grad_norm: float = 0.0):
+        """Returns the gradients' global norm when clipping, else None."""
         for p, m in self.pairs:
             m.grad = None if p.grad is None else p.grad.float()
+        norm = clip(self.optimizer, max_grad_norm)
         self.optimizer.step()
         with torch.no_grad():
             for p, m in self.pairs:
                 p.copy_(m)
+        return norm
+
+
+def clip(optimizer: torch.optim.Optimizer, max_grad_norm: float):
+    """torch's clip_grad_norm_ over the optimizer's parameters (the plain
+    run's clipping); the norm, or None when max_grad_norm is 0."""
+    if not max_grad_norm:
+        return None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
 
 
 class PlainContext:
@@ -135,14 +151,28 @@ class Job:
         return self.ctx.is_lead
 
     def optimizer(self, optimizer: torch.optim.Optimizer,
-                  model: torch.nn.Module, backward_passes_per_step: int = 1):
+                  model: torch.nn.Module, backward_passes_per_step: int = 1,
+                  max_grad_norm: float = 0.0):
         if self.spt is None:
             if any(p.dtype != torch.float32 for p in model.parameters()):
                 return Float32Master(optimizer)
             return optimizer
         return self.spt.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(),
-            backward_passes_per_step=backward_passes_per_step)
+            backward_passes_per_step=backward_passes_per_step,
+            max_grad_norm=max_grad_norm or None)
+
+    def optimizer_step(self, opt, max_grad_norm: float = 0.0):
+        """opt.step(), clipping the plain run as shardps's servers clip;
+        returns the step's global gradient norm when clipping, else None."""
+        if self.spt is not None:
+            opt.step()
+            return opt.grad_norm if max_grad_norm else None
+        if isinstance(opt, Float32Master):
+            return opt.step(max_grad_norm)
+        norm = clip(opt, max_grad_norm)
+        opt.step()
+        return norm
 
     def sampler(self, n: int, batch_size: int, seed: int):
         if self.spt is None:
@@ -256,11 +286,20 @@ class EpochClock:
     def __init__(self):
         self.start, self.items = time.time(), 0
         self.loss_sum, self.loss_n = 0.0, 0
+        self.norm_sum, self.norm_n = 0.0, 0
 
-    def add(self, items: int, loss: float):
+    def add(self, items: int, loss: float, norm=None):
         self.items += items
         self.loss_sum += loss
         self.loss_n += 1
+        if norm is not None:
+            self.norm_sum += norm
+            self.norm_n += 1
+
+    @property
+    def grad_norm(self):
+        """The epoch's mean global gradient norm (None: not clipping)."""
+        return self.norm_sum / self.norm_n if self.norm_n else None
 
     @property
     def seconds(self) -> float:
@@ -331,7 +370,7 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
     model, sched = r.model, r.scheduler
     sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
     steps_per_epoch = r.num_samples // args.batch_size
-    opt = job.optimizer(r.optimizer, model, args.accum)
+    opt = job.optimizer(r.optimizer, model, args.accum, args.max_grad_norm)
     first_epoch = sampler.start_epoch  # a worker joining a job waits here
     steps = Steps(args.max_steps, job.step)
     job.follow(sched, stepped=False)
@@ -348,18 +387,20 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
             opt.zero_grad()
             loss = backward(r, model, indices, sampler.batch_epoch,
                             args.accum)
-            opt.step()
+            norm = job.optimizer_step(opt, args.max_grad_norm)
             job.follow(sched)
             steps.step = job.step
-            clock.add(items_per_step, loss)
+            clock.add(items_per_step, loss, norm)
             if steps.done():
                 break
         seconds = clock.seconds
         # Every rank its part, so that none waits idle for the lead.
         value = job.mean(*evaluate(model, job.eval_part(eval_size)))
         if job.is_lead:
+            clipping = {} if clock.grad_norm is None else {
+                "grad_norm": clock.grad_norm}
             progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
-                     train_loss=clock.train_loss, **{metric: value},
+                     train_loss=clock.train_loss, **clipping, **{metric: value},
                      **{f"{items}/s": f"{clock.items / seconds:.0f}",
                         "epoch_s": f"{seconds:.2f}"})
         if steps.done():

@@ -25,13 +25,16 @@ The recipe of today's LLMs; each part's flag, at the value that turns it off:
   gradient accumulation: --accum=N micro-batches  --accum=1 (the default)
     per rank and step (DistributedOptimizer's backward_passes_per_step=N:
     one push per step, at the last backward)
+  clipping the global norm of the averaged        --max_grad_norm=0
+    gradient at 1.0 (DistributedOptimizer's
+    max_grad_norm: on the servers; plain: torch's
+    clip_grad_norm_); the epoch's mean norm is logged
 bf16 through torch.autocast rather than bf16 parameters: the matmuls run in
 bf16 while the weights stay float32 on the worker too (each forward uses a
 bf16 copy), and what autocast keeps in float32 stays there: the residual
 stream (the embedding's float32 output plus the bf16 projections), so the
 RMSNorms, the softmax over float32 scores (bf16 scores plus the float32
-mask) and the loss. No gradient clipping yet: p.grad goes to the servers
-during backward, so clipping by the global norm needs their help.
+mask) and the loss.
 """
 import math
 import os
@@ -177,7 +180,8 @@ def validation_loss(model, val, args, batch=32):
 
 
 def arg_parser():
-    p = common.parser(__doc__, epochs=4, batch_size=16, lr=2e-3)
+    p = common.parser(__doc__, epochs=4, batch_size=16, lr=2e-3,
+                      max_grad_norm=1.0)
     p.add_argument("--seq_len", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=5)
