@@ -54,11 +54,12 @@ void AsyncAggregator::ReleaseHeld(Clocks* clocks,
 absl::Status AsyncAggregator::Push(const PushArgs& args, Chunk* chunk,
                                    std::shared_ptr<ReplySink> sink) {
   if (args.second_phase || args.decision.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", args.rank, " pushes chunk ", chunk->spec.id, " (",
-        chunk->tensor_name, ") as a two-phase step (global-norm clipping or "
-        "loss scaling), which needs a sync shard: this one is ",
-        ConsistencyName(options_.mode, options_.staleness)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", args.rank, " pushes chunk ", chunk->spec.id, " (",
+                     chunk->tensor_name,
+                     ") as a two-phase step (global-norm clipping or "
+                     "loss scaling), which needs a sync shard: this one is ",
+                     ConsistencyName(options_.mode, options_.staleness)));
   }
   Clocks* clocks = clocks_[chunk->spec.id].get();
   PendingReplies replies;

@@ -76,11 +76,11 @@ absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
 // hex digits), declaration (base64 of the serialized DeclareRequest with
 // num_shards and shard_index cleared), versions ("id:version,..." ascending),
 // skipped ("id:skipped_updates,..." of the chunks with any; absent when
-// none) and crc32c (8 hex digits, of the data section). A COMMITTED manifest already
-// in the step directory is removed first, so the step reads as uncommitted
-// until CommitCheckpoint runs again. Returns the file's entry for the
-// manifest. InvalidArgument for a bad layout, optimizer, step or shard view,
-// or chunks that are missing, extra, duplicated or of the wrong size;
+// none) and crc32c (8 hex digits, of the data section). A COMMITTED manifest
+// already in the step directory is removed first, so the step reads as
+// uncommitted until CommitCheckpoint runs again. Returns the file's entry for
+// the manifest. InvalidArgument for a bad layout, optimizer, step or shard
+// view, or chunks that are missing, extra, duplicated or of the wrong size;
 // FailedPrecondition naming the path when a directory cannot be created or
 // written; Internal for other I/O errors.
 absl::StatusOr<ShardFile> WriteShardCheckpoint(

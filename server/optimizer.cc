@@ -216,8 +216,7 @@ template <typename Len>
 // The unscaling, then the clipping, of a two-phase step (each a float
 // multiplication, as torch's unscale_ and clip_grad_norm_ make them).
 template <typename Len>
-[[gnu::always_inline]] inline void ScaleGradient(Len len,
-                                                 const Coefficients& k,
+[[gnu::always_inline]] inline void ScaleGradient(Len len, const Coefficients& k,
                                                  float* __restrict g) {
   if (k.inv_loss_scale != 1.0f) {
     for (int64_t i = 0; i < len; ++i) g[i] *= k.inv_loss_scale;
@@ -454,8 +453,8 @@ void Optimizer::Apply(int64_t update,
   assert(!learning_rate.has_value() ||
          (std::isfinite(*learning_rate) && *learning_rate >= 0));
   ApplyBlocks(CoefficientsAt(spec_, update, learning_rate, scaling),
-              contributions,
-              static_cast<int32_t>(contributions.size()), weights, slots, n);
+              contributions, static_cast<int32_t>(contributions.size()),
+              weights, slots, n);
 }
 
 void Optimizer::ApplySum(int64_t update, const float* sum, int32_t count,
@@ -470,8 +469,8 @@ void Optimizer::ApplySum(int64_t update, const float* sum, int32_t count,
               absl::MakeConstSpan(&sum, 1), count, weights, slots, n);
 }
 
-double SumOfSquaresOfMean(const float* sum, int32_t count,
-                          float inv_loss_scale, int64_t n) {
+double SumOfSquaresOfMean(const float* sum, int32_t count, float inv_loss_scale,
+                          int64_t n) {
   // The gradient exactly as ApplySum computes it (MeanGradient, then
   // ScaleGradient before any clipping), squared and added in double: eight
   // running sums over the elements by index mod 8, then added in order, so
@@ -484,7 +483,7 @@ double SumOfSquaresOfMean(const float* sum, int32_t count,
   const float inverse = 1.0f / divisor;
   int64_t i = 0;
   auto value = [&](int64_t j) {
-    float g = count == 1 ? sum[j]
+    float g = count == 1     ? sum[j]
               : power_of_two ? sum[j] * inverse
                              : sum[j] / divisor;
     if (inv_loss_scale != 1.0f) g *= inv_loss_scale;

@@ -34,8 +34,8 @@ struct GradientScaling {
 // `sum` and `count` before clipping (the mean, times inv_loss_scale): the
 // chunk's part of a two-phase step's norm. Deterministic: a fixed order of
 // additions, whatever the machine. Non-finite when a value is.
-double SumOfSquaresOfMean(const float* sum, int32_t count,
-                          float inv_loss_scale, int64_t n);
+double SumOfSquaresOfMean(const float* sum, int32_t count, float inv_loss_scale,
+                          int64_t n);
 
 class Optimizer {
  public:

@@ -290,9 +290,9 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
   if (args.decision.has_value()) {
     const float c = args.decision->clip_coefficient;
     if (!std::isfinite(c) || c <= 0 || c > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), " decides clip coefficient ", c,
-          ": it must be finite and in (0, 1]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), " decides clip coefficient ", c,
+                       ": it must be finite and in (0, 1]"));
     }
     if (args.payload->size() != 0 || args.no_gradient) {
       return absl::InvalidArgumentError(

@@ -168,7 +168,8 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
   const StepDecision& d = *args.decision;
   auto disagree = [&](const StepDecision& first) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d decides step %d of chunk %d (%s) with clip coefficient %.9g%s, "
+        "rank %d decides step %d of chunk %d (%s) with clip coefficient "
+        "%.9g%s, "
         "but the step's first decision was %.9g%s: every worker of a step "
         "must clip with the same max_grad_norm",
         args.rank, args.step, chunk->spec.id, chunk->tensor_name,
@@ -182,10 +183,10 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
       // The reply to a decision was lost: answer with the weights, if it is
       // the decision that was applied.
       if (!step->applied.has_value()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", args.rank, " decides step ", args.step, " of chunk ",
-            chunk->spec.id, " (", chunk->tensor_name,
-            "), whose update was not a two-phase step's"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", args.rank, " decides step ", args.step,
+                         " of chunk ", chunk->spec.id, " (", chunk->tensor_name,
+                         "), whose update was not a two-phase step's"));
       }
       if (*step->applied != d) return disagree(*step->applied);
       ChunkReply reply = RetryReply(*step, args.push_only);
@@ -202,8 +203,7 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
     if (!step->sealed) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", args.rank, " decides step ", args.step, " of chunk ",
-          chunk->spec.id, " (", chunk->tensor_name,
-          "), which is not sealed: ",
+          chunk->spec.id, " (", chunk->tensor_name, "), which is not sealed: ",
           step->second_phase ? "not every rank's gradient is in yet"
                              : "it is not a two-phase step"));
     }
@@ -412,8 +412,8 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
       scaling.clip_coefficient = decided->clip_coefficient;
     }
     updater_->Apply(step->chunk, step->sum.data(),
-                    static_cast<int32_t>(step->num_summed),
-                    step->learning_rate, scaling);
+                    static_cast<int32_t>(step->num_summed), step->learning_rate,
+                    scaling);
   }
   step->applied = decided;
   step->applied_sum_of_squares = step->sum_of_squares;

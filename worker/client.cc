@@ -348,8 +348,8 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   model.plan = &plan_;
   model.compressor = compressor_.get();
   model.reader = &reader_;
-  open_ = std::make_unique<OpenStep>(model, step, weights, initial_values,
-                                     options);
+  open_ =
+      std::make_unique<OpenStep>(model, step, weights, initial_values, options);
   for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
     lane->BeginStep(this, NamesFor(*lane), lane->chunk_ids, chunks_.size(),
@@ -541,7 +541,8 @@ StepDecision DecideStep(double norm, std::optional<float> max_grad_norm) {
 }
 
 absl::Status Client::SendDecision(double norm) {
-  const StepDecision decision = DecideStep(norm, open_->options().max_grad_norm);
+  const StepDecision decision =
+      DecideStep(norm, open_->options().max_grad_norm);
   if (const std::optional<StepDecision>& applied = open_->applied()) {
     if (applied->skip != decision.skip ||
         applied->clip_coefficient != decision.clip_coefficient) {
@@ -566,8 +567,7 @@ void Client::StartPhase2(const StepDecision& decision) {
   for (auto& lane : lanes_) {
     const std::vector<uint32_t> ids = open_->Pending(lane->chunk_ids);
     if (ids.empty()) continue;
-    lane->BeginStep(this, NamesFor(*lane), ids, chunks_.size(),
-                    open_->start());
+    lane->BeginStep(this, NamesFor(*lane), ids, chunks_.size(), open_->start());
     for (uint32_t id : ids) lane->Queue(id);
     lane->call->Pump();
   }

@@ -371,8 +371,7 @@ class Client : private LaneOwner {
   absl::Status EndLaneStep(Lane* lane, bool cancel,
                            std::vector<uint32_t>* answered);
   absl::Status RetryLane(Lane* lane, absl::Span<const uint32_t> ids,
-                         absl::Status s,
-                         const std::vector<uint32_t>& answered);
+                         absl::Status s, const std::vector<uint32_t>& answered);
   // Waits for the current phase's replies on every lane, retrying, as
   // FinishStep does; closes the step on error.
   absl::Status EndPhase();

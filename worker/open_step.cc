@@ -55,9 +55,9 @@ absl::StatusOr<double> OpenStep::Norm() const {
   double total = 0;
   for (size_t id = 0; id < sum_of_squares_.size(); ++id) {
     if (!sum_of_squares_[id].has_value()) {
-      return absl::InternalError(absl::StrCat(
-          "bad reply: no sum of squares came for chunk ", id, " of step ",
-          step_));
+      return absl::InternalError(
+          absl::StrCat("bad reply: no sum of squares came for chunk ", id,
+                       " of step ", step_));
     }
     total += *sum_of_squares_[id];
   }
@@ -252,14 +252,14 @@ absl::Status OpenStep::TakeReply(Lane* lane, std::vector<bool>* expected,
   if (options_.second_phase) {
     if (r.has_sum_of_squares()) sum_of_squares_[id] = r.sum_of_squares();
     if (r.has_decision()) {
-      applied_ = StepDecision{r.decision().clip_coefficient(),
-                              r.decision().skip()};
+      applied_ =
+          StepDecision{r.decision().clip_coefficient(), r.decision().skip()};
       updated_[id] = true;
     } else if (phase_ == 2 || !r.has_sum_of_squares()) {
-      return absl::InternalError(absl::StrCat(
-          "bad reply: chunk ", id, " of two-phase step ", step_,
-          phase_ == 1 ? " came without its sum of squares"
-                      : " came without the decision it applied"));
+      return absl::InternalError(
+          absl::StrCat("bad reply: chunk ", id, " of two-phase step ", step_,
+                       phase_ == 1 ? " came without its sum of squares"
+                                   : " came without the decision it applied"));
     } else {
       return absl::OkStatus();  // sealed: the weights come in phase 2
     }

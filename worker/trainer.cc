@@ -363,8 +363,8 @@ absl::Status Trainer::EndEpoch(int epoch, int64_t step, bool last,
         stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
         stats.PerStepMs(stats.exposed));
     if (options_.clip_grad_norm > 0) {
-      LogInfo("epoch %d: mean global gradient norm %.4f (clipped to %g)",
-              epoch, stats.grad_norm_sum / std::max<int64_t>(1, stats.steps),
+      LogInfo("epoch %d: mean global gradient norm %.4f (clipped to %g)", epoch,
+              stats.grad_norm_sum / std::max<int64_t>(1, stats.steps),
               options_.clip_grad_norm);
     }
     SHARDPS_RETURN_IF_ERROR(WriteMetricsRow(epoch, step, stats, epoch_time,

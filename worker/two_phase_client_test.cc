@@ -273,8 +273,8 @@ TEST_P(TwoPhaseTest, ANonFiniteScaledStepIsSkippedOnEveryShard) {
       if (status[0].code() == absl::StatusCode::kInvalidArgument) {
         status[0] = run(false);
       } else {
-        status[0] = absl::InternalError(absl::StrCat(
-            "the inf was not refused: ", status[0].ToString()));
+        status[0] = absl::InternalError(
+            absl::StrCat("the inf was not refused: ", status[0].ToString()));
       }
     });
   }
@@ -349,10 +349,10 @@ TEST_P(TwoPhaseTest, BadOptionsAndDisagreementsAreRefused) {
       auto run = [&](bool second_phase) {
         StepOptions o;
         o.second_phase = second_phase;
+        // Read by the client until FinishStep returns.
+        const Grads g = GradsOf(r, 2);
         absl::Status s = client.BeginStep(2, job.Views(r), o);
-        for (int t = 0; s.ok() && t < 3; ++t) {
-          s = client.PushTensor(t, GradsOf(r, 2)[t]);
-        }
+        for (int t = 0; s.ok() && t < 3; ++t) s = client.PushTensor(t, g[t]);
         return s.ok() ? client.FinishStep() : s;
       };
       if (r == 0) {
@@ -364,9 +364,8 @@ TEST_P(TwoPhaseTest, BadOptionsAndDisagreementsAreRefused) {
       if (status[1].code() == absl::StatusCode::kInvalidArgument) {
         status[1] = run(true);
       } else {
-        status[1] = absl::InternalError(
-            absl::StrCat("the one-phase push was not refused: ",
-                         status[1].ToString()));
+        status[1] = absl::InternalError(absl::StrCat(
+            "the one-phase push was not refused: ", status[1].ToString()));
       }
     });
   }

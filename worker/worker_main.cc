@@ -58,9 +58,9 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
   o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
   if (!(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0 &&
         o.clip_grad_norm <= 3.0e38)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--clip_grad_norm=", o.clip_grad_norm,
-        " must be finite and >= 0 (0: no clipping)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clip_grad_norm=", o.clip_grad_norm,
+                     " must be finite and >= 0 (0: no clipping)"));
   }
   const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
   if (o.epochs < 1 || o.eval_every_epochs < 1 || o.max_steps < 0 ||

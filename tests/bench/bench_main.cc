@@ -303,6 +303,7 @@ absl::Status Run(const std::string& command) {
     TorchOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
     o.python_path = SiblingBinary("worker/python");
+    o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
     o.source_dir = SHARDPS_SOURCE_DIR;
     o.cnn_steps = absl::GetFlag(FLAGS_cnn_steps);
     o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);

@@ -71,12 +71,13 @@ absl::StatusOr<Timing> RunDdp(const TorchOptions& o, const Workload& w) {
 
 // The example under shardps-local; sums epoch_s and the items of the progress
 // lines rank 0 prints (evaluation is outside epoch_s on both sides).
-absl::StatusOr<Timing> RunShardps(const TorchOptions& o, const Workload& w) {
+absl::StatusOr<Timing> RunShardps(const TorchOptions& o, const Workload& w,
+                                  const std::string& extra = "") {
   const std::string dir = testing::MakeTempDir("shardps-bench-torch");
   absl::StatusOr<std::string> out = RunCommand(absl::StrCat(
       o.local_binary, " --run_dir=", dir, " --servers=2 --workers=2 -- ",
       o.python, " ", o.source_dir, "/worker/python/examples/", w.script,
-      " --max_steps=", w.steps, " 2>&1"));
+      " --max_steps=", w.steps, extra, " 2>&1"));
   if (!out.ok()) return out.status();
   Timing t;
   double items = 0;
@@ -100,6 +101,28 @@ absl::StatusOr<Timing> RunShardps(const TorchOptions& o, const Workload& w) {
       "  shardps 2 servers x 2 workers: %.2f s, %.0f %s/s (run dir %s)\n",
       t.seconds, t.items_per_s, w.items, dir);
   return t;
+}
+
+// shardps with clipping at o.clip_grad_norm and without, alternating,
+// o.rounds each; the fastest of each side.
+absl::Status CompareClipping(const TorchOptions& o, const Workload& w) {
+  absl::StatusOr<Timing> on, off;
+  const std::string bound = absl::StrCat(" --max_grad_norm=", o.clip_grad_norm);
+  for (int round = 0; round < std::max(1, o.rounds); ++round) {
+    absl::StatusOr<Timing> a = RunShardps(o, w, " --max_grad_norm=0");
+    if (!a.ok()) return a.status();
+    if (!off.ok() || a->seconds < off->seconds) off = a;
+    absl::StatusOr<Timing> b = RunShardps(o, w, bound);
+    if (!b.ok()) return b.status();
+    if (!on.ok() || b->seconds < on->seconds) on = b;
+  }
+  absl::PrintF(
+      "  clipping (--max_grad_norm=%g: two-phase steps), fastest of %d runs "
+      "each: %.2f s on, %.2f s off: cost %+.1f%% (%s/s %.0f vs %.0f)\n",
+      o.clip_grad_norm, std::max(1, o.rounds), on->seconds, off->seconds,
+      100 * (on->seconds / off->seconds - 1), w.items, on->items_per_s,
+      off->items_per_s);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -146,6 +169,13 @@ absl::Status RunTorchBench(const TorchOptions& o) {
           "(%s/s: shardps %.0f, DDP %.0f)\n",
           shardps->seconds / ddp->seconds, std::max(1, o.rounds), w.items,
           shardps->items_per_s, ddp->items_per_s);
+    }
+    if (o.clip_grad_norm > 0) {
+      const absl::Status clipped = CompareClipping(o, w);
+      if (!clipped.ok()) {
+        absl::PrintF("  clipping: FAILED\n%s\n", Tail(clipped.message(), 20));
+        failed.push_back(absl::StrCat(w.name, " clipping"));
+      }
     }
   }
   if (!failed.empty()) {

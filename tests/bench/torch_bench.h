@@ -21,6 +21,9 @@ struct TorchOptions {
   int gpt_steps = 60;
   // Runs of each side (DDP, shardps, DDP, ...); the fastest of each counts.
   int rounds = 2;
+  // > 0: shardps also runs each example with --max_grad_norm at this bound
+  // and at 0 (off), alternating, and what clipping costs is printed.
+  double clip_grad_norm = 0;
 };
 
 // Ok when both sides of every model ran; when the shardps side fails the DDP

@@ -78,13 +78,12 @@ absl::StatusOr<ClusterRun> RunCluster(const TrainOptions& o,
   ClusterRun run;
   SHARDPS_ASSIGN_OR_RETURN(
       std::string out,
-      RunCommand(absl::StrCat(o.local_binary, " --run_dir=", dir,
-                              " --epochs=", o.epochs,
-                              clip_grad_norm > 0
-                                  ? absl::StrCat(" --clip_grad_norm=",
-                                                 clip_grad_norm)
-                                  : "",
-                              " 2>&1"),
+      RunCommand(absl::StrCat(
+                     o.local_binary, " --run_dir=", dir, " --epochs=", o.epochs,
+                     clip_grad_norm > 0
+                         ? absl::StrCat(" --clip_grad_norm=", clip_grad_norm)
+                         : "",
+                     " 2>&1"),
                  &run.usage));
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (absl::StartsWith(line, "final:")) run.final_line = std::string(line);
@@ -178,7 +177,8 @@ absl::Status RunTrainBench(const TrainOptions& o) {
       "  per step (rank 0): compute %.2f ms, exchange %.2f ms, of it not "
       "hidden behind compute %.2f ms\n",
       cluster.compute_ms, cluster.exchange_ms, cluster.exposed_ms);
-  if (o.clip_grad_norm > 0) SHARDPS_RETURN_IF_ERROR(CompareClipping(o, cluster));
+  if (o.clip_grad_norm > 0)
+    SHARDPS_RETURN_IF_ERROR(CompareClipping(o, cluster));
   absl::PrintF(
       "  CPU, all processes: %.1f core-s over %.1f s wall; gradients %.1f "
       "core-s, beyond them %.1f core-s (%.2f ms per step); context switches "

@@ -114,6 +114,27 @@ TEST(WorkerE2ETest, CompressedRunsDoNotDependOnTheNumberOfServers) {
   EXPECT_TRUE(differs_from_fp32);
 }
 
+TEST(WorkerE2ETest, ClippedRunsDoNotDependOnTheNumberOfServers) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  // Global-norm clipping on the servers (two-phase steps): the norm is the
+  // chunks' sums of squares added in chunk order, the same on any number of
+  // shards, so the weights are bitwise the same; and clipping changes them.
+  const std::vector<std::string> flags = {"--clip_grad_norm=0.05"};
+  absl::StatusOr<std::vector<LoadedTensor>> one = TrainCluster(1, 2, flags);
+  SHARDPS_ASSERT_OK(one);
+  absl::StatusOr<std::vector<LoadedTensor>> three = TrainCluster(3, 2, flags);
+  SHARDPS_ASSERT_OK(three);
+  absl::StatusOr<std::vector<LoadedTensor>> unclipped = TrainCluster(3, 2);
+  SHARDPS_ASSERT_OK(unclipped);
+  ASSERT_EQ(one->size(), three->size());
+  bool differs = false;
+  for (size_t t = 0; t < one->size(); ++t) {
+    EXPECT_EQ((*one)[t].data, (*three)[t].data) << (*one)[t].name;
+    differs |= (*one)[t].data != (*unclipped)[t].data;
+  }
+  EXPECT_TRUE(differs);
+}
+
 // Runs a worker that must fail before training; returns its exit code and
 // log.
 std::pair<int, std::string> RunFailingWorker(std::vector<std::string> args) {
@@ -152,6 +173,8 @@ TEST(WorkerE2ETest, BadInputIsAClearErrorNotACrash) {
       {{"--compression=zstd"}, "unknown compression \"zstd\""},
       {{"--compression=topk:0"}, "topk:0 needs a ratio in (0, 1]"},
       {{"--weight_encoding=int8"}, "--weight_encoding"},
+      {{"--clip_grad_norm=-1"}, "--clip_grad_norm=-1"},
+      {{"--clip_grad_norm=nan"}, "--clip_grad_norm=nan"},
   };
   if (testing::HaveFashionMnist()) {
     cases.push_back({{"--model=mlp:100-10"}, "100"});

@@ -427,8 +427,8 @@ void DefineModule(py::module_& m) {
           [](PySession& p) { return p.s().client().buffer_regions(); },
           "Gradient and weight regions made so far: a new value means new "
           "gradient_buffers (after a step that failed on a stream).")
-      .def("begin_step", &PySession::BeginStep,
-           py::arg("second_phase") = false, py::arg("loss_scale") = py::none(),
+      .def("begin_step", &PySession::BeginStep, py::arg("second_phase") = false,
+           py::arg("loss_scale") = py::none(),
            py::arg("max_grad_norm") = py::none(),
            "Opens the next step; second_phase makes it a two-phase step "
            "(global-norm clipping to max_grad_norm, loss scaling).")

@@ -57,6 +57,9 @@ def run(rank, bench):
             r.optimizer.zero_grad()
             losses.append(common.backward(r, ddp, indices, epoch, args.accum,
                                           ddp.no_sync))
+            # The recipe's clipping (--max_grad_norm): DDP's gradients are
+            # the average already.
+            common.clip(r.optimizer, args.max_grad_norm)
             r.optimizer.step()
             r.scheduler.step()
             step += 1
