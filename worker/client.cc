@@ -326,6 +326,17 @@ absl::Status Client::CheckTensors(const ConstTensors& gradients,
   return absl::OkStatus();
 }
 
+absl::Status Client::SetCompression(const Compression& compression) {
+  if (declared_) {
+    return absl::FailedPreconditionError(
+        "the wire's encodings are set before Declare");
+  }
+  SHARDPS_RETURN_IF_ERROR(ValidateCompression(compression));
+  options_.compression = compression;
+  reader_ = ReplyReader(compression.weights);
+  return absl::OkStatus();
+}
+
 // BeginStep for every kind of step (push-only: null weights).
 absl::Status Client::Open(int64_t step, const Tensors* weights,
                           bool initial_values, const StepOptions& options) {

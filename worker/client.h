@@ -150,6 +150,12 @@ class Client : private LaneOwner {
   //     connect_timeout.
   absl::Status Declare(const v1::Layout& layout,
                        const v1::OptimizerSpec& optimizer);
+  // Before Declare: how gradients and weights cross the wire from now on
+  // (ClientOptions::compression), e.g. bf16 both ways for a bf16 model,
+  // which it then carries exactly. INVALID_ARGUMENT for a bad one;
+  // FAILED_PRECONDITION after Declare.
+  absl::Status SetCompression(const Compression& compression);
+  const Compression& compression() const { return options_.compression; }
   // After Declare: each shard's answer, by shard index (its consistency
   // mode, versions, last rollback, active ranks; see DeclareResponse).
   const std::vector<v1::DeclareResponse>& declared() const {
@@ -278,7 +284,9 @@ class Client : private LaneOwner {
   // DEADLINE_EXCEEDED as PushPull does.
   //   INVALID_ARGUMENT: a buffer of the wrong size.
   //   FAILED_PRECONDITION: before Declare, or a shard without the model.
-  absl::Status Pull(const Tensors& weights);
+  // `fp32`: in fp32 whatever ClientOptions::compression.weights says (the
+  // servers' weights exactly, e.g. to save them).
+  absl::Status Pull(const Tensors& weights, bool fp32 = false);
 
   // Each shard's status report, by shard index: the operator's view
   // (counters, checkpoints), not part of the training protocol -- workers
@@ -385,7 +393,7 @@ class Client : private LaneOwner {
   absl::Status CheckAllPushed();
   absl::Status CheckStepOptions(const StepOptions& options) const;
   RegionsToName NamesFor(const Lane& lane) const;
-  absl::Status PullShard(uint32_t shard, const Tensors& weights);
+  absl::Status PullShard(uint32_t shard, const Tensors& weights, bool fp32);
 
   ClientOptions options_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // shard-major

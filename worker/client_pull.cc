@@ -16,11 +16,14 @@
 
 namespace shardps {
 
-absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
+absl::Status Client::PullShard(uint32_t shard, const Tensors& weights,
+                               bool fp32) {
   Lane& lane = *lanes_[shard * options_.streams_per_shard];
   const size_t owned = std::count(shard_of_.begin(), shard_of_.end(), shard);
-  // Pull sends sparse weights whole.
-  const bool sparse = options_.compression.weights == v1::ENCODING_TOPK;
+  // Pull sends sparse weights whole; `fp32` asks them exact.
+  const bool sparse = fp32 || options_.compression.weights == v1::ENCODING_TOPK;
+  ReplyReader exact(v1::ENCODING_FP32);
+  ReplyReader& reader = fp32 ? exact : reader_;
   Backoff backoff = options_.RetryBackoff();
   absl::Status status;
   for (int attempt = 1;; ++attempt) {
@@ -41,9 +44,9 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
             absl::StrCat("server sent chunk ", id, " which it does not own"));
       }
       const ChunkSpec& c = chunks_[id];
-      SHARDPS_RETURN_IF_ERROR(reader_.Read(r, c,
-                                           weights[c.tensor].data() + c.offset,
-                                           region, plan_.pull_at[id]));
+      SHARDPS_RETURN_IF_ERROR(reader.Read(r, c,
+                                          weights[c.tensor].data() + c.offset,
+                                          region, plan_.pull_at[id]));
       ++received;
       return absl::OkStatus();
     });
@@ -64,7 +67,7 @@ absl::Status Client::PullShard(uint32_t shard, const Tensors& weights) {
       absl::StrCat("Pull from shard ", shard, " at ", lane.address), status);
 }
 
-absl::Status Client::Pull(const Tensors& weights) {
+absl::Status Client::Pull(const Tensors& weights, bool fp32) {
   if (open_ != nullptr) {
     // Its lanes' readers use the same reply buffers (and sparse copies).
     return absl::FailedPreconditionError(absl::StrCat(
@@ -73,7 +76,7 @@ absl::Status Client::Pull(const Tensors& weights) {
   ConstTensors shapes(weights.begin(), weights.end());
   SHARDPS_RETURN_IF_ERROR(CheckTensors(shapes, nullptr));
   return RunParallel(options_.servers.size(), [&](size_t shard) {
-    return PullShard(static_cast<uint32_t>(shard), weights);
+    return PullShard(static_cast<uint32_t>(shard), weights, fp32);
   });
 }
 

@@ -56,7 +56,7 @@ class ReplyReader {
   // the chunk's copy.
   absl::Status ApplyChanges(Reply* r, const ChunkSpec& c, int64_t version);
 
-  const v1::Encoding asked_;
+  v1::Encoding asked_;
   // Sparse weights: by chunk id, the copy the shards keep of what this
   // worker holds, and its version (-1: not received yet). Empty otherwise.
   std::vector<std::vector<float>> copies_;

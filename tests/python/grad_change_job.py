@@ -19,6 +19,7 @@ import torch.nn as nn
 
 import shardps
 import shardps.torch as spt
+from shardps._save import float32_weights
 
 LR = 0.1
 DTYPE = torch.bfloat16 if "--dtype=bf16" in sys.argv[1:] else torch.float32
@@ -104,7 +105,7 @@ def main():
     def weights():
         # The job's float32 weights, as copies. Only between steps: the
         # replies of a step write them while it is open.
-        return {n: torch.from_numpy(opt._float32_weights(p).copy())
+        return {n: torch.from_numpy(float32_weights(opt, p).copy())
                 .view(p.shape) for n, p in model.named_parameters()}
 
     def step(name, change=None, scale=1.0, set_to_none=False, scaler=None):

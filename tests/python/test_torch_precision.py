@@ -13,6 +13,7 @@ steps the master, and the model gets the master rounded to nearest even.
 """
 
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -36,6 +37,9 @@ def dtype_of(kind, name):
     return torch.float32
 
 
+WIRE = {}  # the last shardps run's "wire ..." line of rank 0
+
+
 def run(make_cluster, tmp_path, args, plain=False):
     """(the float32 weights, the model's values as float32) after the run:
     the servers' weights and the lead's model, or the plain process's
@@ -49,6 +53,7 @@ def run(make_cluster, tmp_path, args, plain=False):
         c = make_cluster(num_servers=2, num_workers=2)
         codes = c.wait_workers(c.run_workers(JOB, files + args), timeout=300)
         assert codes == [0, 0], c.logs()
+        WIRE["line"] = re.search(r"wire (\S+ \S+)", c.worker_log(0)).group(1)
     return (safetensors_read.read(f"{out}.safetensors")[0],
             safetensors_read.read(f"{out}-values")[0])
 
@@ -66,6 +71,9 @@ def test_low_precision_models_train_on_float32_master_weights(
     if kind == "bf16":
         args.append("--dtype=bf16")
     master, values = run(make_cluster, tmp_path, args)
+    # An all-bf16 model goes bf16 both ways (exact for it); others fp32.
+    assert WIRE["line"] == ("ENCODING_BF16 ENCODING_BF16" if kind == "bf16"
+                            else "ENCODING_FP32 ENCODING_FP32"), WIRE
     plain_master, plain_values = run(make_cluster, tmp_path, args, plain=True)
     for name in master:
         # The model holds the servers' weights rounded to nearest even.

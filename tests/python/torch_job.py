@@ -193,8 +193,8 @@ def main():
         scaler = spt.GradScaler(init_scale=args.loss_scale)
     elif args.torch_scaler:
         scaler = torch.cuda.amp.GradScaler(enabled=False)
-    print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}",
-          flush=True)
+    print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}; "
+          f"wire {' '.join(ctx.session.wire)}", flush=True)
     while ctx.step < args.steps:
         for indices in sampler.epoch(epoch):
             opt.zero_grad()

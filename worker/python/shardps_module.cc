@@ -443,6 +443,41 @@ void DefineModule(py::module_& m) {
           "averaged gradient (None when the job went back: finish_step then "
           "returns False).")
       .def(
+          "set_wire",
+          [](PySession& p, const std::string& compression,
+             const std::string& weight_encoding) {
+            Compression c = p.s().client().compression();
+            c.gradients =
+                Check(ParseGradientCompression(compression, &c.topk_ratio));
+            c.weights = Check(
+                ParseWeightEncoding(weight_encoding, &c.weights_topk_ratio));
+            Check(p.s().client().SetCompression(c));
+          },
+          py::arg("compression"), py::arg("weight_encoding"),
+          "Before declare: how gradients and weights cross the wire (as "
+          "init's compression and weight_encoding).")
+      .def(
+          "pull_fp32",
+          [](PySession& p, const py::list& arrays) {
+            Tensors spans;
+            for (size_t i = 0; i < arrays.size(); ++i) {
+              spans.push_back(Check(
+                  FloatSpan(arrays[i].cast<py::buffer>(), true, "weights")));
+            }
+            Check(Unlocked([&] { return p.s().client().Pull(spans, true); }));
+          },
+          py::arg("arrays"),
+          "The servers' weights, exactly (fp32 whatever the wire's weight "
+          "encoding), into float32 arrays, one per tensor; no step open.")
+      .def_property_readonly(
+          "wire",
+          [](PySession& p) {
+            const Compression& c = p.s().client().compression();
+            return py::make_tuple(v1::Encoding_Name(c.gradients),
+                                  v1::Encoding_Name(c.weights));
+          },
+          "(gradient encoding, weight encoding) names, e.g. ENCODING_FP32.")
+      .def(
           "set_max_grad_norm",
           [](PySession& p, float max_norm) {
             Check(p.s().client().SetMaxGradNorm(max_norm));

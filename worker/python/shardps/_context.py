@@ -30,6 +30,7 @@ class Context:
         self._done = False
         self._optimizer = None  # the job's DistributedOptimizer
         self.scaler = None  # the job's GradScaler, once it scaled a loss
+        self.wire_given = False  # init() chose the wire's encodings
 
     @property
     def is_lead(self):
@@ -165,6 +166,12 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
         shared_memory=_env_flag("SHARDPS_SHARED_MEMORY", True)
         if shared_memory is None else bool(shared_memory))
     _context = Context(session)
+    # An encoding the caller chose is kept; otherwise DistributedOptimizer
+    # may pick bf16 for a bf16 model (exact).
+    _context.wire_given = any(
+        v is not None for v in (compression, weight_encoding,
+                                os.environ.get("SHARDPS_COMPRESSION"),
+                                os.environ.get("SHARDPS_WEIGHT_ENCODING")))
     _watch_exit(_context)
     return _context
 

@@ -25,7 +25,7 @@ def save(model, path, metadata=None):
         t = p.detach()
         master = None
         if t.dtype != torch.float32 and optimizer is not None:
-            master = optimizer._float32_weights(p)
+            master = float32_weights(optimizer, p)
         if master is not None:
             arrays.append(master)
         else:
@@ -39,3 +39,26 @@ def save(model, path, metadata=None):
         meta["step"] = str(ctx.step)
     meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
     _shardps.write_safetensors(path, names, shapes, arrays, meta)
+
+
+def float32_weights(opt, p):
+    """The job's float32 weights of parameter p of DistributedOptimizer
+    `opt` after the last step (a flat array), or None for a parameter not
+    declared here. Raises RuntimeError while a step is open: its replies
+    are writing them."""
+    if opt._open or opt._ctx.session.step_open:
+        raise RuntimeError(
+            "the job's float32 weights are being written by the open "
+            "step's replies: read them (spt.save) after step()")
+    i = opt._index.get(id(p))
+    if i is None:
+        return None
+    session = opt._ctx.session
+    if session.wire[1] == "ENCODING_FP32":
+        return opt._weights[i]
+    # The replies are rounded (bf16 wire): read the servers' own.
+    if opt._exact is None or opt._exact[0] != session.step:
+        arrays = [np.empty_like(w) for w in opt._weights]
+        session.pull_fp32(arrays)
+        opt._exact = (session.step, arrays)
+    return opt._exact[1][i]

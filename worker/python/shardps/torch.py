@@ -198,6 +198,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_loss_scale = None
         self._last_norm = None
         self._last_skipped = False
+        self._exact = None  # (step, the servers' float32 weights) for save
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("DistributedOptimizer wraps a torch.optim "
                             "optimizer")
@@ -294,6 +295,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _claimed[id(p)] = name
         self._ctx._optimizer = self
         session = self._ctx.session
+        _precision.choose_wire(self._ctx, self._params)
         try:
             session.declare(tensors, specs[0], chunk_bytes, initial,
                             self._weights)
@@ -361,17 +363,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for p, w in zip(self._params, self._weights):
                 p.copy_(torch.from_numpy(w).view(p.shape))
-
-    def _float32_weights(self, p):
-        """The job's float32 weights of parameter p after the last step (a
-        flat array), or None for a parameter not declared here. Raises
-        RuntimeError while a step is open: its replies are writing them."""
-        if self._open or self._ctx.session.step_open:
-            raise RuntimeError(
-                "the job's float32 weights are being written by the open "
-                "step's replies: read them (spt.save) after step()")
-        i = self._index.get(id(p))
-        return None if i is None else self._weights[i]
 
     def _hook(self, i):  # runs on the thread running backward
         def hook(*unused):
