@@ -310,6 +310,10 @@ TEST(TwoPhasePushTest, BadLossScalesAndTwoPhaseInitialValuesAreRefused) {
   values.set_initial_values(true);
   shard.ExpectRefused(values, grpc::StatusCode::INVALID_ARGUMENT,
                       "sets initial_values with a two-phase step's fields");
+  values.set_second_phase(false);
+  values.set_loss_scale(1024);
+  shard.ExpectRefused(values, grpc::StatusCode::INVALID_ARGUMENT,
+                      "sets initial_values with a two-phase step's fields");
   EXPECT_EQ(shard.Status().pushes_total(), 0u);
 }
 
