@@ -1,6 +1,7 @@
 #include "server/sync_aggregator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -206,6 +207,15 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
           chunk->spec.id, " (", chunk->tensor_name, "), which is not sealed: ",
           step->second_phase ? "not every rank's gradient is in yet"
                              : "it is not a two-phase step"));
+    }
+    // A chunk's non-finite sum makes the step's norm non-finite, which
+    // every worker skips; applied, the overflow would stay in the weights
+    // and the optimizer state for good.
+    if (!d.skip && !std::isfinite(step->sum_of_squares)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", args.rank, " decides to apply step ", args.step,
+          " of chunk ", chunk->spec.id, " (", chunk->tensor_name,
+          "), whose sum of squares is not finite: the step must be skipped"));
     }
     if (step->decided.has_value()) {
       if (*step->decided != d) return disagree(*step->decided);

@@ -98,6 +98,28 @@ TEST(TwoPhaseSkipTest, AnOverflowedLossScaledStepIsSkippedWhole) {
   }
 }
 
+TEST(TwoPhaseSkipTest, AnOverflowedStepIsOnlySkipped) {
+  // The norm of a step with a non-finite chunk is not finite: a decision to
+  // apply it (the ranks decide wrongly) would put the overflow into the
+  // weights and the optimizer state for good.
+  TwoPhaseShard shard;
+  ASSERT_NO_FATAL_FAILURE(shard.Start(AdamModel(1)));
+  v1::PushPullResponse r0, r1;
+  ASSERT_NO_FATAL_FAILURE(
+      shard.PushBoth(Push(0, 0, 0, Overflowed(0, kInf), kLossScale),
+                     Push(1, 0, 0, Scaled(1, 0), kLossScale), &r0, &r1));
+  shard.ExpectRefused(Decision(0, 0, 0, 1), grpc::StatusCode::INVALID_ARGUMENT,
+                      "sum of squares is not finite");
+  shard.ExpectRefused(Decision(0, 0, 0, 0.5f),
+                      grpc::StatusCode::INVALID_ARGUMENT,
+                      "sum of squares is not finite");
+  v1::PushPullResponse skipped;
+  ASSERT_TRUE(shard.Once(Decision(1, 0, 0, 1, /*skip=*/true), &skipped).ok());
+  EXPECT_EQ(skipped.version(), 1);
+  EXPECT_EQ(Values(skipped.payload()),
+            std::vector<float>(kChunkElements, 1.0f));
+}
+
 TEST(TwoPhaseSkipTest, NonFiniteGradientsWithoutLossScalingAreRefused) {
   TwoPhaseShard shard;
   ASSERT_NO_FATAL_FAILURE(shard.Start(AdamModel(1)));
