@@ -181,7 +181,7 @@ TEST(TwoPhaseSkipTest, AStreamCutWithItsGradientKeptStillCountsIt) {
   EXPECT_EQ(r.version(), 1);
 }
 
-TEST(TwoPhaseSkipTest, AStreamCutWithItsDecisionInFlightLeavesTheOthersTo) {
+TEST(TwoPhaseSkipTest, AStreamCutWithItsDecisionInFlightDoesNotStallTheStep) {
   // A chunk over the inline limit (256 KiB): its update runs on the pool,
   // so the cut most likely comes while the decision is pending.
   constexpr int64_t kBig = 96 << 10;
