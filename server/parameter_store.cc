@@ -257,7 +257,8 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
                         " (", chunk.tensor_name, ")");
   };
   if (args.initial_values) {
-    if (args.no_gradient || args.second_phase || args.decision.has_value()) {
+    if (args.no_gradient || args.second_phase || args.loss_scale.has_value() ||
+        args.decision.has_value()) {
       return absl::InvalidArgumentError(
           what() + " sets initial_values with " +
           (args.no_gradient ? "no_gradient" : "a two-phase step's fields"));

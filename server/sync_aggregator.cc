@@ -1,6 +1,7 @@
 #include "server/sync_aggregator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -155,7 +156,7 @@ void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
   for (Waiter& w : step->waiters) {
     ChunkReply reply;
     reply.chunk_id = chunk->spec.id;
-    reply.version = chunk->version;
+    reply.version = step->chunk->version;
     reply.sum_of_squares = step->sum_of_squares;
     replies->emplace_back(std::move(w.sink), std::move(reply));
   }
@@ -178,8 +179,11 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
   };
   bool schedule = false;
   {
-    absl::ReleasableMutexLock lock(&chunk->mu);
-    if (args.step == chunk->version - 1) {
+    // Locked as step->chunk: the thread-safety analysis does not know that
+    // `chunk` is the same.
+    absl::ReleasableMutexLock lock(&step->chunk->mu);
+    const int64_t version = step->chunk->version;
+    if (args.step == version - 1) {
       // The reply to a decision was lost: answer with the weights, if it is
       // the decision that was applied.
       if (!step->applied.has_value()) {
@@ -194,11 +198,11 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
     }
-    if (args.step != chunk->version) {
+    if (args.step != version) {
       return absl::OutOfRangeError(absl::StrCat(
           "decision for step ", args.step, " of chunk ", chunk->spec.id,
-          " is in the ", args.step < chunk->version ? "past" : "future",
-          ": the chunk is at step ", chunk->version));
+          " is in the ", args.step < version ? "past" : "future",
+          ": the chunk is at step ", version));
     }
     if (!step->sealed) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -206,6 +210,15 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
           chunk->spec.id, " (", chunk->tensor_name, "), which is not sealed: ",
           step->second_phase ? "not every rank's gradient is in yet"
                              : "it is not a two-phase step"));
+    }
+    // A chunk's non-finite sum makes the step's norm non-finite, which
+    // every worker skips; applied, the overflow would stay in the weights
+    // and the optimizer state for good.
+    if (!d.skip && !std::isfinite(step->sum_of_squares)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", args.rank, " decides to apply step ", args.step,
+          " of chunk ", chunk->spec.id, " (", chunk->tensor_name,
+          "), whose sum of squares is not finite: the step must be skipped"));
     }
     if (step->decided.has_value()) {
       if (*step->decided != d) return disagree(*step->decided);
@@ -387,7 +400,8 @@ void SyncAggregator::Apply(Step* step) {
 }
 
 void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
-  const std::optional<StepDecision>& decided = step->decided;
+  // A copy: the thread-safety analysis cannot follow a reference to it.
+  const std::optional<StepDecision> decided = step->decided;
   if (decided.has_value() && decided->skip) {
     // Every shard skips the whole step (a non-finite norm under loss
     // scaling), as torch's GradScaler skips optimizer.step().

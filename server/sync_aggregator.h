@@ -100,6 +100,8 @@ class SyncAggregator final : public Aggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // A decision (args.decision) for the chunk's step: applied once the
   // step is sealed; a retry of the last one answered with the weights.
+  // INVALID_ARGUMENT for one that is not a skip when the step's sum of
+  // squares is not finite.
   absl::Status Decide(const PushArgs& args, Step* step,
                       std::shared_ptr<ReplySink> sink);
   // The reply to a push of the step before the chunk's (a retry whose reply
