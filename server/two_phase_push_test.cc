@@ -161,18 +161,10 @@ TEST(TwoPhasePushTest, ADifferentDecisionRightBehindTheFirstIsRefused) {
   // A chunk over the inline limit (256 KiB): its update runs on the pool,
   // so the second decision most likely finds the first still pending (or
   // else applied: refused either way).
-  constexpr int64_t kBig = 96 << 10;
   TwoPhaseShard shard;
+  std::vector<float> g0, g1;
   ASSERT_NO_FATAL_FAILURE(
-      shard.Start(SgdDeclaration(kBig, 4 * kBig, /*num_shards=*/1, 0)));
-  std::vector<float> g0(kBig), g1(kBig);
-  for (int64_t j = 0; j < kBig; ++j) {
-    g0[j] = 0.001f * static_cast<float>(j % 97);
-    g1[j] = -0.003f * static_cast<float>(j % 89);
-  }
-  v1::PushPullResponse r0, r1;
-  ASSERT_NO_FATAL_FAILURE(
-      shard.PushBoth(Push(0, 0, 0, g0), Push(1, 0, 0, g1), &r0, &r1));
+      shard.StartSealedBig(0.001f, 97, -0.003f, 89, &g0, &g1));
   // One stream, so the shard takes them in this order.
   PushStream stream(shard.stub());
   ASSERT_TRUE(stream.Write(Decision(0, 0, 0, 0.5f)));

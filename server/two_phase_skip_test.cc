@@ -184,18 +184,10 @@ TEST(TwoPhaseSkipTest, AStreamCutWithItsGradientKeptStillCountsIt) {
 TEST(TwoPhaseSkipTest, AStreamCutWithItsDecisionInFlightDoesNotStallTheStep) {
   // A chunk over the inline limit (256 KiB): its update runs on the pool,
   // so the cut most likely comes while the decision is pending.
-  constexpr int64_t kBig = 96 << 10;
   TwoPhaseShard shard;
+  std::vector<float> g0, g1;
   ASSERT_NO_FATAL_FAILURE(
-      shard.Start(SgdDeclaration(kBig, 4 * kBig, /*num_shards=*/1, 0)));
-  std::vector<float> g0(kBig), g1(kBig);
-  for (int64_t j = 0; j < kBig; ++j) {
-    g0[j] = 0.002f * static_cast<float>(j % 101);
-    g1[j] = -0.001f * static_cast<float>(j % 83);
-  }
-  v1::PushPullResponse r0, r1;
-  ASSERT_NO_FATAL_FAILURE(
-      shard.PushBoth(Push(0, 0, 0, g0), Push(1, 0, 0, g1), &r0, &r1));
+      shard.StartSealedBig(0.002f, 101, -0.001f, 83, &g0, &g1));
   PushStream rank1(shard.stub());
   ASSERT_TRUE(rank1.Write(Decision(1, 0, 0, 0.5f)));
   rank1.Cancel();  // CANCELLED, or OK if its reply came first
@@ -203,8 +195,9 @@ TEST(TwoPhaseSkipTest, AStreamCutWithItsDecisionInFlightDoesNotStallTheStep) {
   ASSERT_TRUE(shard.Once(Decision(0, 0, 0, 0.5f), &r).ok());
   EXPECT_EQ(r.version(), 1);
   const std::vector<float> mean = MeanOf(g0, g1);
-  std::vector<float> want(kBig);
-  for (int64_t j = 0; j < kBig; ++j) want[j] = 1.0f - 1.0f * (mean[j] * 0.5f);
+  std::vector<float> want(g0.size());
+  for (size_t j = 0; j < want.size(); ++j)
+    want[j] = 1.0f - 1.0f * (mean[j] * 0.5f);
   EXPECT_EQ(Values(r.payload()), want);
   EXPECT_EQ(shard.Status().updates_total(), 1u);
 }

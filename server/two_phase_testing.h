@@ -278,6 +278,26 @@ class TwoPhaseShard {
     *weights = Values(decided.payload());
   }
 
+  // Starts with one chunk over the inline update limit (256 KiB), so that
+  // its update runs on the pool (a decision then finds the one before it
+  // most likely pending), and seals its step 0 with a push of each rank,
+  // g_r[j] = scale_r * (j % mod_r), returned in *g0 and *g1.
+  void StartSealedBig(float scale0, int mod0, float scale1, int mod1,
+                      std::vector<float>* g0, std::vector<float>* g1) {
+    constexpr int64_t kBig = 96 << 10;
+    ASSERT_NO_FATAL_FAILURE(
+        Start(SgdDeclaration(kBig, 4 * kBig, /*num_shards=*/1, 0)));
+    g0->resize(kBig);
+    g1->resize(kBig);
+    for (int64_t j = 0; j < kBig; ++j) {
+      (*g0)[j] = scale0 * static_cast<float>(j % mod0);
+      (*g1)[j] = scale1 * static_cast<float>(j % mod1);
+    }
+    v1::PushPullResponse r0, r1;
+    ASSERT_NO_FATAL_FAILURE(
+        PushBoth(Push(0, 0, 0, *g0), Push(1, 0, 0, *g1), &r0, &r1));
+  }
+
  private:
   ServedShard shard_;
   uint32_t num_chunks_ = 0;
