@@ -55,6 +55,26 @@ def _buffers_to_broadcast(ctx, named_buffers):
     return buffers
 
 
+def check_unchanged(opt):
+    """Raises RuntimeError naming the parameters written since `opt` loaded
+    the job's weights into them (their version counters moved): the servers
+    would overwrite the change at the next step, so it is refused before
+    anything of the step is sent."""
+    written = [n for n, p, v in zip(opt._names, opt._params, opt._loaded)
+               if p._version != v]
+    if not written:
+        return
+    shown = ", ".join(written[:5]) + (
+        f" and {len(written) - 5} more" if len(written) > 5 else "")
+    raise RuntimeError(
+        f"parameter {shown} changed since step() loaded the job's weights "
+        "(model.load_state_dict, an in-place op on the parameter): the "
+        "servers hold the job's weights and would overwrite the change at "
+        "this step. Load weights before making the DistributedOptimizer "
+        "(rank 0's values become the job's), or restore a servers' "
+        "checkpoint; nothing of this step was sent")
+
+
 def changed_gradients(opt):
     """The names of the parameters of DistributedOptimizer `opt` whose
     p.grad changed since its push:

@@ -86,13 +86,13 @@ from ._collectives import all_reduce, barrier, broadcast
 from ._context import Context, _context_or, init
 from ._optim_spec import _check_parameter, _server_optimizer, _settings
 from ._sampler import DistributedSampler
-from ._two_phase import GradScaler  # noqa: F401 (shardps.torch API)
+from ._two_phase import GradScaler
 from . import _model_state
 from ._model_state import _buffers_to_broadcast, _changed_message
-from ._save import save
+from ._save import load, save
 
 __all__ = ["Context", "DistributedOptimizer", "DistributedSampler", "init",
-           "save", "all_reduce", "broadcast", "barrier"]
+           "save", "load", "all_reduce", "broadcast", "barrier", "GradScaler"]
 
 # id(parameter) -> name, for every parameter a DistributedOptimizer trains.
 _claimed = {}
@@ -363,6 +363,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for p, w in zip(self._params, self._weights):
                 p.copy_(torch.from_numpy(w).view(p.shape))
+        # Any later write to a parameter (model.load_state_dict, an in-place
+        # op) bumps its version: _begin refuses to train on top of it.
+        self._loaded = [p._version for p in self._params]
 
     def _hook(self, i):  # runs on the thread running backward
         def hook(*unused):
@@ -405,6 +408,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                          for a, shape in zip(arrays, self._shapes)]
 
     def _begin(self):
+        _model_state.check_unchanged(self)
         for gi, group in enumerate(self.param_groups):
             now = _settings(group)
             if now != self._settings[gi]:
