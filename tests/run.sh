@@ -16,7 +16,8 @@ log() { printf '\n== %s\n' "$*"; }
 # --- packages and build ----------------------------------------------------
 sanitize=${SHARDPS_SANITIZE:-}
 # The Python tests' packages (Debian's torch is for /usr/bin/python3).
-test_packages=(python3-pytest python3-torch bible-kjv bible-kjv-text)
+test_packages=(python3-pytest python3-torch python3-matplotlib bible-kjv
+  bible-kjv-text)
 deploy/local/apt_install.sh "${test_packages[@]}"
 build_dir=$(deploy/local/build.sh)
 jobs=${SHARDPS_JOBS:-2}

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A PyTorch example in one command: installs what is missing (Debian's
-# python3-torch; bible-kjv for the GPT), builds what it runs (shardps-local,
-# its daemons and the Python package), then runs the example as
-# the workers of a local job (2 parameter servers, 2 workers):
+# python3-torch, python3-matplotlib for the loss plot; bible-kjv for the
+# GPT), builds what it runs (shardps-local, its daemons and the Python
+# package), then runs the example as the workers of a local job (2
+# parameter servers, 2 workers); the example writes metrics.csv and
+# loss.png into <run dir>/<example> (run/gpt_kjv/ by default):
 #   deploy/local/train_torch.sh cnn [ARGS]   # CNN on Fashion-MNIST
 #   deploy/local/train_torch.sh gpt [ARGS]   # LLaMA-style GPT on the KJV Bible
 # ARGS go to the example (--epochs=3, --plain, --help). shardps-local flags
@@ -16,7 +18,7 @@ case "$example" in
   *) echo "usage: $0 cnn|gpt [example args]" >&2; exit 2 ;;
 esac
 shift
-packages=(python3-torch python3-numpy)
+packages=(python3-torch python3-numpy python3-matplotlib)
 [ "$example" = gpt ] && packages+=(bible-kjv bible-kjv-text)
 deploy/local/apt_install.sh "${packages[@]}"
 build_dir=$(deploy/local/build.sh shardps-local shardps-coordinator \

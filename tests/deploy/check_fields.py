@@ -686,7 +686,8 @@ def check_k8s_compression(c, objs, comp_objs, compose):
 def check_torch_dockerfile(c):
     with open(os.path.join(df.DOCKER_DIR, "Dockerfile.torch")) as f:
         text = f.read()
-    for pkg in ("python3-torch", "python3-numpy", "pybind11-dev"):
+    for pkg in ("python3-torch", "python3-numpy", "python3-matplotlib",
+                "pybind11-dev"):
         c.check(re.search(rf"\b{pkg}\b", text) is not None,
                 f"Dockerfile.torch: installs {pkg}")
     c.check(re.search(r"PYTHONPATH=/opt/shardps/python\b", text) is not None,

@@ -20,6 +20,8 @@ import warnings
 import numpy as np
 import torch
 
+import curves
+
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
@@ -50,7 +52,21 @@ def parser(description: str, epochs: int, batch_size: int, lr: float,
                    help="torch threads (0: 1 under shardps, all cores plain)")
     p.add_argument("--model_out", default="",
                    help="write the final model here as safetensors")
+    p.add_argument("--log_every", type=_not_negative, default=10,
+                   help="a progress line and a metrics.csv row every this "
+                   "many steps (0: only the epochs')")
+    p.add_argument("--run_dir", default="",
+                   help="where metrics.csv and loss.png go (default: "
+                   "<shardps-local's run directory>/<example> under "
+                   "shardps-local, else the current directory)")
     return p
+
+
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
 
 
 def _shardps():
@@ -358,32 +374,43 @@ def fashion_mnist(data_dir: str = FASHION_MNIST):
 
 def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
           details: str, evaluate, eval_size: int, metric: str,
-          items: str) -> int:
+          items: str, sample=None) -> int:
     """The examples' loop: each epoch of the sampler, a step per global
     batch (the scheduler following the job's step); at each epoch's end
     every rank evaluates its part of the evaluation set
     (`evaluate(model, part)` -> (total, count) over the items of the slice
     `part` of the eval_size items), the parts are averaged with
     spt.all_reduce into the float called `metric`, and the lead prints a
-    progress line; at the end the model (--model_out) and the final line.
-    `items` names what r.items_per_sample counts."""
+    progress line, then `sample(model)` if given (a string: the lead alone
+    computes it, while the others wait in their next step). Every
+    --log_every steps the lead prints a step line; it writes metrics.csv as
+    it goes and loss.png at the end (curves.py). At the end the model
+    (--model_out) and the final line. `items` names what
+    r.items_per_sample counts."""
     model, sched = r.model, r.scheduler
+    directory = curves.run_dir(args.run_dir, name)
     sampler = job.sampler(r.num_samples, args.batch_size, args.seed)
     steps_per_epoch = r.num_samples // args.batch_size
     opt = job.optimizer(r.optimizer, model, args.accum, args.max_grad_norm)
     first_epoch = sampler.start_epoch  # a worker joining a job waits here
     steps = Steps(args.max_steps, job.step)
     job.follow(sched, stepped=False)
+    log = curves.RunLog(directory, job.is_lead, args.log_every, items, metric,
+                        resumed=steps.step > 0,
+                        max_grad_norm=args.max_grad_norm)
     if job.is_lead:
         print(f"{name}: {job.describe()}, "
               f"{sum(p.numel() for p in model.parameters())} parameters, "
               f"{details}, global batch {args.batch_size}, "
-              f"{steps_per_epoch} steps/epoch", flush=True)
+              f"{steps_per_epoch} steps/epoch; writing {directory}",
+              flush=True)
     items_per_step = args.batch_size * r.items_per_sample
     epoch, clock, value = first_epoch, None, float("nan")
     for epoch in range(first_epoch, args.epochs):
         clock = EpochClock()
         for indices in sampler.epoch(epoch):
+            started = time.perf_counter()
+            lr = r.optimizer.param_groups[0]["lr"]  # this step's
             opt.zero_grad()
             loss = backward(r, model, indices, sampler.batch_epoch,
                             args.accum)
@@ -391,23 +418,36 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
             job.follow(sched)
             steps.step = job.step
             clock.add(items_per_step, loss, norm)
+            log.step(epoch + 1, steps.step, loss, lr, norm, items_per_step,
+                     time.perf_counter() - started)
             if steps.done():
                 break
         seconds = clock.seconds
+        evaluated = time.perf_counter()
         # Every rank its part, so that none waits idle for the lead.
         value = job.mean(*evaluate(model, job.eval_part(eval_size)))
         if job.is_lead:
+            if steps.done() or epoch + 1 == args.epochs:
+                log.flush(epoch + 1, steps.step)  # the run's last steps
+            rate = clock.items / seconds
             clipping = {} if clock.grad_norm is None else {
                 "grad_norm": clock.grad_norm}
             progress(epoch=f"{epoch + 1}/{args.epochs}", step=steps.step,
                      train_loss=clock.train_loss, **clipping, **{metric: value},
-                     **{f"{items}/s": f"{clock.items / seconds:.0f}",
+                     **{f"{items}/s": f"{rate:.0f}",
                         "epoch_s": f"{seconds:.2f}"})
+            if sample is not None:
+                print(f"sample: {sample(model)}", flush=True)
+            log.evaluation(epoch + 1, steps.step, clock.train_loss,
+                           clock.grad_norm, rate,
+                           1000 * seconds / max(clock.loss_n, 1), seconds,
+                           time.perf_counter() - evaluated, value)
         if steps.done():
             break
     if args.model_out:
         job.save(model, args.model_out)
     if job.is_lead:
+        log.finish(f"{name}: {job.describe()}")
         final(epoch=epoch + 1, step=steps.step, **{metric: value},
               train_loss=clock.train_loss if clock else float("nan"))
     job.finish()

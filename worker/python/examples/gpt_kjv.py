@@ -13,7 +13,11 @@ validation set. An "epoch" is --steps_per_epoch global steps over the next
 steps_per_epoch x batch_size training windows of one fixed seeded shuffle (so
 epochs see disjoint windows until the shuffle wraps around); the sampler
 permutes them within the epoch. Then every rank evaluates its part of the
-first --val_windows validation windows, and the ranks average the loss.
+first --val_windows validation windows, the ranks average the loss, and the
+lead prints --sample_bytes bytes the model generates after --sample_prompt.
+The default run is 10 epochs of 200 steps (2,000 steps, minutes on a
+laptop-class CPU); --max_steps=N makes a short one (the schedule then spans
+N steps).
 
 The recipe of today's LLMs; each part's flag, at the value that turns it off:
   AdamW betas (0.9, 0.95)                         --beta2=0.999 (torch's)
@@ -28,7 +32,7 @@ The recipe of today's LLMs; each part's flag, at the value that turns it off:
   clipping the global norm of the averaged        --max_grad_norm=0
     gradient at 1.0 (DistributedOptimizer's
     max_grad_norm: on the servers; plain: torch's
-    clip_grad_norm_); the epoch's mean norm is logged
+    clip_grad_norm_); the norm is logged
 bf16 through torch.autocast rather than bf16 parameters: the matmuls run in
 bf16 while the weights stay float32 on the worker too (each forward uses a
 bf16 copy), and what autocast keeps in float32 stays there: the residual
@@ -179,14 +183,37 @@ def validation_loss(model, val, args, batch=32):
     return total, len(val)
 
 
+@torch.no_grad()
+def generate(model, args, prompt: bytes) -> bytes:
+    """--sample_bytes bytes after `prompt`, each drawn from the softmax of
+    the logits over --temperature (0: the most likely byte), with a
+    generator seeded by --seed: every evaluation draws the same random
+    numbers, so the samples differ only by the model. The context is the
+    last seq_len bytes."""
+    model.eval()
+    g = torch.Generator().manual_seed(args.seed)
+    tokens = torch.tensor([list(prompt)], dtype=torch.int64)
+    with autocast(args):
+        for _ in range(args.sample_bytes):
+            logits = model(tokens[:, -args.seq_len:])[0, -1].float()
+            if args.temperature > 0:
+                probs = (logits / args.temperature).softmax(-1)
+                byte = torch.multinomial(probs, 1, generator=g)
+            else:
+                byte = logits.argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, byte[None]], dim=1)
+    model.train()
+    return bytes(tokens[0, len(prompt):].tolist())
+
+
 def arg_parser():
-    p = common.parser(__doc__, epochs=4, batch_size=16, lr=2e-3,
+    p = common.parser(__doc__, epochs=10, batch_size=16, lr=2e-3,
                       max_grad_norm=1.0)
     p.add_argument("--seq_len", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps_per_epoch", type=int, default=60,
+    p.add_argument("--steps_per_epoch", type=int, default=200,
                    help="global steps between evaluations (0: all windows)")
     p.add_argument("--val_windows", type=int, default=128)
     p.add_argument("--warmup_steps", type=int, default=20)
@@ -196,6 +223,13 @@ def arg_parser():
                    help="AdamW's, on tensors of 2 or more dims")
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--autocast", choices=("bf16", "off"), default="bf16")
+    p.add_argument("--sample_bytes", type=int, default=80,
+                   help="bytes generated after --sample_prompt at each "
+                   "evaluation (the lead; 0: none)")
+    p.add_argument("--sample_prompt", default="And God said",
+                   help="the generated sample's start")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="the sample's softmax temperature (0: greedy)")
     return p
 
 
@@ -247,10 +281,20 @@ def main() -> int:
                f"{len(train)} train / {len(val)} validation windows of "
                f"{args.seq_len} bytes, autocast {args.autocast}, "
                f"{args.accum} backward pass(es) per step")
+    prompt = args.sample_prompt.encode()
+    if args.sample_bytes and not prompt:
+        sys.exit("gpt_kjv: --sample_prompt is empty; give at least a byte, "
+                 "or --sample_bytes=0")
+
+    def sample(model) -> str:
+        text = prompt + generate(model, args, prompt)
+        return repr(text.decode("utf-8", errors="replace"))
+
     return common.train(job, args, build(args, train), "gpt_kjv", details,
                         lambda model, part: validation_loss(model, val[part],
                                                             args),
-                        len(val), "val_loss", "tokens")
+                        len(val), "val_loss", "tokens",
+                        sample=sample if args.sample_bytes else None)
 
 
 if __name__ == "__main__":
