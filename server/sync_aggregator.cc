@@ -141,11 +141,24 @@ ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only) const {
   return reply;
 }
 
+float SyncAggregator::InverseLossScale(const Step& step) {
+  // torch's unscale_: the reciprocal in double, rounded to float.
+  return step.loss_scale.has_value()
+             ? static_cast<float>(1.0 / double{*step.loss_scale})
+             : 1.0f;
+}
+
+ChunkReply SyncAggregator::SealedReply(const Step& step) {
+  ChunkReply reply;
+  reply.chunk_id = step.chunk->spec.id;
+  reply.version = step.chunk->version;
+  reply.sum_of_squares = step.sum_of_squares;
+  return reply;
+}
+
 void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
   Chunk* chunk = step->chunk;
-  const float inv = step->loss_scale.has_value()
-                        ? static_cast<float>(1.0 / double{*step->loss_scale})
-                        : 1.0f;
+  const float inv = InverseLossScale(*step);
   step->sum_of_squares =
       step->num_with_gradient == 0
           ? 0.0
@@ -154,11 +167,7 @@ void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
                                chunk->spec.num_elements);
   step->sealed = true;
   for (Waiter& w : step->waiters) {
-    ChunkReply reply;
-    reply.chunk_id = chunk->spec.id;
-    reply.version = step->chunk->version;
-    reply.sum_of_squares = step->sum_of_squares;
-    replies->emplace_back(std::move(w.sink), std::move(reply));
+    replies->emplace_back(std::move(w.sink), SealedReply(*step));
   }
   step->waiters.clear();
 }
@@ -338,10 +347,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     if (step->sealed && step->contributed[args.rank]) {
       // The reply to this push of a sealed step was lost: its sum of
       // squares again.
-      ChunkReply reply;
-      reply.chunk_id = step->chunk->spec.id;
-      reply.version = step->chunk->version;
-      reply.sum_of_squares = step->sum_of_squares;
+      ChunkReply reply = SealedReply(*step);
       lock.Release();
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
@@ -417,11 +423,7 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
     // no_gradient pushes): a rank that left the job mid-step is not
     // waited for.
     GradientScaling scaling;
-    if (step->loss_scale.has_value()) {
-      // torch's unscale_: the reciprocal in double, rounded to float.
-      scaling.inv_loss_scale =
-          static_cast<float>(1.0 / double{*step->loss_scale});
-    }
+    scaling.inv_loss_scale = InverseLossScale(*step);
     if (decided.has_value()) {
       scaling.clip_coefficient = decided->clip_coefficient;
     }

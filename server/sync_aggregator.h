@@ -108,6 +108,13 @@ class SyncAggregator final : public Aggregator {
   // was lost): the current weights, with the decision they applied.
   ChunkReply RetryReply(const Step& step, bool push_only) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // What the step's averaged gradient is multiplied by to unscale it (1
+  // without a loss scale).
+  static float InverseLossScale(const Step& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // The reply to a push of a sealed step: its sum of squares, no weights.
+  static ChunkReply SealedReply(const Step& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // Seals a complete two-phase step: computes its sum of squares and
   // answers every waiter with it.
   void Seal(Step* step, PendingReplies* replies) const

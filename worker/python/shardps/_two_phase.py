@@ -47,7 +47,7 @@ def step_mode(opt):
     scaler = opt._ctx.scaler
     loss_scale = None
     if scaler is not None and scaler.is_enabled():
-        loss_scale = scaler._scale_for(opt)
+        loss_scale = scaler.get_scale()
     second_phase = (opt._max_grad_norm is not None or loss_scale is not None
                     or opt._clip_calls)
     opt._step_two_phase = second_phase
@@ -181,9 +181,6 @@ class GradScaler:
 
     def get_growth_interval(self):
         return self._growth_interval
-
-    def _scale_for(self, opt):
-        return float(self._scale)
 
     def scale(self, outputs):
         """Multiplies a tensor (or an iterable of tensors) by the scale.
