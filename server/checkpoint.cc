@@ -448,7 +448,7 @@ absl::StatusOr<ShardFile> WriteShardCheckpoint(
   uint64_t data_bytes = 0;
   for (const ChunkState* c : ordered) {
     versions.push_back(absl::StrCat(c->chunk_id, ":", c->version));
-    if (c->skipped_updates > 0) {
+    if (c->skipped_updates != 0) {
       skipped.push_back(absl::StrCat(c->chunk_id, ":", c->skipped_updates));
     }
     for (int slot = -1; slot < plan.num_slots[c->chunk_id]; ++slot) {

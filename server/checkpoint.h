@@ -28,7 +28,8 @@ struct ChunkState {
   int64_t version = 0;
   std::vector<float> weights;
   std::vector<std::vector<float>> slots;
-  // Of the `version` updates, those skipped whole (Chunk::skipped_updates).
+  // Chunk::skipped_updates: the optimizer's own step count is version -
+  // skipped_updates.
   int64_t skipped_updates = 0;
 };
 
@@ -75,9 +76,9 @@ absl::StatusOr<ShardFile> DescribeShardFile(const std::string& dir,
 // order; "__metadata__" holds step, shard_index, num_shards, fingerprint (16
 // hex digits), declaration (base64 of the serialized DeclareRequest with
 // num_shards and shard_index cleared), versions ("id:version,..." ascending),
-// skipped ("id:skipped_updates,..." of the chunks with any; absent when
-// none) and crc32c (8 hex digits, of the data section). A COMMITTED manifest
-// already in the step directory is removed first, so the step reads as
+// skipped ("id:skipped_updates,..." of the chunks where it is not 0; absent
+// when none) and crc32c (8 hex digits, of the data section). A COMMITTED
+// manifest already in the step directory is removed first, so the step reads as
 // uncommitted until CommitCheckpoint runs again. Returns the file's entry for
 // the manifest. InvalidArgument for a bad layout, optimizer, step or shard
 // view, or chunks that are missing, extra, duplicated or of the wrong size;

@@ -118,14 +118,12 @@ void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
 
 void ChunkUpdater::Skip(Chunk* chunk) const {
   // The weights stay as they are, so replies still holding them are fine;
-  // the workers' copy stays too, and is sent whole.
+  // the workers' copy stays too, and is sent whole. The optimizer's own
+  // step count stays behind, as torch's state["step"] of a parameter
+  // whose step it skipped.
+  ++chunk->skipped_updates;
   chunk->changes.reset();
   Advance(chunk);
-}
-
-void ChunkUpdater::SkipWhole(Chunk* chunk) const {
-  ++chunk->skipped_updates;
-  Skip(chunk);
 }
 
 void ChunkUpdater::Advance(Chunk* chunk) const {

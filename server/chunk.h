@@ -92,8 +92,11 @@ struct Chunk {
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   // Updates applied: the step the chunk is at.
   int64_t version ABSL_GUARDED_BY(mu) = 0;
-  // Of those, the ones a two-phase step skipped whole (a non-finite norm
-  // under loss scaling): Adam's step count leaves them out.
+  // Of those, the ones that did not step the optimizer (no rank had a
+  // gradient, or a two-phase step skipped whole): the optimizer's own step
+  // count (Adam's bias correction, torch's state["step"]) is
+  // version - skipped_updates. Negative when an optimizer state written
+  // in (optimizer_state.h) has taken more steps than the chunk's version.
   int64_t skipped_updates ABSL_GUARDED_BY(mu) = 0;
   // Sparse weights (Layout.sparse_weights_ratio; constant after the model
   // is built, 0: off): `copy` is what every worker holds, moved towards
@@ -168,13 +171,12 @@ class ChunkUpdater {
              GradientScaling scaling = {}) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
-  // A step in which no worker had a gradient for the chunk: bumps the
-  // version (counted as an update, with the checkpoint copy Apply would
-  // make) and leaves the weights and optimizer slots as they are.
+  // A step that does not step the chunk's optimizer (no worker had a
+  // gradient for it, or a two-phase step every shard skips whole): bumps
+  // the version (counted as an update, with the checkpoint copy Apply
+  // would make), leaves the weights and optimizer slots as they are, and
+  // the optimizer's own step count (chunk->skipped_updates) stays behind.
   void Skip(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
-  // A two-phase step every shard skips whole: Skip, and the optimizer's own
-  // step count (chunk->skipped_updates) stays behind.
-  void SkipWhole(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.

@@ -21,11 +21,12 @@ namespace shardps::server {
 // What a two-phase step (PushPullRequest.second_phase) changes in an
 // update: the averaged gradient is multiplied by inv_loss_scale, then by
 // clip_coefficient (each skipped when 1), and Adam's bias correction counts
-// only the updates that were not skipped whole.
+// only the updates that stepped the optimizer.
 struct GradientScaling {
   float inv_loss_scale = 1;
   float clip_coefficient = 1;
-  // Updates before this one that were skipped whole (loss-scale skips):
+  // Updates before this one that did not step the optimizer (no gradient,
+  // loss-scale skips; negative after a state written in with more steps):
   // bias correction uses t = update - skipped_updates + 1.
   int64_t skipped_updates = 0;
 };

@@ -183,4 +183,31 @@ grpc::ServerUnaryReactor* ParameterService::Checkpoint(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ParameterService::ReadOptimizerState(
+    grpc::CallbackServerContext* ctx, const v1::ReadOptimizerStateRequest* req,
+    v1::ChunkOptimizerState* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  ParameterStore* store = this->store();
+  absl::StatusOr<v1::ChunkOptimizerState> state =
+      store == nullptr ? NotReady()
+                       : store->ReadOptimizerState(req->chunk_id());
+  if (state.ok()) *resp = *std::move(state);
+  reactor->Finish(ToGrpcStatus(state.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterService::WriteOptimizerState(
+    grpc::CallbackServerContext* ctx, const v1::ChunkOptimizerState* req,
+    v1::WriteOptimizerStateResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  ParameterStore* store = this->store();
+  const absl::Status status =
+      store == nullptr ? NotReady() : store->WriteOptimizerState(*req);
+  if (!status.ok() && options_.metrics != nullptr) {
+    options_.metrics->Rejected(status);
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace shardps::server

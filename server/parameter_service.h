@@ -46,7 +46,11 @@ class ParameterService final
               v1::ParameterServer::WithRawCallbackMethod_Pull<
                   v1::ParameterServer::WithCallbackMethod_GetStatus<
                       v1::ParameterServer::WithCallbackMethod_Checkpoint<
-                          v1::ParameterServer::Service>>>>> {
+                          v1::ParameterServer::
+                              WithCallbackMethod_ReadOptimizerState<
+                                  v1::ParameterServer::
+                                      WithCallbackMethod_WriteOptimizerState<
+                                          v1::ParameterServer::Service>>>>>>> {
  public:
   explicit ParameterService(ServiceOptions options) : options_(options) {}
 
@@ -83,6 +87,14 @@ class ParameterService final
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
                                        const v1::CheckpointRequest* req,
                                        v1::CheckpointResponse* resp) override;
+
+  grpc::ServerUnaryReactor* ReadOptimizerState(
+      grpc::CallbackServerContext* ctx,
+      const v1::ReadOptimizerStateRequest* req,
+      v1::ChunkOptimizerState* resp) override;
+  grpc::ServerUnaryReactor* WriteOptimizerState(
+      grpc::CallbackServerContext* ctx, const v1::ChunkOptimizerState* req,
+      v1::WriteOptimizerStateResponse* resp) override;
 
   // The installed store, or null with the UNAVAILABLE status to answer.
   ParameterStore* store() const {

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "server/async_aggregator.h"
 #include "server/gradient_decode.h"
+#include "server/optimizer_state.h"
 #include "server/server_metrics.h"
 #include "server/sync_aggregator.h"
 
@@ -419,6 +420,40 @@ absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
   absl::MutexLock lock(&chunk->mu);
   SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
   return CurrentReply(*chunk, /*push_only=*/false);
+}
+
+absl::StatusOr<v1::ChunkOptimizerState> ParameterStore::ReadOptimizerState(
+    uint32_t chunk_id) const {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, st->model->Find(chunk_id));
+  absl::MutexLock lock(&chunk->mu);
+  SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
+  return server::ReadOptimizerState(*chunk);
+}
+
+absl::Status ParameterStore::WriteOptimizerState(
+    const v1::ChunkOptimizerState& written) {
+  const State* st = state();
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        "no model is declared on this shard yet: call Declare first");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(written.chunk_id()));
+  absl::MutexLock lock(&chunk->mu);
+  SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<std::vector<float>> slots,
+                           SlotsToWrite(written, *chunk));
+  // A checkpoint copy of this step must hold the new state, or the write
+  // is refused before anything changed.
+  SHARDPS_RETURN_IF_ERROR(snapshots_->Rewrite(
+      *chunk, slots, chunk->version - written.optimizer_steps()));
+  server::WriteOptimizerState(std::move(slots), written.optimizer_steps(),
+                              chunk);
+  return absl::OkStatus();
 }
 
 absl::Status ParameterStore::CheckReadable(uint32_t chunk_id) const {

@@ -118,6 +118,15 @@ class ParameterStore {
   absl::StatusOr<ChunkReply> Read(uint32_t chunk_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The optimizer state of `chunk_id` at its version (optimizer_state.h),
+  // and its replacement (the ParameterServer's ReadOptimizerState and
+  // WriteOptimizerState: see the proto for the codes). Read's codes; a
+  // refused write changed nothing.
+  absl::StatusOr<v1::ChunkOptimizerState> ReadOptimizerState(
+      uint32_t chunk_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WriteOptimizerState(const v1::ChunkOptimizerState& state)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Counts weights handed to the transport: `fp32_bytes` of values sent as
   // `wire_bytes` of payload (Report's bytes_out_fp32_total, bytes_out_total).
   void CountSent(uint64_t fp32_bytes, uint64_t wire_bytes) {

@@ -70,6 +70,30 @@ void SnapshotScheduler::AfterUpdate(const Chunk& chunk) {
   });
 }
 
+absl::Status SnapshotScheduler::Rewrite(
+    const Chunk& chunk, const std::vector<std::vector<float>>& slots,
+    int64_t skipped_updates) {
+  const int64_t step = chunk.version;
+  absl::MutexLock lock(&mu_);
+  if (handed_over_.count(step) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index,
+                     " has already taken its checkpoint of "
+                     "step ",
+                     step,
+                     " without this optimizer state: write it at the next "
+                     "step"));
+  }
+  auto it = copies_.find(step);
+  if (it == copies_.end()) return absl::OkStatus();
+  for (ChunkState& copy : it->second) {
+    if (copy.chunk_id != chunk.spec.id) continue;
+    copy.slots = slots;
+    copy.skipped_updates = skipped_updates;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SnapshotScheduler::CheckRequest(int64_t step) const {
   if (step < 0) {
     return absl::InvalidArgumentError(

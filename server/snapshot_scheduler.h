@@ -46,6 +46,16 @@ class SnapshotScheduler : public UpdateObserver {
   void AfterUpdate(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu)
       ABSL_LOCKS_EXCLUDED(mu_) override;
 
+  // `chunk`'s optimizer state is being replaced at its current version by
+  // `slots` and `skipped_updates` (WriteOptimizerState): a copy of that
+  // version not yet handed over takes them too. FailedPrecondition when the
+  // copies of that version are already handed over (its checkpoint would
+  // miss them); then the caller must not write.
+  absl::Status Rewrite(const Chunk& chunk,
+                       const std::vector<std::vector<float>>& slots,
+                       int64_t skipped_updates)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) ABSL_LOCKS_EXCLUDED(mu_);
+
   // InvalidArgument for a negative step; FailedPrecondition without
   // on_checkpoint.
   absl::Status CheckRequest(int64_t step) const;

@@ -411,7 +411,7 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
   if (decided.has_value() && decided->skip) {
     // Every shard skips the whole step (a non-finite norm under loss
     // scaling), as torch's GradScaler skips optimizer.step().
-    updater_->SkipWhole(step->chunk);
+    updater_->Skip(step->chunk);
   } else if (step->num_with_gradient == 0) {
     // No rank had a gradient: leave weights and optimizer state alone,
     // as torch skips a parameter whose grad is None, but still advance

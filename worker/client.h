@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/backoff.h"
@@ -130,6 +132,14 @@ StepDecision DecideStep(double norm, std::optional<float> max_grad_norm);
 // writes weights into these.
 using ConstTensors = std::vector<absl::Span<const float>>;
 using Tensors = std::vector<absl::Span<float>>;
+
+// One tensor's optimizer state (Client::ReadOptimizerState).
+struct TensorOptimizerState {
+  int64_t optimizer_steps = 0;
+  // The optimizer's slots (v1::ChunkOptimizerState.slots), each as long as
+  // the tensor.
+  std::vector<std::vector<float>> slots;
+};
 
 class Client : private LaneOwner {
  public:
@@ -288,6 +298,27 @@ class Client : private LaneOwner {
   // servers' weights exactly, e.g. to save them).
   absl::Status Pull(const Tensors& weights, bool fp32 = false);
 
+  // The optimizer state of every tensor at `step` (the servers'
+  // ChunkOptimizerState, assembled from the chunks): its optimizer's step
+  // count and slots, each a tensor-length array (torch's optimizer
+  // state_dict). Retries as Pull.
+  //   FAILED_PRECONDITION: a step open, before Declare, or a chunk not at
+  //     `step` (another rank's step is in flight).
+  absl::StatusOr<std::vector<TensorOptimizerState>> ReadOptimizerState(
+      int64_t step);
+  // Replaces the optimizer state of the tensors whose entry is set (one
+  // entry per tensor), chunk by chunk on every shard, at `step`: their
+  // next updates continue from it. Retries as Pull (writing twice is
+  // harmless).
+  //   INVALID_ARGUMENT: wrong count of entries, slots or lengths; the
+  //     servers' refusals (non-finite values) name the chunk.
+  //   FAILED_PRECONDITION: a step open, before Declare, a chunk not at
+  //     `step`, or a checkpoint of `step` already written.
+  // A refused chunk leaves the ones before it written.
+  absl::Status WriteOptimizerState(
+      int64_t step,
+      const std::vector<std::optional<TensorOptimizerState>>& states);
+
   // Each shard's status report, by shard index: the operator's view
   // (counters, checkpoints), not part of the training protocol -- workers
   // use declared() and Redeclare(). UNAVAILABLE or DEADLINE_EXCEEDED (after
@@ -394,6 +425,11 @@ class Client : private LaneOwner {
   absl::Status CheckStepOptions(const StepOptions& options) const;
   RegionsToName NamesFor(const Lane& lane) const;
   absl::Status PullShard(uint32_t shard, const Tensors& weights, bool fp32);
+  // One unary call to shard `shard`, retried as Pull retries.
+  absl::Status CallShard(
+      uint32_t shard, absl::string_view what,
+      const std::function<grpc::Status(v1::ParameterServer::Stub*,
+                                       grpc::ClientContext*)>& call);
 
   ClientOptions options_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // shard-major

@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -469,6 +470,53 @@ void DefineModule(py::module_& m) {
           py::arg("arrays"),
           "The servers' weights, exactly (fp32 whatever the wire's weight "
           "encoding), into float32 arrays, one per tensor; no step open.")
+      .def(
+          "read_optimizer_state",
+          [](PySession& p) {
+            const int64_t step = p.s().step();
+            std::vector<TensorOptimizerState> states = Check(Unlocked(
+                [&] { return p.s().client().ReadOptimizerState(step); }));
+            py::list out;
+            for (TensorOptimizerState& t : states) {
+              py::list slots;
+              for (std::vector<float>& slot : t.slots) {
+                py::array_t<float> a(static_cast<py::ssize_t>(slot.size()));
+                std::copy(slot.begin(), slot.end(), a.mutable_data());
+                slots.append(a);
+              }
+              out.append(py::make_tuple(t.optimizer_steps, slots));
+            }
+            return out;
+          },
+          "Between steps: every tensor's optimizer state on the servers, as "
+          "(optimizer steps, [slot arrays]) in layout order (slots: SGD's "
+          "momentum buffer, Adam's exp_avg and exp_avg_sq, Adagrad's sum).")
+      .def(
+          "write_optimizer_state",
+          [](PySession& p, const py::list& states) {
+            std::vector<std::optional<TensorOptimizerState>> in;
+            for (size_t i = 0; i < states.size(); ++i) {
+              if (states[i].is_none()) {
+                in.emplace_back();
+                continue;
+              }
+              const auto entry = states[i].cast<py::tuple>();
+              TensorOptimizerState t;
+              t.optimizer_steps = entry[0].cast<int64_t>();
+              for (const py::handle slot : entry[1].cast<py::list>()) {
+                const absl::Span<float> values = Check(FloatSpan(
+                    slot.cast<py::buffer>(), false, "an optimizer slot"));
+                t.slots.emplace_back(values.begin(), values.end());
+              }
+              in.push_back(std::move(t));
+            }
+            const int64_t step = p.s().step();
+            Check(Unlocked(
+                [&] { return p.s().client().WriteOptimizerState(step, in); }));
+          },
+          py::arg("states"),
+          "Between steps: replaces the optimizer state of every tensor "
+          "whose entry is not None, as read_optimizer_state returns it.")
       .def_property_readonly(
           "wire",
           [](PySession& p) {

@@ -96,3 +96,28 @@ def changed_gradients(opt):
                            opt._buffers[i][1].view(torch.int32)):
             changed.append(opt._names[i])
     return changed
+
+
+def broadcast_buffers(ctx, buffers):
+    """Every buffer takes the lead's values: one message for all, their
+    bytes packed, padded to 8, as int64 (a broadcast moves bytes; their
+    dtypes play no part)."""
+    if not buffers:
+        return
+    parts = [b.detach().contiguous().reshape(-1).view(torch.uint8)
+             for b in buffers]
+    packed = torch.cat(parts)
+    pad = -packed.numel() % 8
+    if pad:
+        packed = torch.cat([packed, torch.zeros(pad, dtype=torch.uint8)])
+    result = _collectives.broadcast_bytes(ctx.session,
+                                          packed.numpy().tobytes())
+    got = torch.frombuffer(bytearray(result), dtype=torch.uint8)
+    offset = 0
+    with torch.no_grad():
+        for b, part in zip(buffers, parts):
+            n = part.numel()
+            # clone: a view of another dtype needs an aligned start.
+            b.copy_(got[offset:offset + n].clone().view(b.dtype)
+                    .view(b.shape))
+            offset += n

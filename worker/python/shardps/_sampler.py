@@ -20,7 +20,10 @@ class DistributedSampler:
     The sampler follows the job's step: `start_epoch` is where the servers
     are (a restored checkpoint's epoch), epoch(e) starts at the position
     inside it, and after a rollback it goes back to the step the job went
-    back to. Call opt.step() once for every batch it yields.
+    back to. Call opt.step() once for every batch it yields. A job resumed
+    from a torch.save file starts its servers at step 0: load_state_dict
+    puts the data where the file's job was (the offset holds for the
+    job's life).
 
     Create it after the DistributedOptimizer (a worker that joins a running
     job waits here for the next epoch start).
@@ -44,6 +47,8 @@ class DistributedSampler:
         # across an epoch's start, epoch(e) yields the earlier epoch's
         # remaining batches first.
         self.batch_epoch, self.batch_step = None, None
+        # Data step - job step: from load_state_dict.
+        self._offset = 0
         self._perm = (None, None)   # (epoch, permutation)
         self._ranks = (None, None)  # (epoch, ranks)
 
@@ -66,7 +71,37 @@ class DistributedSampler:
         """The epoch (from 0) the job is in: 0 for a new job, the restored
         checkpoint's epoch after a restart."""
         self._start()
-        return self._ctx.session.step // self.steps_per_epoch
+        return self._data_step() // self.steps_per_epoch
+
+    def _data_step(self):
+        return self._ctx.session.step + self._offset
+
+    def state_dict(self):
+        """Where the data is (the global batch the next step trains, from
+        the first epoch's first) and the sampler's settings; save it with
+        the model and the optimizer's state_dict."""
+        return {"step": self._data_step(), "num_samples": self.num_samples,
+                "batch_size": self.batch_size, "seed": self.seed}
+
+    def load_state_dict(self, state_dict):
+        """Continues at a state_dict's position: this job's next step
+        trains the batch the saved job's next step would have. Call it on
+        every rank, before the first epoch().
+
+        Raises:
+            ValueError: another num_samples, batch_size or seed (another
+                data order), or a step < 0.
+        """
+        for key in ("num_samples", "batch_size", "seed"):
+            if state_dict.get(key) != getattr(self, key):
+                raise ValueError(
+                    f"the sampler's state_dict has {key}="
+                    f"{state_dict.get(key)!r}; this sampler has "
+                    f"{getattr(self, key)!r} (another data order)")
+        step = int(state_dict["step"])
+        if step < 0:
+            raise ValueError(f"the sampler's state_dict has step {step}")
+        self._offset = step - self._ctx.session.step
 
     def _permutation(self, epoch):
         if self._perm[0] != epoch:
@@ -83,7 +118,8 @@ class DistributedSampler:
         spe = self.steps_per_epoch
         fresh = True
         while True:
-            step = session.step
+            job_step = session.step
+            step = self._data_step()
             at = step // spe
             if at > epoch:
                 return
@@ -100,10 +136,11 @@ class DistributedSampler:
             perm = self._permutation(at)
             self.batch_epoch, self.batch_step = at, step
             yield torch.from_numpy(perm[begin:end])
-            if session.step == step:
+            if session.step == job_step:
                 raise RuntimeError(
                     f"opt.step() was not called for the batch of step {step}: "
                     "call it once for every batch the sampler yields")
-            if session.step != step + 1:
+            if session.step != job_step + 1:
                 fresh = True  # the job went back (or on): ask the ranks
-            session.set_progress(session.step, session.step // spe + 1)
+            session.set_progress(session.step,
+                                 self._data_step() // spe + 1)

@@ -79,7 +79,7 @@ What runs where:
 import numpy as np
 import torch
 
-from . import _collectives, _two_phase
+from . import _optim_state, _two_phase
 from . import _errors
 from . import _precision
 from ._collectives import all_reduce, barrier, broadcast
@@ -335,27 +335,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{len(self._params)} tensors, rank {self._ctx.rank})")
 
     def _broadcast_buffers(self):
-        # One message for all buffers: their bytes packed, padded to 8, as
-        # int64 (a broadcast moves bytes; their dtypes play no part).
-        if not self._synced:
-            return
-        parts = [b.detach().contiguous().reshape(-1).view(torch.uint8)
-                 for b in self._synced]
-        packed = torch.cat(parts)
-        pad = -packed.numel() % 8
-        if pad:
-            packed = torch.cat([packed, torch.zeros(pad, dtype=torch.uint8)])
-        result = _collectives.broadcast_bytes(self._ctx.session,
-                                              packed.numpy().tobytes())
-        got = torch.frombuffer(bytearray(result), dtype=torch.uint8)
-        offset = 0
-        with torch.no_grad():
-            for b, part in zip(self._synced, parts):
-                n = part.numel()
-                # clone: a view of another dtype needs an aligned start.
-                b.copy_(got[offset:offset + n].clone().view(b.dtype)
-                        .view(b.shape))
-                offset += n
+        _model_state.broadcast_buffers(self._ctx, self._synced)
 
     def _load_weights(self):
         # A bfloat16 or float16 parameter gets the float32 weights rounded
@@ -584,11 +564,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 p.grad.zero_()
 
     def state_dict(self):
-        raise NotImplementedError(
-            "the optimizer's state lives on the shardps servers, which "
-            "checkpoint it (shardps-server --checkpoint_dir)")
+        """The optimizer's state as torch's state_dict() gives it, read from
+        the servers: per parameter (by index) "step", "exp_avg",
+        "exp_avg_sq" (Adam, AdamW), "momentum_buffer" (SGD) or "sum"
+        (Adagrad), float32 on the CPU, and "param_groups". torch.save it
+        with the model; a plain torch optimizer loads it too.
+
+        Raises:
+            RuntimeError: between backward() and step().
+            shardps.Error: a server that cannot answer.
+        """
+        return _optim_state.state_dict(self)
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError(
-            "the optimizer's state lives on the shardps servers: restore a "
-            "server checkpoint instead")
+        """Installs an optimizer state_dict (this class's or a plain torch
+        optimizer's of the same parameter groups) on the servers: the next
+        step continues from it. Call it on every rank, between steps (it
+        is written by every rank that calls it). Only lr and scheduler keys
+        may differ from the groups the servers run; they are loaded.
+
+        Raises:
+            ValueError: another number of groups or parameters, settings
+                that differ, unknown keys, wrong shapes, non-finite or
+                negative second moments (nothing was written).
+            RuntimeError: between backward() and step().
+            shardps.Error: the servers' refusals.
+        """
+        _optim_state.load_state_dict(self, state_dict)
