@@ -45,8 +45,10 @@ fi
 # is not built there).
 if [ -z "$sanitize" ]; then
   log "pytest tests/python"
-  SHARDPS_BUILD_DIR="$(cd "$build_dir" && pwd)" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-    tests/python ${SHARDPS_PYTEST_ARGS:-}
+  # tests/gpu/test_torch_cuda.py too: it skips, saying why (-rs), where
+  # torch has no CUDA.
+  SHARDPS_BUILD_DIR="$(cd "$build_dir" && pwd)" /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/python tests/gpu/test_torch_cuda.py ${SHARDPS_PYTEST_ARGS:-}
 fi
 
 # --- deploy/ (Docker, Compose, Kubernetes) ------------------------------------

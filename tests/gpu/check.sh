@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: shows the device, runs the GPU tests (a skipped GPU test
-# fails the check: on a GPU machine it means the GPU was not usable) and the
-# GPU benchmark (`shardps-bench gpu`).
+# fails the check: on a GPU machine it means the GPU was not usable), the
+# torch layer's CUDA path (tests/gpu/test_torch_cuda.py, when the machine's
+# torch has CUDA: Debian's has not, which the check says) and the GPU
+# benchmark (`shardps-bench gpu`).
 #   tests/gpu/check.sh                    # build here with CUDA into build-gpu
 #   tests/gpu/check.sh --bundle DIR       # use binaries packed by
 #                                         # tests/gpu/prepare.sh (for GPU
@@ -33,7 +35,8 @@ else
   fi
   log "build"
   cmake --build build-gpu -j "$(nproc)" --target cuda_kernels_test \
-    cuda_backend_test shardps-bench
+    cuda_backend_test shardps-bench shardps-server shardps-coordinator \
+    _shardps
   tests=(build-gpu/worker/cuda_kernels_test build-gpu/worker/cuda_backend_test)
   bench=build-gpu/tests/shardps-bench
 fi
@@ -48,6 +51,18 @@ for t in "${tests[@]}"; do
     status=1
   fi
 done
+
+log "the torch layer on CUDA (tests/gpu/test_torch_cuda.py)"
+if [ -n "${bundle:-}" ]; then
+  echo "check.sh: not run from a bundle (it needs the Python module built here)"
+elif ! /usr/bin/python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "check.sh: this machine's torch has no CUDA (Debian's is CPU-only):" \
+    "the torch layer's CUDA path was NOT run; its staging thread runs on" \
+    "the CPU in tests/python/test_torch_staging.py"
+else
+  SHARDPS_BUILD_DIR=$PWD/build-gpu /usr/bin/python3 -m pytest -q -rs \
+    -p no:cacheprovider tests/gpu/test_torch_cuda.py || status=1
+fi
 
 log "shardps-bench gpu"
 "$bench" gpu || status=1

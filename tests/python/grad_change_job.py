@@ -97,6 +97,7 @@ def main():
     model = Net().to(DTYPE)
     opt = spt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters())
+    print(f"staged {opt._stager is not None}", flush=True)
     print(f"gradient buffers in shared memory: "
           f"{len(ctx.session.gradient_buffers())}", flush=True)
     x = torch.randn(32, 8).to(DTYPE)

@@ -62,7 +62,7 @@ def test_bad_models_and_options_are_refused_before_anything_is_sent(ctx):
             r"strided is not a contiguous")
     meta = nn.Parameter(torch.empty(3, device="meta"))
     refused(torch.optim.SGD([meta], lr=0.1), [("meta", meta)],
-            r"meta is on meta: shardps.torch trains CPU parameters")
+            r"meta is on meta: shardps.torch trains CPU and CUDA parameters")
     refused(torch.optim.Adam(net.parameters(), amsgrad=True),
             net.named_parameters(), r"amsgrad=True")
     refused(torch.optim.SGD(net.parameters(), lr=0.1, maximize=True),

@@ -107,6 +107,9 @@ def main():
                         default="",
                         help="one torch process: average of the two ranks' "
                         "half-batch gradients, or the whole batch")
+    parser.add_argument("--device", default="cpu",
+                        help="where the shardps run's model and data live "
+                        "(cuda: tests/gpu; --plain always runs on the CPU)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(1234)
@@ -173,6 +176,9 @@ def main():
             save_values(model, args.values_out)
         return
 
+    if args.device != "cpu":
+        model.to(args.device)
+        x, y = x.to(args.device), y.to(args.device)
     import shardps.torch as spt
     ctx = spt.init()
     inner = make_optimizer(model, args.optimizer, args.lr)
@@ -193,6 +199,8 @@ def main():
         scaler = spt.GradScaler(init_scale=args.loss_scale)
     elif args.torch_scaler:
         scaler = torch.cuda.amp.GradScaler(enabled=False)
+    # The device path's staging thread (SHARDPS_TORCH_STAGING=1 on CPU).
+    print(f"staged {opt._stager is not None}", flush=True)
     print(f"rank {ctx.rank} of {ctx.num_workers} starts at step {ctx.step}; "
           f"wire {' '.join(ctx.session.wire)}", flush=True)
     while ctx.step < args.steps:

@@ -39,10 +39,10 @@ def _check(tensor, what):
     if tensor.dtype not in _DTYPES:
         raise ValueError(f"{what}: the tensor is {tensor.dtype}; collectives "
                          "carry float32, float64 or int64")
-    if tensor.device.type != "cpu" or tensor.is_sparse:
+    if tensor.device.type not in ("cpu", "cuda") or tensor.is_sparse:
         raise ValueError(f"{what}: the tensor is {tensor.layout} on "
-                         f"{tensor.device}; collectives take dense CPU "
-                         "tensors")
+                         f"{tensor.device}; collectives take dense CPU or "
+                         "CUDA tensors")
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes > MAX_BYTES:
         raise ValueError(
@@ -68,8 +68,9 @@ def all_reduce(tensor, op="mean", timeout_s=DEFAULT_TIMEOUT_S, context=None):
     first NaN).
 
     Args:
-        tensor: a CPU tensor of float32, float64 or int64, at most 1 MiB;
-            overwritten with the result.
+        tensor: a CPU or CUDA tensor of float32, float64 or int64, at most
+            1 MiB; overwritten with the result (a CUDA one goes through
+            host memory).
         op: "mean" (float tensors only), "sum" (int64 wraps modulo 2^64),
             "max" or "min".
         timeout_s: how long to wait for the other ranks.
@@ -94,7 +95,7 @@ def all_reduce(tensor, op="mean", timeout_s=DEFAULT_TIMEOUT_S, context=None):
     if op == "mean" and dtype == "int64":
         raise ValueError("all_reduce: op='mean' of an int64 tensor is not "
                          "exact: reduce with 'sum' and divide")
-    values = tensor.detach().contiguous().numpy().tobytes()
+    values = tensor.detach().cpu().contiguous().numpy().tobytes()
     result = _session(context).collective(
         op, dtype, list(tensor.shape), values, 0, float(timeout_s))
     _write(tensor, result, np_dtype)
@@ -105,8 +106,8 @@ def broadcast(tensor, src=0, timeout_s=DEFAULT_TIMEOUT_S, context=None):
     torch.distributed.broadcast).
 
     Args:
-        tensor: a CPU tensor of float32, float64 or int64, at most 1 MiB,
-            of the same shape and dtype on every rank.
+        tensor: a CPU or CUDA tensor of float32, float64 or int64, at
+            most 1 MiB, of the same shape and dtype on every rank.
         src: the rank whose tensor everyone gets; -1: the lowest rank in
             the job (the lead, as ctx.is_lead says).
         timeout_s: how long to wait for the other ranks.
@@ -127,7 +128,8 @@ def broadcast(tensor, src=0, timeout_s=DEFAULT_TIMEOUT_S, context=None):
     # Only src's values are used: the others send none, except with -1,
     # where a rank does not know whether it is the lowest.
     sends = src == -1 or src == session.rank
-    values = tensor.detach().contiguous().numpy().tobytes() if sends else b""
+    values = (tensor.detach().cpu().contiguous().numpy().tobytes() if sends
+              else b"")
     result = session.collective("broadcast", dtype, list(tensor.shape),
                                 values, src, float(timeout_s))
     _write(tensor, result, np_dtype)

@@ -35,9 +35,10 @@ def _buffers_to_broadcast(ctx, named_buffers):
         if b is None or id(b) in seen:
             continue
         seen.add(id(b))
-        if b.device.type != "cpu" or b.is_sparse:
+        if b.device.type not in ("cpu", "cuda") or b.is_sparse:
             raise ValueError(f"buffer {name} is {b.layout} on {b.device}: "
-                             "shardps.torch broadcasts dense CPU buffers")
+                             "shardps.torch broadcasts dense CPU and CUDA "
+                             "buffers")
         buffers.append(b)
     if not any(b.is_floating_point() for b in buffers):
         return []
@@ -85,10 +86,15 @@ def changed_gradients(opt):
     for i, sent in enumerate(opt._sent):
         if sent is None:
             continue
-        grad, version, scale = sent
+        grad, version, scale, fingerprint = sent
         now = opt._params[i].grad
         if now is not grad or now._version != version:
             changed.append(opt._names[i])
+            continue
+        if opt._stager is not None:
+            if opt._stager.changed(now.detach(), scale, fingerprint,
+                                   opt._buffers[i]):
+                changed.append(opt._names[i])
             continue
         g = _precision.as_pushed(now.detach(), scale)
         # Bitwise, so that a NaN pushed is a NaN unchanged.
@@ -104,7 +110,7 @@ def broadcast_buffers(ctx, buffers):
     dtypes play no part)."""
     if not buffers:
         return
-    parts = [b.detach().contiguous().reshape(-1).view(torch.uint8)
+    parts = [b.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
              for b in buffers]
     packed = torch.cat(parts)
     pad = -packed.numel() % 8

@@ -120,12 +120,13 @@ def _settings(group):
             if k not in ("params", "lr") and k not in _SCHEDULER_KEYS}
 
 
-def _check_parameter(name, p, shape=None):
+def _check_parameter(name, p, shape=None, device=None):
     _precision.check_parameter(name, p.dtype)
-    if p.device.type != "cpu":
+    if device is not None and p.device != device:
         raise ValueError(
-            f"parameter {name} is on {p.device}: shardps.torch trains CPU "
-            "parameters (no GPU path yet; move the model to the CPU)")
+            f"parameter {name} is on {p.device}, the model was declared on "
+            f"{device}: move it back (the servers' weights are copied to "
+            "the declared device after every step)")
     if p.is_sparse or not p.is_contiguous():
         raise ValueError(f"parameter {name} is not a contiguous dense tensor")
     if p.numel() == 0:

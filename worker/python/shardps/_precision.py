@@ -40,16 +40,17 @@ def check_parameter(name, dtype):
             "convert it (model.float())")
 
 
-def check_gradient(name, g):
-    if g.dtype not in TRAINED or g.device.type != "cpu":
+def check_gradient(name, g, device):
+    if g.dtype not in TRAINED or g.device != device:
         raise ValueError(f"the gradient of {name} is {g.dtype} on "
                          f"{g.device}: want float32, bfloat16 or float16 on "
-                         "the CPU")
+                         f"{device} (the parameter's device)")
 
 
 def initial_values(p):
-    """p's values as a flat float32 array (a view of p when it is float32)."""
-    t = p.detach()
+    """p's values as a flat float32 array (a view of p when it is a float32
+    CPU tensor)."""
+    t = p.detach().cpu()
     if t.dtype != torch.float32:
         t = t.float()
     return t.numpy().reshape(-1)

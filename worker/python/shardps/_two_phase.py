@@ -82,14 +82,14 @@ def clip_grad_norm_(opt, max_norm, norm_type=2.0, error_if_nonfinite=False):
     opt._clip_called = True
     if norm is None:
         # The job went back (a rollback): step() then loads its weights.
-        return torch.tensor(float("nan"))
+        return torch.tensor(float("nan"), device=opt._device)
     session.set_max_grad_norm(max_norm)
     if error_if_nonfinite and not math.isfinite(norm):
         raise RuntimeError(
             f"the total norm of the gradients is {norm}, so the gradients "
             "cannot be clipped (error_if_nonfinite=True); step() skips this "
             "step on every shard")
-    return torch.tensor(norm, dtype=torch.float32)
+    return torch.tensor(norm, dtype=torch.float32, device=opt._device)
 
 
 def after_step(opt, step):

@@ -17,69 +17,51 @@ them, run the optimizer and send the new weights back::
     if ctx.is_lead:
         spt.save(model, "model.safetensors")
 
-What runs where:
+What runs where (docs/pytorch.md has the whole story):
   * The optimizer runs on the servers, with the torch optimizer's class and
-    per-group hyper-parameters; its state (momentum, Adam moments) lives and
-    is checkpointed there. Only the learning rate may change during
-    training (an lr_scheduler, or writing param_groups[i]["lr"]): it travels
-    with every step, and every worker of a step must use the same one.
-  * Every option of the torch optimizer is run by the servers exactly or
-    refused (ValueError naming the group, the option and its value): an
-    unknown param_group key, amsgrad, maximize, a zero beta or eps (the
-    servers would take it for unset).
+    per-group hyper-parameters; every option is run exactly or refused
+    (ValueError naming the group, option and value). Its state lives and
+    is checkpointed there; opt.state_dict() reads it in torch's format and
+    opt.load_state_dict() writes one back (_optim_state.py), so
+    torch.save checkpoints work and resume bitwise. Only the learning rate
+    may change during training: it travels with every step, and every
+    worker of a step must use the same one.
   * Rank 0's initial weights are the model's; every worker starts from the
-    servers' copy. That holds for every parameter of named_parameters:
-    frozen ones left out of the optimizer are declared too and never
-    updated (their weights come back with every step, like the trained
-    ones); a parameter left out of the optimizer may not require grad.
-    A frozen parameter in the optimizer trains once unfrozen, as in torch.
+    servers' copy, frozen parameters too (a parameter left out of the
+    optimizer may not require grad).
   * At exit the rank finishes (a normal end, sys.exit(0)) or leaves, so
     that the others stop waiting for it (an uncaught exception,
-    KeyboardInterrupt, a failing sys.exit status). A `raise SystemExit(n)`
-    written out counts as finished: call sys.exit(n).
-  * A gradient is pushed as soon as backward has accumulated it (reverse
-    layer order), so communication overlaps the rest of backward; step()
-    waits for the replies and copies the new weights into the parameters.
-    The push copies p.grad into the layer's own buffer (the client's
-    gradient region, which servers on this machine read through shared
-    memory), so nothing the script holds is read while the step runs.
+    KeyboardInterrupt, a failing sys.exit status).
+  * A gradient is pushed as soon as backward has accumulated it, so
+    communication overlaps the rest of backward; step() waits for the
+    replies and copies the new weights into the parameters. The push
+    copies p.grad into the layer's own buffer (the client's gradient
+    region, which servers on this machine read through shared memory).
+    A model on a CUDA device (one per process) stages each gradient to
+    pinned host memory on a side stream and pushes it from a thread of
+    its own (_device.py).
   * A gradient is used as it was when it was pushed: changing p.grad after
-    backward (clip_grad_norm_, clip_grad_value_, p.grad.mul_(...), a loss
-    scaler's unscale_) cannot reach the servers, so step() takes the step
-    as pushed and then raises shardps.GradientChanged naming the
-    parameters. Scale the loss instead of the gradients, clip values in a
-    hook on the parameter (p.register_hook), which runs before the push,
-    or leave p.grad unchanged until step().
+    backward cannot reach the servers, so step() takes the step as pushed
+    and then raises shardps.GradientChanged naming the parameters.
   * Clipping by the global norm and loss scaling run on the servers, on
-    the averaged gradient (the LLM recipe): DistributedOptimizer(...,
-    max_grad_norm=1.0) clips every step, opt.clip_grad_norm_(max_norm)
-    between backward and step() clips that step and returns the norm (as
-    torch's), and GradScaler (torch's interface) scales the loss; the
-    servers unscale, and a step whose gradient is not finite is skipped on
-    every shard. Such a step takes one more round trip of small messages
-    (_two_phase.py); opt.grad_norm is the last one's norm. clip_grad_norm_
-    needs DistributedOptimizer(..., clip_grad_norm_calls=True).
+    the averaged gradient (the LLM recipe): max_grad_norm=, or
+    opt.clip_grad_norm_ with clip_grad_norm_calls=True, and GradScaler
+    (torch's interface); a step whose gradient is not finite is skipped on
+    every shard (_two_phase.py).
   * Buffers (BatchNorm running statistics) follow rank 0's (the lead's):
-    given the model (DistributedOptimizer(..., model=model)), every step()
-    ends with one broadcast of all its buffers from the lead, as DDP's
-    broadcast_buffers=True. Without the model, each worker keeps its own.
-  * all_reduce, broadcast and barrier carry small tensors (metrics, flags,
-    seeds; at most 1 MiB) over the job's workers through the coordinator,
-    in rank order: every rank gets bitwise the same result.
-  * Parameters are float32, bfloat16 or float16 (each on its own: a model
-    may mix them), contiguous and on the CPU (there is no GPU path in this
-    layer yet). The servers keep float32 weights and optimizer state: a
-    bf16 model trains with fp32 master weights, exactly what fp32-master
-    training computes from its bf16 gradients, and the model's bf16 copy
-    is their round-to-nearest-even. torch.autocast leaves float32
-    parameters and gradients: nothing changes. torch's own GradScaler,
-    enabled, is refused at step() (ValueError): use spt.GradScaler.
+    given the model, every step() ends with one broadcast of its buffers
+    from the lead, as DDP's broadcast_buffers=True.
+  * all_reduce, broadcast and barrier carry small tensors (at most 1 MiB)
+    over the job's workers through the coordinator, in rank order.
+  * Parameters are float32, bfloat16 or float16, contiguous, on the CPU or
+    one CUDA device. The servers keep float32 weights and optimizer state:
+    a bf16 model trains with fp32 master weights (_precision.py).
 """
 
 import numpy as np
 import torch
 
-from . import _optim_state, _two_phase
+from . import _device, _optim_state, _two_phase
 from . import _errors
 from . import _precision
 from ._collectives import all_reduce, barrier, broadcast
@@ -262,6 +244,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _check_parameter(name, p)
             params.append(p)
             group_of.append(None)
+        # One device per process; a CUDA model's gradients are staged to
+        # host memory on a side stream and pushed from a thread (_device).
+        self._device = _device.device_of(
+            (names[id(p)], p) for p in params)
         # Layout order: named_parameters order, the same on every rank.
         position = {key: n for n, key in enumerate(names)}
         order = sorted(range(len(params)),
@@ -312,6 +298,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # scale); None for no gradient or not yet pushed.
         self._sent = [None] * len(self._params)
         self._open = False
+        self._stager = _device.staging_for(self._device, self._params)
         # By tensor, (array, tensor view) of the buffer its gradient is
         # copied into, and the session's buffer_regions they were taken at.
         self._buffers = None
@@ -366,6 +353,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _reset_step(self):
         # A refused step sends nothing more; the next backward starts over.
         session = self._ctx.session
+        if self._stager is not None:
+            self._stager.reset()
         if session.step_open:
             session.abort_step()
         self._passes = [0] * len(self._params)
@@ -399,7 +388,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "the model was declared: only lr can change during "
                     "training (it travels with every step)")
         for name, p, shape in zip(self._names, self._params, self._shapes):
-            _check_parameter(name, p, shape)
+            _check_parameter(name, p, shape, self._device)
         unfrozen = [name for name, p, g in zip(
             self._names, self._params, self._group_of)
             if g is None and p.requires_grad]
@@ -423,6 +412,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         group = self._group_of[i]
         lr = 0.0 if group is None else float(self.param_groups[group]["lr"])
         name = self._names[i]
+
+        def send(array):
+            self._ctx.session.push(i, array, lr, name)
+
         if grad is None or group is None:
             array = None
         else:
@@ -434,15 +427,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"the gradient of {name} has shape {list(grad.shape)}, "
                     f"the parameter {list(self._shapes[i])}")
             g = grad.detach()
-            _precision.check_gradient(name, g)
+            _precision.check_gradient(name, g, self._device)
+            scale = self._ctx.grad_scale
+            if self._stager is not None:  # _device.py pushes it
+                self._sent[i] = (grad, grad._version, scale,
+                                 self._stager.stage(i, g, scale,
+                                                    self._buffers[i], send))
+                self._pushed[i] = True
+                return
             # The client reads the gradient until the step ends: it gets
             # our float32 copy, never memory the script can still change.
             array, copy = self._buffers[i]
-            scale = self._ctx.grad_scale
             _precision.copy_gradient(g, copy, scale)
-            self._sent[i] = (grad, grad._version, scale)
+            self._sent[i] = (grad, grad._version, scale, None)
         self._pushed[i] = True
-        self._ctx.session.push(i, array, lr, name)
+        if self._stager is not None:
+            self._stager.push(send)
+        else:
+            send(array)
 
     def step(self, closure=None, grad_scaler=None):
         """Waits for the servers' update of this step and writes the new
@@ -511,6 +513,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for i, p in enumerate(self._params):
             if not self._pushed[i]:
                 self._push(i, p.grad)
+        if self._stager is not None:
+            self._stager.drain()
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0,
                         error_if_nonfinite=False):
