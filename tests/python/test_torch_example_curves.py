@@ -58,6 +58,8 @@ def test_gpt_under_shardps_local_writes_its_curves(tmp_path):
     # The launcher's metrics.csv (shardps-worker's) is left alone: the
     # example's files are in a folder of the run directory.
     assert not (run_dir / "metrics.csv").exists()
+    assert "every rank evaluated the first 16 items: val_loss " in out, out
+    assert "equal on every rank" in out, out
     header, rows = read_csv(run_dir / "gpt_kjv" / "metrics.csv")
     assert header == ["kind", "epoch", "step", "train_loss", "lr",
                       "grad_norm", "tokens_per_s", "ms_per_step", "epoch_s",
@@ -116,3 +118,22 @@ def test_the_launchers_run_directory_is_refused(tmp_path):
                   {"SHARDPS_RUN_DIR": str(tmp_path)})
     assert rc != 0
     assert "is shardps-local's run directory" in out, out
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/usr/share/datasets/fashion-mnist"),
+    reason="/usr/share/datasets/fashion-mnist is missing: apt-get install "
+    "dataset-fashion-mnist")
+def test_batchnorm_cnn_evaluates_the_same_on_every_rank(tmp_path):
+    """BatchNorm's running statistics follow the lead's: every rank's model
+    evaluates bitwise the same (the examples check it at the end)."""
+    rc, out = run([cluster.binary("shardps-local"), "--servers=2",
+                   "--workers=2", f"--run_dir={tmp_path / 'run'}",
+                   "--timeout_s=300", "--", cluster.PYTHON,
+                   os.path.join(EXAMPLES, "cnn_fashion_mnist.py"),
+                   "--batchnorm", "--max_steps=12", "--epochs=1"], tmp_path)
+    assert rc == 0, out
+    assert "BatchNorm" in out, out
+    assert ("every rank evaluated the first 256 items: test_accuracy "
+            in out), out
+    assert "equal on every rank" in out, out

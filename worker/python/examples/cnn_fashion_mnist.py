@@ -25,16 +25,19 @@ import common  # noqa: E402
 
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, batchnorm=False):
         super().__init__()
         self.conv1 = torch.nn.Conv2d(1, 32, 5)
         self.conv2 = torch.nn.Conv2d(32, 64, 5)
+        norm = torch.nn.BatchNorm2d if batchnorm else (
+            lambda c: torch.nn.Identity())
+        self.bn1, self.bn2 = norm(32), norm(64)
         self.fc1 = torch.nn.Linear(64 * 4 * 4, 128)
         self.fc2 = torch.nn.Linear(128, 10)
 
     def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # 32 x 12 x 12
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # 64 x 4 x 4
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)  # 32 x 12 x 12
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)  # 64 x 4 x 4
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
@@ -59,6 +62,11 @@ def arg_parser():
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                    help="the parameters' dtype (float32 master weights on "
                    "the servers either way)")
+    p.add_argument("--batchnorm", action="store_true",
+                   help="BatchNorm after each convolution: its running "
+                   "statistics follow the lead's (broadcast after every "
+                   "step, as DDP's broadcast_buffers), so every rank "
+                   "evaluates the same model")
     return p
 
 
@@ -67,7 +75,8 @@ def build(args, data):
     x, y, _, _ = data
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype]
-    model = Net().to(dtype)  # bf16: the float32 initial weights rounded
+    # bf16: the float32 initial weights rounded
+    model = Net(args.batchnorm).to(dtype)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     total_steps = len(x) // args.batch_size * args.epochs
     if args.max_steps:
@@ -88,7 +97,8 @@ def main() -> int:
     data = common.fashion_mnist(args.data)
     _, _, tx, ty = data
     return common.train(job, args, build(args, data), "cnn_fashion_mnist",
-                        f"Adam with cosine decay, {args.dtype} parameters",
+                        f"Adam with cosine decay, {args.dtype} parameters"
+                        f"{', BatchNorm' if args.batchnorm else ''}",
                         lambda model, part: correct(model, tx[part], ty[part]),
                         len(tx), "test_accuracy", "samples")
 

@@ -173,8 +173,14 @@ class Job:
             if any(p.dtype != torch.float32 for p in model.parameters()):
                 return Float32Master(optimizer)
             return optimizer
+        # The buffers the model saves (BatchNorm's statistics) follow the
+        # lead's, as DDP's; derived ones (a GPT's rotary tables) are the
+        # same everywhere already.
+        saved = model.state_dict().keys()
         return self.spt.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(),
+            named_buffers=[(n, b) for n, b in model.named_buffers()
+                           if n in saved],
             backward_passes_per_step=backward_passes_per_step,
             max_grad_norm=max_grad_norm or None)
 
@@ -220,6 +226,30 @@ class Job:
         t = torch.tensor([total, float(count)], dtype=torch.float64)
         self.spt.all_reduce(t, op="sum")
         return float(t[0] / t[1])
+
+    def check_ranks_agree(self, evaluate, model, n: int, metric: str) -> None:
+        """Every rank evaluates the same n items and sums its model's
+        state_dict (weights and saved buffers such as BatchNorm's
+        statistics); the lead says whether both are bitwise equal on every
+        rank, or that they differ."""
+        if self.spt is None:
+            return
+        total, count = evaluate(model, slice(0, n))
+        values = torch.tensor(
+            [total / count, sum(float(t.double().sum())
+                                for t in model.state_dict().values())],
+            dtype=torch.float64)
+        high, low = values.clone(), values.clone()
+        self.spt.all_reduce(high, op="max")
+        self.spt.all_reduce(low, op="min")
+        if self.is_lead:
+            same = ("equal on every rank, as the model's weights and buffers"
+                    if torch.equal(high, low) else
+                    f"DIFFERS between ranks ({metric} {float(low[0]):.6f} "
+                    f"to {float(high[0]):.6f}, state sums {float(low[1])!r} "
+                    f"to {float(high[1])!r})")
+            print(f"every rank evaluated the first {n} items: {metric} "
+                  f"{float(values[0]):.6f}, {same}", flush=True)
 
     @property
     def step(self) -> int:
@@ -444,6 +474,7 @@ def train(job: Job, args: argparse.Namespace, r: Recipe, name: str,
                            time.perf_counter() - evaluated, value)
         if steps.done():
             break
+    job.check_ranks_agree(evaluate, model, min(eval_size, 256), metric)
     if args.model_out:
         job.save(model, args.model_out)
     if job.is_lead:
