@@ -410,13 +410,17 @@ absl::Status ParameterStore::SetInitialValues(const State& state,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
+absl::StatusOr<Chunk*> ParameterStore::DeclaredChunk(uint32_t chunk_id) const {
   const State* st = state();
   if (st == nullptr) {
     return absl::FailedPreconditionError(
         "no model is declared on this shard yet: call Declare first");
   }
-  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(chunk_id));
+  return st->model->Find(chunk_id);
+}
+
+absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
+  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, DeclaredChunk(chunk_id));
   absl::MutexLock lock(&chunk->mu);
   SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
   return CurrentReply(*chunk, /*push_only=*/false);
@@ -424,12 +428,7 @@ absl::StatusOr<ChunkReply> ParameterStore::Read(uint32_t chunk_id) const {
 
 absl::StatusOr<v1::ChunkOptimizerState> ParameterStore::ReadOptimizerState(
     uint32_t chunk_id) const {
-  const State* st = state();
-  if (st == nullptr) {
-    return absl::FailedPreconditionError(
-        "no model is declared on this shard yet: call Declare first");
-  }
-  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, st->model->Find(chunk_id));
+  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, DeclaredChunk(chunk_id));
   absl::MutexLock lock(&chunk->mu);
   SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
   return server::ReadOptimizerState(*chunk);
@@ -437,12 +436,7 @@ absl::StatusOr<v1::ChunkOptimizerState> ParameterStore::ReadOptimizerState(
 
 absl::Status ParameterStore::WriteOptimizerState(
     const v1::ChunkOptimizerState& written) {
-  const State* st = state();
-  if (st == nullptr) {
-    return absl::FailedPreconditionError(
-        "no model is declared on this shard yet: call Declare first");
-  }
-  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, st->model->Find(written.chunk_id()));
+  SHARDPS_ASSIGN_OR_RETURN(Chunk * chunk, DeclaredChunk(written.chunk_id()));
   absl::MutexLock lock(&chunk->mu);
   SHARDPS_RETURN_IF_ERROR(CheckNotAwaiting(*chunk));
   SHARDPS_ASSIGN_OR_RETURN(std::vector<std::vector<float>> slots,
@@ -457,12 +451,7 @@ absl::Status ParameterStore::WriteOptimizerState(
 }
 
 absl::Status ParameterStore::CheckReadable(uint32_t chunk_id) const {
-  const State* st = state();
-  if (st == nullptr) {
-    return absl::FailedPreconditionError(
-        "no model is declared on this shard yet: call Declare first");
-  }
-  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, st->model->Find(chunk_id));
+  SHARDPS_ASSIGN_OR_RETURN(const Chunk* chunk, DeclaredChunk(chunk_id));
   absl::MutexLock lock(&chunk->mu);
   return CheckNotAwaiting(*chunk);
 }

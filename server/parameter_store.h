@@ -183,6 +183,10 @@ class ParameterStore {
   absl::StatusOr<std::unique_ptr<State>> BuildState(
       const v1::DeclareRequest& req);
   const State* state() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Chunk `chunk_id` of the declared model: FailedPrecondition before
+  // Declare, NotFound for a chunk this shard does not own.
+  absl::StatusOr<Chunk*> DeclaredChunk(uint32_t chunk_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes `built` unless a state exists; true when it did.
   bool Publish(std::unique_ptr<State> built) ABSL_LOCKS_EXCLUDED(mu_);
   // Rank, step, learning rate and payload length of a push to `chunk`.
