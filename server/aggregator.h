@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/encoding.h"
+#include "common/step_hyperparameters.h"
 #include "server/chunk.h"
 #include "server/rank_tracker.h"
 #include "shardps/v1/parameter_server.pb.h"
@@ -40,10 +41,10 @@ struct PushArgs {
   uint32_t chunk_id = 0;
   v1::Encoding encoding = v1::ENCODING_FP32;
   bool push_only = false;
-  // Set: the learning rate of this update, replacing the declared one and
-  // its schedule; unset: the declared one. Sync: every push of a chunk's
-  // step must carry the same (the first push's).
-  std::optional<float> learning_rate;
+  // The fields set replace the declared learning rate (and its schedule),
+  // momentum and betas for this update; unset ones keep them. Sync: every
+  // push of a chunk's step must carry the same (the first push's).
+  StepHyperparameters hyperparameters;
   // The rank has no gradient for the chunk this step; the payload is empty.
   // Sync: counts as a zero gradient, and a step where no rank has one skips
   // the update (ChunkUpdater::Skip). Async and ssp: the rank's clock
@@ -100,12 +101,12 @@ class Aggregator {
 
   // Records one gradient push the caller validated (chunk owned and not
   // awaiting its values, payload length or no_gradient with an empty one,
-  // learning rate, rank, membership). On OK `sink` gets the reply once the
+  // hyperparameters, rank, membership). On OK `sink` gets the reply once the
   // update that includes the push is applied. A push of the step before
   // the chunk's is a retry: not applied again, answered with the current
   // weights. OUT_OF_RANGE for a step in the past or the future;
-  // INVALID_ARGUMENT for a non-finite gradient, or (sync) a learning rate
-  // other than the one the step's first push carried; (sync) ABORTED for a
+  // INVALID_ARGUMENT for a non-finite gradient, or (sync) hyperparameters
+  // other than the ones the step's first push carried; (sync) ABORTED for a
   // rank the step went on without because it left the job. On error
   // nothing changed.
   virtual absl::Status Push(const PushArgs& args, Chunk* chunk,

@@ -81,16 +81,16 @@ absl::Status AsyncAggregator::Push(const PushArgs& args, Chunk* chunk,
       // Nothing to apply, but the rank's clock moves on as for a push.
       clocks->last_step[args.rank] = args.step;
     } else if (args.step == last + 1) {
-      // Applied on arrival, on this thread, with the push's own learning
-      // rate. (A push of `last` is a retry: already applied, it only gets
-      // the current weights.)
+      // Applied on arrival, on this thread, with the push's own
+      // hyperparameters. (A push of `last` is a retry: already applied, it only
+      // gets the current weights.)
       SHARDPS_RETURN_IF_ERROR(
           DecodeGradient(args.encoding, *args.payload,
                          {args.rank, &chunk->spec, chunk->tensor_name},
                          options_.allow_nonfinite, clocks->gradient.data()));
       clocks->last_step[args.rank] = args.step;
       updater_->Apply(clocks->chunk, clocks->gradient.data(), 1,
-                      args.learning_rate);
+                      args.hyperparameters);
     }
     clocks->held.push_back(
         {args.rank, args.push_only, std::move(sink), args.step});

@@ -1,5 +1,5 @@
 // The async and ssp policies: each push is applied to its chunk on arrival
-// with its own learning rate, one rank's step at a time (a push without a
+// with its own hyperparameters, one rank's step at a time (a push without a
 // gradient only moves the rank's clock). Async answers at once; ssp (stale
 // synchronous parallel) holds the reply to a push of step t until every rank in
 // the job has pushed step t - staleness. Thread-safe.

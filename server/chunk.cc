@@ -87,7 +87,7 @@ absl::Status CheckNotAwaiting(const Chunk& chunk) {
 }
 
 void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
-                         std::optional<float> learning_rate,
+                         const StepHyperparameters& step,
                          GradientScaling scaling) const {
   // At most two slots (Adam): no allocation on the update path.
   float* slot_ptrs[2] = {};
@@ -109,8 +109,7 @@ void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
   const absl::Time start = absl::Now();
   scaling.skipped_updates = chunk->skipped_updates;
   chunk->optimizer->ApplySum(chunk->version, sum, count, chunk->weights->data(),
-                             slots, chunk->spec.num_elements, learning_rate,
-                             scaling);
+                             slots, chunk->spec.num_elements, step, scaling);
   if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
   Advance(chunk);

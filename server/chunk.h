@@ -161,13 +161,15 @@ class ChunkUpdater {
 
   // Applies update number chunk->version with chunk->optimizer to the
   // gradients of `count` workers summed in rank order into `sum` (see
-  // Optimizer::ApplySum; async passes one gradient with count 1; a
-  // `learning_rate` replaces the scheduled one), bumps the version and
-  // copies the chunk for a checkpoint when one is due at the new version.
-  // REQUIRES: count >= 1; learning_rate unset, or finite and >= 0.
-  // `scaling` unscales and clips (its skipped_updates is the chunk's own).
+  // Optimizer::ApplySum; async passes one gradient with count 1; the
+  // fields set in `step` replace the declared hyperparameters), bumps the
+  // version and copies the chunk for a checkpoint when one is due at the
+  // new version.
+  // REQUIRES: count >= 1; chunk->optimizer->CheckStepHyperparameters(step)
+  // is OK. `scaling` unscales and clips (its skipped_updates is the chunk's
+  // own).
   void Apply(Chunk* chunk, const float* sum, int32_t count,
-             std::optional<float> learning_rate,
+             const StepHyperparameters& step,
              GradientScaling scaling = {}) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
 

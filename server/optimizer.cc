@@ -122,16 +122,21 @@ double ScheduledLr(const Spec& spec, int64_t update) {
 }
 
 // Scalars are combined in double and rounded once, as PyTorch does with its
-// Python-float hyperparameters. A `learning_rate` is the workers' own
-// (their schedule's value this step) and replaces the scheduled one.
+// Python-float hyperparameters. The fields of `step` are the workers' own
+// (their schedulers' values this step) and replace the declared ones; Adam's
+// bias correction uses the step's betas, as torch's 1 - beta1 ** step with
+// the group's current beta1.
 Coefficients CoefficientsAt(const Spec& spec, int64_t update,
-                            std::optional<float> learning_rate,
+                            const StepHyperparameters& step,
                             const GradientScaling& scaling) {
-  const double lr = learning_rate.has_value()
-                        ? static_cast<double>(*learning_rate)
+  const double lr = step.learning_rate.has_value()
+                        ? static_cast<double>(*step.learning_rate)
                         : ScheduledLr(spec, update);
-  const double beta1 = spec.beta1();
-  const double beta2 = spec.beta2();
+  const float momentum = step.momentum.value_or(spec.momentum());
+  const float beta1_f = step.beta1.value_or(spec.beta1());
+  const float beta2_f = step.beta2.value_or(spec.beta2());
+  const double beta1 = beta1_f;
+  const double beta2 = beta2_f;
   // Adam's own step count: updates skipped whole do not count (torch's
   // GradScaler never calls optimizer.step() for them).
   const double t = static_cast<double>(update - scaling.skipped_updates + 1);
@@ -139,12 +144,18 @@ Coefficients CoefficientsAt(const Spec& spec, int64_t update,
   const double bias_correction2 = 1.0 - std::pow(beta2, t);
   Coefficients k;
   k.rule = RuleOf(spec);
+  // torch's SGD skips its momentum buffer whole at momentum 0 (neither
+  // decayed nor added to): a plain step that leaves the slot alone.
+  if (momentum == 0 &&
+      (k.rule == Rule::kSgdMomentum || k.rule == Rule::kSgdNesterov)) {
+    k.rule = Rule::kSgd;
+  }
   k.lr = static_cast<float>(lr);
   k.weight_decay = spec.weight_decay();
-  k.momentum = spec.momentum();
-  k.beta1 = spec.beta1();
+  k.momentum = momentum;
+  k.beta1 = beta1_f;
   k.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  k.beta2 = spec.beta2();
+  k.beta2 = beta2_f;
   k.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   k.step = static_cast<float>(lr / bias_correction1);
   k.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
@@ -443,29 +454,52 @@ float Optimizer::LearningRate(int64_t update) const {
   return static_cast<float>(ScheduledLr(spec_, update));
 }
 
+absl::Status Optimizer::CheckStepHyperparameters(
+    const StepHyperparameters& step) const {
+  absl::Status range = shardps::CheckStepHyperparameters(step);
+  if (!range.ok()) return range;
+  const Rule rule = RuleOf(spec_);
+  if (step.momentum.has_value() && rule != Rule::kSgdMomentum &&
+      rule != Rule::kSgdNesterov) {
+    return absl::InvalidArgumentError(
+        spec_.kind() == Spec::KIND_SGD
+            ? "momentum is set, but the chunk's SGD was declared with "
+              "momentum 0 and keeps no momentum buffer (declare momentum > "
+              "0 to change it during training)"
+            : absl::StrCat("momentum is set, but the chunk's optimizer is ",
+                           Spec::Kind_Name(spec_.kind()),
+                           ", which has no momentum"));
+  }
+  const bool adam = rule == Rule::kAdam || rule == Rule::kAdamW;
+  if ((step.beta1.has_value() || step.beta2.has_value()) && !adam) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        step.beta1.has_value() ? "beta1" : "beta2",
+        " is set, but the chunk's optimizer is ", Spec::Kind_Name(spec_.kind()),
+        ", which has no betas (only Adam and AdamW do)"));
+  }
+  return absl::OkStatus();
+}
+
 void Optimizer::Apply(int64_t update,
                       absl::Span<const float* const> contributions,
                       float* weights, absl::Span<float* const> slots, int64_t n,
-                      std::optional<float> learning_rate,
+                      const StepHyperparameters& step,
                       const GradientScaling& scaling) const {
   assert(!contributions.empty());
   assert(static_cast<int>(slots.size()) == num_slots());
-  assert(!learning_rate.has_value() ||
-         (std::isfinite(*learning_rate) && *learning_rate >= 0));
-  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate, scaling),
-              contributions, static_cast<int32_t>(contributions.size()),
-              weights, slots, n);
+  assert(CheckStepHyperparameters(step).ok());
+  ApplyBlocks(CoefficientsAt(spec_, update, step, scaling), contributions,
+              static_cast<int32_t>(contributions.size()), weights, slots, n);
 }
 
 void Optimizer::ApplySum(int64_t update, const float* sum, int32_t count,
                          float* weights, absl::Span<float* const> slots,
-                         int64_t n, std::optional<float> learning_rate,
+                         int64_t n, const StepHyperparameters& step,
                          const GradientScaling& scaling) const {
   assert(count >= 1);
   assert(static_cast<int>(slots.size()) == num_slots());
-  assert(!learning_rate.has_value() ||
-         (std::isfinite(*learning_rate) && *learning_rate >= 0));
-  ApplyBlocks(CoefficientsAt(spec_, update, learning_rate, scaling),
+  assert(CheckStepHyperparameters(step).ok());
+  ApplyBlocks(CoefficientsAt(spec_, update, step, scaling),
               absl::MakeConstSpan(&sum, 1), count, weights, slots, n);
 }
 

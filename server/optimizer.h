@@ -8,12 +8,13 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/step_hyperparameters.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps::server {
@@ -76,10 +77,21 @@ class Optimizer {
   // learning_rate * LrFactor(schedule, update), for the 0-based update.
   float LearningRate(int64_t update) const;
 
+  // OK when Apply may take `step`: InvalidArgument naming the field for a
+  // value out of its range (CheckStepHyperparameters), a momentum when
+  // this optimizer keeps no momentum buffer (SGD declared with momentum 0,
+  // or another kind), a beta1 or beta2 for a kind other than Adam and
+  // AdamW.
+  absl::Status CheckStepHyperparameters(const StepHyperparameters& step) const;
+
   // Applies update number `update` (0-based; it selects the learning rate
   // and Adam's bias correction t = update + 1) to `weights` and `slots`.
-  // A `learning_rate` replaces LearningRate(update) (a schedule the
-  // workers run; bias correction still uses update + 1); unset keeps it.
+  // Each field of `step` that is set replaces the declared value for this
+  // update (a schedule the workers run): learning_rate replaces
+  // LearningRate(update); momentum the declared momentum (at 0 the update
+  // is plain SGD and leaves the momentum buffer as it is, as torch does);
+  // beta1 and beta2 the declared betas, bias correction included (t still
+  // update + 1). Unset fields keep the declared values.
   // `contributions` are the gradients of N >= 1 workers in rank order. The
   // gradient used is their mean, computed per element exactly as
   //   float s = c[0][i]; for r in 1..N-1: s += c[r][i];
@@ -87,7 +99,8 @@ class Optimizer {
   // so that callers can reproduce it bitwise; `scaling` then multiplies it
   // (GradientScaling). Then, in float32 (PyTorch's
   // formulas; wd = weight_decay, lr = LearningRate(update) or the given
-  // learning_rate, rounded to float from double either way):
+  // learning_rate, rounded to float from double either way; momentum, b1
+  // and b2 the declared or given ones):
   //   SGD      g += wd*w; with momentum: buf = momentum*buf + g, then
   //            g = g + momentum*buf (nesterov) or g = buf; w -= lr*g.
   //   Adam     g += wd*w; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
@@ -98,11 +111,11 @@ class Optimizer {
   // Allocation-free. Reads the contributions, writes only weights[0, n) and
   // slots[k][0, n).
   // REQUIRES: contributions.size() >= 1, slots.size() == num_slots(), every
-  // array has n elements, no array overlaps another, and learning_rate is
-  // unset or finite and >= 0.
+  // array has n elements, no array overlaps another, and
+  // CheckStepHyperparameters(step) is OK.
   void Apply(int64_t update, absl::Span<const float* const> contributions,
              float* weights, absl::Span<float* const> slots, int64_t n,
-             std::optional<float> learning_rate = std::nullopt,
+             const StepHyperparameters& step = {},
              const GradientScaling& scaling = {}) const;
 
   // Apply with the contributions already added: `sum` holds the gradients
@@ -111,7 +124,7 @@ class Optimizer {
   // makes from those `count` contributions. `sum` is only read.
   void ApplySum(int64_t update, const float* sum, int32_t count, float* weights,
                 absl::Span<float* const> slots, int64_t n,
-                std::optional<float> learning_rate = std::nullopt,
+                const StepHyperparameters& step = {},
                 const GradientScaling& scaling = {}) const;
 
  private:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -46,10 +47,11 @@ struct Chunk {
     for (std::vector<float>& slot : slots) pointers.push_back(slot.data());
     return pointers;
   }
-  void Apply(const Optimizer& opt, int64_t update, const Contributions& c) {
+  void Apply(const Optimizer& opt, int64_t update, const Contributions& c,
+             const StepHyperparameters& step = {}) {
     std::vector<const float*> ranks;
     for (const std::vector<float>& rank : c) ranks.push_back(rank.data());
-    opt.Apply(update, ranks, w.data(), SlotPointers(), n);
+    opt.Apply(update, ranks, w.data(), SlotPointers(), n, step);
     EXPECT_EQ(w[n], kSentinel);
     for (const std::vector<float>& slot : slots) EXPECT_EQ(slot[n], kSentinel);
   }
@@ -422,10 +424,102 @@ TEST(OptimizerTest, GivenLearningRateReplacesTheScheduleOnly) {
       std::vector<const float*> ranks = {c[0].data(), c[1].data()};
       (*scheduled)
           ->Apply(u, ranks, given.w.data(), given.SlotPointers(), given.n,
-                  /*learning_rate=*/0.03f);
+                  StepHyperparameters{/*learning_rate=*/0.03f});
       want.Apply(**plain, u, c);
       EXPECT_EQ(given.w, want.w) << "update " << u;
       EXPECT_EQ(given.slots, want.slots) << "update " << u;
+    }
+  }
+}
+
+// A given momentum or beta replaces the declared one for its update alone
+// (Adam's bias correction included): each update equals the one an
+// optimizer declared with those values makes from the same weights and
+// slots. At momentum 0 the update is plain SGD and the buffer stays.
+TEST(OptimizerTest, GivenMomentumAndBetasEqualDeclaredOnes) {
+  const std::optional<float> none;
+  struct Case {
+    std::string spec;
+    std::vector<StepHyperparameters> steps;  // by update
+  };
+  const std::vector<Case> cases = {
+      {"kind: KIND_SGD momentum: 0.9 weight_decay: 0.01",
+       {{none, 0.95f}, {none, 0.5f}, {}, {none, 0.0f}, {0.2f, 0.7f}}},
+      {"kind: KIND_SGD momentum: 0.9 nesterov: true",
+       {{none, 0.85f}, {none, 0.0f}, {none, 0.6f}, {}}},
+      {"kind: KIND_ADAM",
+       {{none, none, 0.95f, 0.99f},
+        {none, none, 0.85f},
+        {},
+        {none, none, 0.5f, 0.9f}}},
+      {"kind: KIND_ADAMW weight_decay: 0.1",
+       {{none, none, 0.8f}, {0.01f, none, 0.9f, 0.95f}, {none, none, 0.7f}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const std::string base = c.spec + " learning_rate: 0.05";
+    absl::StatusOr<std::unique_ptr<Optimizer>> given =
+        Optimizer::Create(ParseSpec(base));
+    SHARDPS_ASSERT_OK(given);
+    Chunk chunk(**given, {1.0f, -2.0f, 0.5f});
+    for (size_t u = 0; u < c.steps.size(); ++u) {
+      const StepHyperparameters& step = c.steps[u];
+      SHARDPS_ASSERT_OK((*given)->CheckStepHyperparameters(step));
+      v1::OptimizerSpec spec = ParseSpec(base);
+      if (step.learning_rate) spec.set_learning_rate(*step.learning_rate);
+      if (step.momentum) spec.set_momentum(*step.momentum);
+      if (step.momentum == 0.0f) spec.set_nesterov(false);
+      if (step.beta1) spec.set_beta1(*step.beta1);
+      if (step.beta2) spec.set_beta2(*step.beta2);
+      absl::StatusOr<std::unique_ptr<Optimizer>> declared =
+          Optimizer::Create(spec);
+      SHARDPS_ASSERT_OK(declared);
+      const Contributions g = {{0.1f * u, -0.3f, 2.0f}, {0.7f, 0.2f, -1.0f}};
+      Chunk want = chunk;
+      if ((*declared)->num_slots() == 0) {
+        // Plain SGD: no slots to pass; the buffer must not change.
+        std::vector<const float*> ranks = {g[0].data(), g[1].data()};
+        (*declared)->Apply(u, ranks, want.w.data(), {}, want.n);
+      } else {
+        want.Apply(**declared, u, g);
+      }
+      chunk.Apply(**given, u, g, step);
+      EXPECT_EQ(chunk.w, want.w) << "update " << u;
+      EXPECT_EQ(chunk.slots, want.slots) << "update " << u;
+    }
+  }
+}
+
+TEST(OptimizerTest, StepHyperparametersAreCheckedAgainstTheKind) {
+  const std::optional<float> none;
+  struct Case {
+    const char* spec;
+    StepHyperparameters step;
+    const char* want;  // empty: OK
+  };
+  const Case cases[] = {
+      {"kind: KIND_SGD momentum: 0.9", {0.1f, 0.5f}, ""},
+      {"kind: KIND_SGD momentum: 0.9", {none, 1.0f}, "momentum must be in"},
+      {"kind: KIND_SGD", {none, 0.5f}, "declared with momentum 0"},
+      {"kind: KIND_SGD", {none, 0.0f}, "declared with momentum 0"},
+      {"kind: KIND_SGD momentum: 0.9", {none, none, 0.9f}, "beta1 is set"},
+      {"kind: KIND_ADAM", {none, none, 0.0f, 0.5f}, ""},
+      {"kind: KIND_ADAM", {none, 0.9f}, "KIND_ADAM, which has no momentum"},
+      {"kind: KIND_ADAMW", {none, none, 0.9f, 1.0f}, "beta2 must be in"},
+      {"kind: KIND_ADAGRAD", {none, none, none, 0.9f}, "beta2 is set"},
+      {"kind: KIND_ADAGRAD", {-1.0f}, "learning rate must be"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+        Optimizer::Create(ParseSpec(absl::StrCat(c.spec, " learning_rate: 1")));
+    SHARDPS_ASSERT_OK(opt);
+    const absl::Status s = (*opt)->CheckStepHyperparameters(c.step);
+    if (*c.want == 0) {
+      SHARDPS_EXPECT_OK(s);
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), c.want)) << s;
     }
   }
 }

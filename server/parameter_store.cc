@@ -274,12 +274,9 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
     return absl::InvalidArgumentError(
         absl::StrCat("step ", args.step, " is negative"));
   }
-  if (args.learning_rate.has_value() &&
-      (!std::isfinite(*args.learning_rate) || *args.learning_rate < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what(), " has learning rate ", *args.learning_rate,
-                     ": it must be finite and >= 0"));
-  }
+  const absl::Status hyperparameters =
+      chunk.optimizer->CheckStepHyperparameters(args.hyperparameters);
+  if (!hyperparameters.ok()) return WithPrefix(what(), hyperparameters);
   if (args.loss_scale.has_value() &&
       (!args.second_phase || !std::isfinite(*args.loss_scale) ||
        *args.loss_scale <= 0)) {

@@ -82,7 +82,7 @@ class ParameterStore {
   // chunk's updated weights once the update that includes it is applied (sync:
   // when every worker has pushed; async: at once). A push of the step before
   // the chunk's current version is a retry: it is not applied again and gets
-  // the current weights. PushArgs says what learning_rate and no_gradient
+  // the current weights. PushArgs says what hyperparameters and no_gradient
   // do; a gradient push to a chunk awaiting its initial values is
   // UNAVAILABLE. A push with initial_values (fp32 of the chunk's length, all
   // finite; any step) sets the weights of a chunk that awaits them and is
@@ -189,7 +189,7 @@ class ParameterStore {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes `built` unless a state exists; true when it did.
   bool Publish(std::unique_ptr<State> built) ABSL_LOCKS_EXCLUDED(mu_);
-  // Rank, step, learning rate and payload length of a push to `chunk`.
+  // Rank, step, hyperparameters and payload length of a push to `chunk`.
   absl::Status CheckPush(const PushArgs& args, const Chunk& chunk) const;
   // Push without the counters.
   // Sets *fp32_bytes to the gradient's size as fp32 (0 for no_gradient).

@@ -43,6 +43,7 @@
 #include "common/message_ring.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
+#include "common/step_hyperparameters.h"
 #include "server/reply_encoding.h"
 
 namespace shardps::server {
@@ -465,9 +466,7 @@ bool PushPullReactor::Take(const v1::PushPullRequest& request,
     args.chunk_id = request.chunk_id();
     args.encoding = request.encoding();
     args.push_only = request.push_only();
-    if (request.has_learning_rate()) {
-      args.learning_rate = request.learning_rate();
-    }
+    args.hyperparameters = StepHyperparametersOf(request);
     args.no_gradient = request.no_gradient();
     args.initial_values = request.initial_values();
     args.second_phase = request.second_phase();

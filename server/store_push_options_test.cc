@@ -61,7 +61,7 @@ absl::Status PushTo(ParameterStore* store, uint32_t rank, int64_t step,
   args.rank = rank;
   args.step = step;
   args.chunk_id = chunk;
-  args.learning_rate = flags.learning_rate;
+  args.hyperparameters.learning_rate = flags.learning_rate;
   args.no_gradient = flags.no_gradient;
   args.initial_values = flags.initial_values;
   args.push_only = flags.push_only;
@@ -100,7 +100,8 @@ struct HandChunk {
              std::optional<float> lr = std::nullopt) {
     std::vector<const float*> c;
     for (const std::vector<float>& g : ranks) c.push_back(g.data());
-    opt.Apply(update, c, w.data(), SlotPointers(), w.size(), lr);
+    opt.Apply(update, c, w.data(), SlotPointers(), w.size(),
+              StepHyperparameters{lr});
   }
   std::vector<float> w;
   std::vector<std::vector<float>> slots;

@@ -83,25 +83,19 @@ void SyncAggregator::Fold(
   }
 }
 
-absl::Status SyncAggregator::CheckLearningRate(const Step& step,
-                                               const PushArgs& args) const {
-  // Bitwise: two workers computing "the same" rate differently must be told.
-  const std::optional<float>& a = step.learning_rate;
-  const std::optional<float>& b = args.learning_rate;
-  if (step.num_contributed == 0 || (!a.has_value() && !b.has_value()) ||
-      (a.has_value() && b.has_value() &&
-       std::memcmp(&*a, &*b, sizeof(float)) == 0)) {
-    return absl::OkStatus();
-  }
-  auto name = [](const std::optional<float>& lr) {
-    return lr.has_value() ? absl::StrFormat("%.9g", *lr)
-                          : std::string("the declared one");
-  };
+absl::Status SyncAggregator::CheckHyperparameters(const Step& step,
+                                                  const PushArgs& args) const {
+  if (step.num_contributed == 0) return absl::OkStatus();
+  // Bitwise: two workers computing "the same" value differently must be
+  // told.
+  const std::optional<HyperparameterDifference> d =
+      FirstDifference(step.hyperparameters, args.hyperparameters);
+  if (!d.has_value()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "rank ", args.rank, " pushes chunk ", step.chunk->spec.id, " (",
-      step.chunk->tensor_name, ") of step ", args.step, " with learning rate ",
-      name(b), ", but the step's first push used ", name(a),
-      ": every worker of a step must use the same learning rate"));
+      step.chunk->tensor_name, ") of step ", args.step, " with ", d->field, " ",
+      d->b, ", but the step's first push used ", d->a,
+      ": every worker of a step must use the same ", d->field));
 }
 
 absl::Status SyncAggregator::CheckPhases(const Step& step,
@@ -248,7 +242,7 @@ void SyncAggregator::Clear(Step* step) {
   step->contributed.assign(step->contributed.size(), false);
   step->num_contributed = 0;
   step->num_with_gradient = 0;
-  step->learning_rate.reset();
+  step->hyperparameters = {};
   step->apply_scheduled = false;
   step->second_phase = false;
   step->loss_scale.reset();
@@ -311,7 +305,7 @@ absl::Status SyncAggregator::Contribute(
   step->contributed[args.rank] = true;
   if (step->num_contributed == 0) {
     step->first_contribution = absl::Now();
-    step->learning_rate = args.learning_rate;
+    step->hyperparameters = args.hyperparameters;
     step->second_phase = args.second_phase;
     step->loss_scale = args.loss_scale;
   }
@@ -342,7 +336,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
           args.step < step->chunk->version ? "past" : "future",
           ": the chunk is at step ", step->chunk->version));
     }
-    SHARDPS_RETURN_IF_ERROR(CheckLearningRate(*step, args));
+    SHARDPS_RETURN_IF_ERROR(CheckHyperparameters(*step, args));
     SHARDPS_RETURN_IF_ERROR(CheckPhases(*step, args));
     if (step->sealed && step->contributed[args.rank]) {
       // The reply to this push of a sealed step was lost: its sum of
@@ -428,8 +422,8 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
       scaling.clip_coefficient = decided->clip_coefficient;
     }
     updater_->Apply(step->chunk, step->sum.data(),
-                    static_cast<int32_t>(step->num_summed), step->learning_rate,
-                    scaling);
+                    static_cast<int32_t>(step->num_summed),
+                    step->hyperparameters, scaling);
   }
   step->applied = decided;
   step->applied_sum_of_squares = step->sum_of_squares;

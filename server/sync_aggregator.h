@@ -65,9 +65,9 @@ class SyncAggregator final : public Aggregator {
     uint32_t num_contributed ABSL_GUARDED_BY(chunk->mu) = 0;
     // Of those, the ones with a gradient; 0 at Apply: the update is skipped.
     uint32_t num_with_gradient ABSL_GUARDED_BY(chunk->mu) = 0;
-    // PushArgs::learning_rate of the step's first push; every later push
-    // of the step must carry the same (bitwise).
-    std::optional<float> learning_rate ABSL_GUARDED_BY(chunk->mu);
+    // PushArgs::hyperparameters of the step's first push; every later
+    // push of the step must carry the same (bitwise).
+    StepHyperparameters hyperparameters ABSL_GUARDED_BY(chunk->mu);
     absl::Time first_contribution ABSL_GUARDED_BY(chunk->mu);
     std::vector<Waiter> waiters ABSL_GUARDED_BY(chunk->mu);
     // The complete step's update is queued (Apply will run), or the step
@@ -90,9 +90,11 @@ class SyncAggregator final : public Aggregator {
     double applied_sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
   };
 
-  // INVALID_ARGUMENT unless `args` carries the learning rate of the step's
-  // first push (any, when it is the first).
-  absl::Status CheckLearningRate(const Step& step, const PushArgs& args) const
+  // INVALID_ARGUMENT naming the first field that differs unless `args`
+  // carries the hyperparameters of the step's first push (any, when it is
+  // the first).
+  absl::Status CheckHyperparameters(const Step& step,
+                                    const PushArgs& args) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // INVALID_ARGUMENT unless `args` is a two-phase push (or not) with the
   // loss scale of the step's first push.

@@ -232,13 +232,13 @@ absl::Status Client::BeginStep(int64_t step, const Tensors& weights,
 }
 
 absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
-                                  std::optional<float> learning_rate,
+                                  const StepHyperparameters& hyperparameters,
                                   bool no_gradient) {
   if (open_ == nullptr) {
     return absl::FailedPreconditionError("no step is open: BeginStep first");
   }
   SHARDPS_RETURN_IF_ERROR(
-      open_->Push(tensor, gradient, learning_rate, no_gradient));
+      open_->Push(tensor, gradient, hyperparameters, no_gradient));
   const uint32_t first = plan_.first_chunk[tensor];
   const uint32_t end = plan_.first_chunk[tensor + 1];
   for (uint32_t id = first; id < end; ++id) {
@@ -261,13 +261,13 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
 }
 
 absl::Status Client::PushTensor(int tensor, absl::Span<const float> gradient,
-                                std::optional<float> learning_rate) {
-  return PushChunksOf(tensor, gradient, learning_rate, false);
+                                const StepHyperparameters& hyperparameters) {
+  return PushChunksOf(tensor, gradient, hyperparameters, false);
 }
 
-absl::Status Client::PushNoGradient(int tensor,
-                                    std::optional<float> learning_rate) {
-  return PushChunksOf(tensor, {}, learning_rate, true);
+absl::Status Client::PushNoGradient(
+    int tensor, const StepHyperparameters& hyperparameters) {
+  return PushChunksOf(tensor, {}, hyperparameters, true);
 }
 
 int Client::tensors_left() const {

@@ -43,6 +43,7 @@
 #include "common/chunking.h"
 #include "common/security.h"
 #include "common/shared_memory.h"
+#include "common/step_hyperparameters.h"
 #include "shardps/v1/parameter_server.grpc.pb.h"
 #include "worker/compression.h"
 #include "worker/lane_call.h"
@@ -238,19 +239,22 @@ class Client : private LaneOwner {
   absl::Status BeginStep(int64_t step, const Tensors& weights,
                          const StepOptions& options = {});
   //   INVALID_ARGUMENT (nothing sent): a tensor index out of range, one
-  //     pushed twice in the step, a gradient of the wrong size, a learning
-  //     rate that is negative or not finite, a value the compression cannot
-  //     carry.
+  //     pushed twice in the step, a gradient of the wrong size,
+  //     hyperparameters out of range (CheckStepHyperparameters), a value
+  //     the compression cannot carry.
   //   FAILED_PRECONDITION: no step is open.
-  // `learning_rate` replaces the declared learning rate and schedule for
-  // this tensor's update (PushPullRequest.learning_rate); none keeps them.
+  // The fields set in `hyperparameters` replace the declared learning rate
+  // (and schedule), momentum and betas for this tensor's update
+  // (PushPullRequest.learning_rate, momentum, beta1, beta2); unset ones
+  // keep them. The servers refuse a field the tensor's optimizer does not
+  // use.
   absl::Status PushTensor(int tensor, absl::Span<const float> gradient,
-                          std::optional<float> learning_rate = std::nullopt);
+                          const StepHyperparameters& hyperparameters = {});
   // This rank has no gradient for `tensor` at this step
   // (PushPullRequest.no_gradient): when no rank has one, the servers skip
   // the tensor's update. Same errors as PushTensor.
-  absl::Status PushNoGradient(
-      int tensor, std::optional<float> learning_rate = std::nullopt);
+  absl::Status PushNoGradient(int tensor,
+                              const StepHyperparameters& hyperparameters = {});
   // Waits for every reply of the open step, retrying UNAVAILABLE and
   // DEADLINE_EXCEEDED up to max_attempts times, and closes the step (also
   // on error). FAILED_PRECONDITION naming the tensors not pushed (the
@@ -403,7 +407,7 @@ class Client : private LaneOwner {
   absl::Status Open(int64_t step, const Tensors* weights, bool initial_values,
                     const StepOptions& options = {});
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
-                            std::optional<float> learning_rate,
+                            const StepHyperparameters& hyperparameters,
                             bool no_gradient);
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);

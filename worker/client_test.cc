@@ -154,7 +154,14 @@ TEST_F(ClientStepTest, BadPushesAreRefusedAndSendNothing) {
   EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(3, grads_[0])));
   EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(-1, grads_[0])));
   EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(0, grads_[1])));
-  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensor(0, grads_[0], -0.1f)));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(client.PushTensor(0, grads_[0], {-0.1f})));
+  const absl::Status momentum =
+      client.PushTensor(0, grads_[0], {std::nullopt, 1.5f});
+  EXPECT_TRUE(absl::IsInvalidArgument(momentum));
+  EXPECT_NE(momentum.message().find("momentum must be in [0, 1)"),
+            std::string::npos)
+      << momentum;
   SHARDPS_ASSERT_OK(client.PushTensor(1, grads_[1]));
   const absl::Status twice = client.PushTensor(1, grads_[1]);
   EXPECT_TRUE(absl::IsInvalidArgument(twice));

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/encoding.h"
 #include "common/status.h"
+#include "common/step_hyperparameters.h"
 #include "worker/shm_regions.h"
 
 namespace shardps {
@@ -22,7 +23,7 @@ OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
       start_(absl::Now()) {
   const size_t n = model.layout->tensors_size();
   gradients_.resize(n);
-  learning_rate_.assign(n, std::nullopt);
+  hyperparameters_.assign(n, {});
   pushed_.assign(n, false);
   no_gradient_.assign(n, false);
   if (model.compressor != nullptr) {
@@ -73,7 +74,7 @@ std::vector<std::string> OpenStep::Missing() const {
 }
 
 absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
-                            std::optional<float> learning_rate,
+                            const StepHyperparameters& hyperparameters,
                             bool no_gradient) {
   const v1::Layout& layout = *model_.layout;
   if (tensor < 0 || tensor >= layout.tensors_size()) {
@@ -92,12 +93,8 @@ absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
         absl::StrCat("tensor ", spec.name(), " has ", want,
                      " elements; its gradient has ", gradient.size()));
   }
-  if (learning_rate.has_value() &&
-      !(std::isfinite(*learning_rate) && *learning_rate >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the learning rate of tensor ", spec.name(),
-                     " must be finite and >= 0, got ", *learning_rate));
-  }
+  const absl::Status checked = CheckStepHyperparameters(hyperparameters);
+  if (!checked.ok()) return WithPrefix("tensor " + spec.name(), checked);
   if (model_.compressor != nullptr && !no_gradient && !initial_values_ &&
       !encoded_[tensor]) {
     // Encoded before anything of the tensor is queued: a value the
@@ -107,7 +104,7 @@ absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
   pushed_[tensor] = true;
   no_gradient_[tensor] = no_gradient;
   gradients_[tensor] = gradient;
-  learning_rate_[tensor] = learning_rate;
+  hyperparameters_[tensor] = hyperparameters;
   ++num_pushed_;
   return absl::OkStatus();
 }
@@ -198,9 +195,7 @@ bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
   header->set_push_only(push_only_);
   // Set on push-only steps too: a stream's pushes all ask for the same.
   header->set_reply_encoding(options.compression.weights);
-  if (learning_rate_[c.tensor].has_value()) {
-    header->set_learning_rate(*learning_rate_[c.tensor]);
-  }
+  SetStepHyperparameters(hyperparameters_[c.tensor], header);
   header->set_no_gradient(no_gradient_[c.tensor]);
   header->set_initial_values(initial_values_);
   PlaceReply(c, regions, header);

@@ -73,11 +73,12 @@ class OpenStep {
   // The names of the tensors not pushed yet.
   std::vector<std::string> Missing() const;
 
-  // Records `tensor`'s gradient (none: `no_gradient`) and learning rate,
+  // Records `tensor`'s gradient (none: `no_gradient`) and hyperparameters,
   // checking them first (Client::PushTensor's INVALID_ARGUMENT); nothing is
   // recorded on error. The caller then queues the tensor's chunks.
   absl::Status Push(int tensor, absl::Span<const float> gradient,
-                    std::optional<float> learning_rate, bool no_gradient);
+                    const StepHyperparameters& hyperparameters,
+                    bool no_gradient);
   // Compression: checks that the chunks of `tensor` can be encoded (each is
   // encoded when its lane sends it). InvalidArgument naming the tensor and
   // element when a value cannot be.
@@ -118,10 +119,10 @@ class OpenStep {
   std::optional<double> norm_;
   const bool initial_values_;
   const bool push_only_;
-  const Tensors weights_;                            // empty for push-only
-  ConstTensors gradients_;                           // by tensor, as pushed
-  std::vector<std::optional<float>> learning_rate_;  // by tensor
-  std::vector<bool> pushed_;                         // by tensor
+  const Tensors weights_;                             // empty for push-only
+  ConstTensors gradients_;                            // by tensor, as pushed
+  std::vector<StepHyperparameters> hyperparameters_;  // by tensor
+  std::vector<bool> pushed_;                          // by tensor
   // By tensor; bytes, not bits: lane threads read it while the caller
   // writes other tensors' entries.
   std::vector<char> no_gradient_;

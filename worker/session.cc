@@ -202,12 +202,13 @@ absl::StatusOr<std::optional<double>> Session::GradNorm() {
 }
 
 absl::Status Session::PushTensor(int tensor, absl::Span<const float> gradient,
-                                 float learning_rate) {
-  return client_->PushTensor(tensor, gradient, learning_rate);
+                                 const StepHyperparameters& hyperparameters) {
+  return client_->PushTensor(tensor, gradient, hyperparameters);
 }
 
-absl::Status Session::PushNoGradient(int tensor, float learning_rate) {
-  return client_->PushNoGradient(tensor, learning_rate);
+absl::Status Session::PushNoGradient(
+    int tensor, const StepHyperparameters& hyperparameters) {
+  return client_->PushNoGradient(tensor, hyperparameters);
 }
 
 absl::StatusOr<bool> Session::FinishStep() {

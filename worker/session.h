@@ -91,8 +91,9 @@ class Session {
   // a two-phase step: clipping, loss scaling).
   absl::Status BeginStep(const StepOptions& options = {});
   absl::Status PushTensor(int tensor, absl::Span<const float> gradient,
-                          float learning_rate);
-  absl::Status PushNoGradient(int tensor, float learning_rate);
+                          const StepHyperparameters& hyperparameters);
+  absl::Status PushNoGradient(int tensor,
+                              const StepHyperparameters& hyperparameters);
   // Waits for the open step's replies. True: the weights are the job's
   // after the step and step() advanced. False: the job rolled back, or
   // dropped this worker and it joined again: the weights are the job's at

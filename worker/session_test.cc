@@ -85,10 +85,10 @@ TEST_F(SessionTest, RankZerosValuesAreEveryRanksStartAndStepsUseThem) {
   const std::vector<float> g0(20, 1.0f), g1(20, 3.0f);
   SHARDPS_ASSERT_OK(rank0->BeginStep());
   SHARDPS_ASSERT_OK(rank1->BeginStep());
-  SHARDPS_ASSERT_OK(rank0->PushNoGradient(1, 0.25f));
-  SHARDPS_ASSERT_OK(rank1->PushTensor(0, g1, 0.25f));
-  SHARDPS_ASSERT_OK(rank1->PushNoGradient(1, 0.25f));
-  SHARDPS_ASSERT_OK(rank0->PushTensor(0, g0, 0.25f));
+  SHARDPS_ASSERT_OK(rank0->PushNoGradient(1, {0.25f}));
+  SHARDPS_ASSERT_OK(rank1->PushTensor(0, g1, {0.25f}));
+  SHARDPS_ASSERT_OK(rank1->PushNoGradient(1, {0.25f}));
+  SHARDPS_ASSERT_OK(rank0->PushTensor(0, g0, {0.25f}));
   absl::StatusOr<bool> done1;
   std::thread finisher([&] { done1 = rank1->FinishStep(); });
   SHARDPS_ASSERT_OK_AND_ASSIGN(const bool done0, rank0->FinishStep());
@@ -104,7 +104,7 @@ TEST_F(SessionTest, RankZerosValuesAreEveryRanksStartAndStepsUseThem) {
   for (int i = 0; i < 3; ++i) ASSERT_EQ(weights[0][20 + i], b0[i]);
   // A step that forgets a tensor is the caller's error, named.
   SHARDPS_ASSERT_OK(rank0->BeginStep());
-  SHARDPS_ASSERT_OK(rank0->PushTensor(0, g0, 0.25f));
+  SHARDPS_ASSERT_OK(rank0->PushTensor(0, g0, {0.25f}));
   absl::StatusOr<bool> forgot = rank0->FinishStep();
   EXPECT_TRUE(absl::IsFailedPrecondition(forgot.status())) << forgot.status();
   EXPECT_NE(forgot.status().message().find("b"), std::string::npos);

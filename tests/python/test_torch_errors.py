@@ -184,9 +184,20 @@ def test_misuse_after_declaring_is_refused(ctx):
         net.fc(torch.ones(2, 5)).sum().backward()
     net.fc.weight.data = weight
     net.zero_grad(set_to_none=True)
-    # Another hyper-parameter than lr changed: refused at the next step.
+    # A hyper-parameter other than lr, momentum and betas changed: refused
+    # at the next step.
+    opt.param_groups[0]["weight_decay"] = 0.5
+    with pytest.raises(ValueError, match=r"weight_decay changed after the "
+                       r"model was declared: only lr, momentum \(SGD\) and "
+                       r"betas \(Adam, AdamW\) can change"):
+        net.fc(torch.ones(2, 4)).sum().backward()
+    opt.param_groups[0]["weight_decay"] = 0
+    net.zero_grad(set_to_none=True)
+    # Momentum for SGD declared without: no buffer on the servers.
     opt.param_groups[0]["momentum"] = 0.5
-    with pytest.raises(ValueError, match=r"momentum changed"):
+    with pytest.raises(ValueError, match=r"SGD\(param_groups\[0\]\): "
+                       r"momentum=0\.5, but the group was declared with "
+                       r"momentum 0"):
         net.fc(torch.ones(2, 4)).sum().backward()
     opt.param_groups[0]["momentum"] = 0
     net.zero_grad(set_to_none=True)

@@ -28,10 +28,10 @@ import tiny_models
 NUM_SAMPLES = 256
 
 
-def make_optimizer(model, name, lr):
+def make_optimizer(model, name, lr, momentum=0.9):
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
-                               nesterov=True, weight_decay=1e-4)
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                               nesterov=momentum > 0, weight_decay=1e-4)
     if name == "adamw":
         # A GPT recipe's groups: no weight decay on biases and norms.
         decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -41,6 +41,34 @@ def make_optimizer(model, name, lr):
              {"params": no_decay, "weight_decay": 0.0, "lr": lr * 0.5}],
             lr=lr, betas=(0.9, 0.95), eps=1e-8)
     raise ValueError(name)
+
+
+CLOSED_FORM = ("warmup", "onecycle", "cyclic")
+
+
+def make_scheduler(name, opt, args):
+    s = torch.optim.lr_scheduler
+    if name == "warmup":
+        return s.LambdaLR(opt, lambda step: min(1.0, step / 4))
+    if name == "onecycle":  # momentum or betas[0] from 0.95 to 0.85 and back
+        return s.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps)
+    if name == "cyclic":  # momentum between 0.8 and 0.9
+        return s.CyclicLR(opt, base_lr=args.lr / 10, max_lr=args.lr,
+                          step_size_up=4)
+    if name == "plateau":
+        return s.ReduceLROnPlateau(opt, factor=0.5, patience=1)
+    if name == "cosine":
+        return s.CosineAnnealingLR(opt, T_max=args.steps)
+    if name == "step":
+        return s.StepLR(opt, step_size=5, gamma=0.5)
+    return None
+
+
+def print_schedule(step, optimizer):
+    group = optimizer.param_groups[0]
+    momentum = group.get("momentum", group.get("betas", (None,))[0])
+    print(f"sched step {step} lr {group['lr']!r} momentum {momentum!r}",
+          flush=True)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
@@ -79,7 +107,17 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--warmup", action="store_true",
-                        help="a LambdaLR warmup from lr 0")
+                        help="a LambdaLR warmup from lr 0 (--sched=warmup)")
+    parser.add_argument("--sched", default="", choices=[
+        "", "warmup", "onecycle", "cyclic", "plateau", "cosine", "step"])
+    parser.add_argument("--sched_first", action="store_true",
+                        help="construct the scheduler on the torch optimizer "
+                        "before wrapping it")
+    parser.add_argument("--momentum", type=float, default=0.9,
+                        help="SGD's momentum (Nesterov when > 0)")
+    parser.add_argument("--skew_momentum", type=float, default=-1,
+                        help="rank 1 sets this momentum at step 0 (the "
+                        "servers refuse the disagreement)")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the model's parameters (and the CNN's input)")
@@ -111,6 +149,8 @@ def main():
                         help="where the shardps run's model and data live "
                         "(cuda: tests/gpu; --plain always runs on the CPU)")
     args = parser.parse_args()
+    if args.warmup:
+        args.sched = "warmup"
     torch.set_num_threads(1)
     torch.manual_seed(1234)
     model = tiny_models.make(args.model)
@@ -126,9 +166,9 @@ def main():
         master = model
         if any(p.dtype != torch.float32 for p in model.parameters()):
             master = copy.deepcopy(model).float()
-        inner = make_optimizer(master, args.optimizer, args.lr)
-        sched = (torch.optim.lr_scheduler.LambdaLR(
-            inner, lambda s: min(1.0, s / 4)) if args.warmup else None)
+        inner = make_optimizer(master, args.optimizer, args.lr,
+                               args.momentum)
+        sched = make_scheduler(args.sched, inner, args)
         spe = NUM_SAMPLES // args.batch
         for step in range(args.steps):
             epoch, s = divmod(step, spe)
@@ -141,13 +181,15 @@ def main():
                 for m, p in zip(master.parameters(), model.parameters()):
                     m.grad = None if p.grad is None else p.grad.float()
             else:
-                grads = []
+                grads, losses = [], []
                 for r in range(2):
                     b, e = shardps.worker_slice(s * args.batch, args.batch,
                                                 r, 2)
                     model.zero_grad()
-                    loss_of(model, args.model, x[perm[b:e]],
-                            y[perm[b:e]], ac).backward()
+                    loss = loss_of(model, args.model, x[perm[b:e]],
+                                   y[perm[b:e]], ac)
+                    loss.backward()
+                    losses.append(loss.detach().float().reshape(1))
                     grads.append([None if p.grad is None else p.grad.clone()
                                   for p in model.parameters()])
                 for m, g0, g1 in zip(master.parameters(), *grads):
@@ -167,8 +209,12 @@ def main():
                 with torch.no_grad():
                     for p, m in zip(model.parameters(), master.parameters()):
                         p.copy_(m)
-            if sched:
+            if args.sched == "plateau":
+                # What all_reduce(op="mean") computes: (r0 + r1) / 2.
+                sched.step((losses[0] + losses[1]) / 2)
+            elif sched:
                 sched.step()
+            print_schedule(step + 1, inner)
         if args.out:
             from shardps.torch import save
             save(master, args.out)
@@ -181,15 +227,17 @@ def main():
         x, y = x.to(args.device), y.to(args.device)
     import shardps.torch as spt
     ctx = spt.init()
-    inner = make_optimizer(model, args.optimizer, args.lr)
+    inner = make_optimizer(model, args.optimizer, args.lr, args.momentum)
+    sched = make_scheduler(args.sched, inner, args) if args.sched_first \
+        else None
     constant = args.max_grad_norm and args.clip == "constant"
     opt = spt.DistributedOptimizer(
         inner, named_parameters=model.named_parameters(),
         backward_passes_per_step=args.accumulate,
         max_grad_norm=args.max_grad_norm if constant else None,
         clip_grad_norm_calls=bool(args.max_grad_norm and not constant))
-    sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 4))
-             if args.warmup else None)
+    if not args.sched_first:
+        sched = make_scheduler(args.sched, opt, args)
     sampler = spt.DistributedSampler(NUM_SAMPLES, args.batch, seed=0)
     epoch = sampler.start_epoch  # a process new to the job joins here
     # shardps's GradScaler (the servers unscale and skip), or torch's,
@@ -206,6 +254,8 @@ def main():
     while ctx.step < args.steps:
         for indices in sampler.epoch(epoch):
             opt.zero_grad()
+            if args.skew_momentum >= 0 and ctx.step == 0 and ctx.rank == 1:
+                opt.param_groups[0]["momentum"] = args.skew_momentum
             for part in indices.chunk(args.accumulate):
                 loss = loss_of(model, args.model, x[part], y[part], ac)
                 weighted = loss * len(part) / len(indices)
@@ -228,9 +278,16 @@ def main():
             if opt.grad_norm is not None:
                 print(f"step {ctx.step} norm {opt.grad_norm:.9g} skipped "
                       f"{opt.last_step_skipped}", flush=True)
-            if sched:
+            if args.sched == "plateau":
+                metric = loss.detach().float().reshape(1)
+                spt.all_reduce(metric, op="mean")
+                sched.step(metric)
+            elif args.sched in CLOSED_FORM:
                 sched.last_epoch = ctx.step - 1
                 sched.step()
+            elif sched:
+                sched.step()
+            print_schedule(ctx.step, opt)
             print(f"step {ctx.step} loss {loss.item():.6f}", flush=True)
             if args.step_delay:
                 time.sleep(args.step_delay)

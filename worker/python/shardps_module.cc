@@ -220,12 +220,15 @@ class PySession {
     gradients_ = py::list();
   }
 
+  // momentum, beta1, beta2: None keeps the declared value.
   void Push(int tensor, const py::object& gradient, float learning_rate,
-            const std::string& name) {
+            const std::string& name, std::optional<float> momentum,
+            std::optional<float> beta1, std::optional<float> beta2) {
+    const StepHyperparameters h = {learning_rate, momentum, beta1, beta2};
     absl::Status status;
     if (gradient.is_none()) {
       py::gil_scoped_release release;
-      status = session_->PushNoGradient(tensor, learning_rate);
+      status = session_->PushNoGradient(tensor, h);
     } else {
       const absl::Span<float> span =
           Check(FloatSpan(gradient.cast<py::buffer>(), false,
@@ -235,7 +238,7 @@ class PySession {
       // socket write) on this thread, and backward's other threads need
       // the GIL meanwhile.
       py::gil_scoped_release release;
-      status = session_->PushTensor(tensor, span, learning_rate);
+      status = session_->PushTensor(tensor, span, h);
     }
     Check(status);
   }
@@ -539,7 +542,10 @@ void DefineModule(py::module_& m) {
           [](PySession& p) { return p.s().client().last_step_skipped(); })
       .def("push", &PySession::Push, py::arg("tensor"), py::arg("gradient"),
            py::arg("learning_rate"), py::arg("name"),
-           "Pushes one tensor's gradient (None: no gradient this step).")
+           py::arg("momentum") = py::none(), py::arg("beta1") = py::none(),
+           py::arg("beta2") = py::none(),
+           "Pushes one tensor's gradient (None: no gradient this step) with "
+           "the step's hyperparameters (None: the declared value).")
       .def("finish_step", &PySession::FinishStep,
            "Waits for the step's replies: True when the step is done, False "
            "when the job went back (or on) to `step`.")

@@ -11,10 +11,14 @@ from . import _precision
 
 
 # Keys torch's lr schedulers add to a param_group for their own use: they
-# only compute lr (which travels with every step) and momentum or betas
-# (which may not change after the declaration).
+# only compute lr, momentum and betas, which travel with every step.
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum",
                    "base_momentum", "swa_lr")
+
+# Keys that may change between steps besides lr (OneCycleLR and CyclicLR
+# cycle them): each push of the group carries their values
+# (PushPullRequest.momentum, beta1, beta2).
+_STEPPED = ("momentum", "betas")
 
 # By optimizer class: the keys turned into the servers' settings, and the
 # keys the servers run only at the value given (torch 1.13's own keys;
@@ -117,7 +121,59 @@ def _server_optimizer(optimizer, group_index, group):
 def _settings(group):
     """A group's settings that must not change during training."""
     return {k: v for k, v in group.items()
-            if k not in ("params", "lr") and k not in _SCHEDULER_KEYS}
+            if k not in ("params", "lr") and k not in _SCHEDULER_KEYS
+            and k not in _STEPPED}
+
+
+def _in_unit_interval(where, key, value):
+    value = float(value)
+    if not 0 <= value < 1:  # NaN fails too
+        raise ValueError(f"{where}: {key}={value!r} must be in [0, 1)")
+    return value
+
+
+def _stepped(optimizer, group_index, group, spec):
+    """The momentum or betas a group's pushes carry this step (keyword
+    arguments of session.push), as torch's step would read them."""
+    cls = type(optimizer)
+    where = f"{cls.__name__}(param_groups[{group_index}])"
+    if spec["kind"] == "sgd":
+        momentum = _in_unit_interval(where, "momentum", group["momentum"])
+        if np.float32(spec["momentum"]) != 0:
+            return dict(momentum=momentum)
+        if momentum != 0:
+            raise ValueError(
+                f"{where}: momentum={momentum!r}, but the group was declared "
+                "with momentum 0, for which the servers keep no momentum "
+                "buffer. Declare the SGD with a momentum > 0, or "
+                "construct the scheduler that sets it (OneCycleLR, CyclicLR) "
+                "on the torch optimizer before wrapping it in "
+                "DistributedOptimizer")
+        return {}
+    if spec["kind"] in ("adam", "adamw"):
+        beta1, beta2 = group["betas"]
+        return dict(beta1=_in_unit_interval(where, "betas[0]", beta1),
+                    beta2=_in_unit_interval(where, "betas[1]", beta2))
+    return {}
+
+
+def _step_settings(optimizer, groups, declared, specs):
+    """For each group, what its pushes carry this step besides lr
+    (_stepped). ValueError naming the group and the keys when a setting
+    that may not change did."""
+    stepped = []
+    for gi, group in enumerate(groups):
+        now = _settings(group)
+        if now != declared[gi]:
+            changed = sorted(k for k in set(now) | set(declared[gi])
+                             if now.get(k) != declared[gi].get(k))
+            raise ValueError(
+                f"param_groups[{gi}]: {', '.join(changed)} changed after "
+                "the model was declared: only lr, momentum (SGD) and betas "
+                "(Adam, AdamW) can change during training (they travel "
+                "with every step)")
+        stepped.append(_stepped(optimizer, gi, group, specs[gi]))
+    return stepped
 
 
 def _check_parameter(name, p, shape=None, device=None):

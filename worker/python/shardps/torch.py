@@ -23,9 +23,11 @@ What runs where (docs/pytorch.md has the whole story):
     (ValueError naming the group, option and value). Its state lives and
     is checkpointed there; opt.state_dict() reads it in torch's format and
     opt.load_state_dict() writes one back (_optim_state.py), so
-    torch.save checkpoints work and resume bitwise. Only the learning rate
-    may change during training: it travels with every step, and every
-    worker of a step must use the same one.
+    torch.save checkpoints work and resume bitwise. The learning rate,
+    SGD's momentum and Adam's betas may change during training (any
+    lr_scheduler, OneCycleLR and CyclicLR included): they travel with
+    every step, and every worker of a step must use the same values; any
+    other change of a group raises ValueError at the step.
   * Rank 0's initial weights are the model's; every worker starts from the
     servers' copy, frozen parameters too (a parameter left out of the
     optimizer may not require grad).
@@ -66,7 +68,8 @@ from . import _errors
 from . import _precision
 from ._collectives import all_reduce, barrier, broadcast
 from ._context import Context, _context_or, init
-from ._optim_spec import _check_parameter, _server_optimizer, _settings
+from ._optim_spec import (_check_parameter, _server_optimizer, _settings,
+                          _step_settings)
 from ._sampler import DistributedSampler
 from ._two_phase import GradScaler
 from . import _model_state
@@ -138,7 +141,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     never updated.
 
     The wrapper shares param_groups with `optimizer`, so lr schedulers
-    built on it (or writes to param_groups[i]["lr"]) take effect on the
+    built on either (or writes to lr, momentum or betas) take effect on the
     servers at the next step. Changing any other hyper-parameter after
     construction raises ValueError at the next step.
 
@@ -151,7 +154,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             MiB or in a static job of several workers (no coordinator). At
             a step (backward's first push or step(), before anything of it
             is sent): a hyper-parameter
-            other than lr changed, or a parameter in no param_group was
+            other than lr, momentum and betas changed, a momentum > 0 for
+            an SGD group declared with momentum 0, momentum or betas
+            outside [0, 1), or a parameter in no param_group was
             unfrozen (p.requires_grad_(True)). A max_grad_norm that is not
             finite and > 0, or given with clip_grad_norm_calls=True (one
             way to clip).
@@ -262,6 +267,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
         self._settings = [_settings(g) for g in self.param_groups]
+        self._specs = specs
+        self._stepped = [{} for _ in specs]  # by group, this step's
 
         # A tensor no group trains never gets a gradient: any valid spec.
         constant = dict(kind="sgd", lr=1.0)
@@ -378,15 +385,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _begin(self):
         _model_state.check_unchanged(self)
-        for gi, group in enumerate(self.param_groups):
-            now = _settings(group)
-            if now != self._settings[gi]:
-                changed = sorted(k for k in set(now) | set(self._settings[gi])
-                                 if now.get(k) != self._settings[gi].get(k))
-                raise ValueError(
-                    f"param_groups[{gi}]: {', '.join(changed)} changed after "
-                    "the model was declared: only lr can change during "
-                    "training (it travels with every step)")
+        self._stepped = _step_settings(self._inner, self.param_groups,
+                                       self._settings, self._specs)
         for name, p, shape in zip(self._names, self._params, self._shapes):
             _check_parameter(name, p, shape, self._device)
         unfrozen = [name for name, p, g in zip(
@@ -413,8 +413,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         lr = 0.0 if group is None else float(self.param_groups[group]["lr"])
         name = self._names[i]
 
+        hyper = {} if group is None else self._stepped[group]
+
         def send(array):
-            self._ctx.session.push(i, array, lr, name)
+            self._ctx.session.push(i, array, lr, name, **hyper)
 
         if grad is None or group is None:
             array = None
