@@ -15,12 +15,13 @@
 namespace shardps {
 
 // Each field unset keeps the declared value (learning_rate: the declared
-// rate and its schedule).
+// rate and its schedule). The initializers let `{lr}` or `{lr, momentum}`
+// leave the rest unset without -Wmissing-field-initializers.
 struct StepHyperparameters {
-  std::optional<float> learning_rate;  // finite, >= 0
-  std::optional<float> momentum;       // SGD declared with momentum; [0, 1)
-  std::optional<float> beta1;          // Adam, AdamW; [0, 1)
-  std::optional<float> beta2;          // Adam, AdamW; [0, 1)
+  std::optional<float> learning_rate = std::nullopt;  // finite, >= 0
+  std::optional<float> momentum = std::nullopt;  // SGD with momentum; [0, 1)
+  std::optional<float> beta1 = std::nullopt;     // Adam, AdamW; [0, 1)
+  std::optional<float> beta2 = std::nullopt;     // Adam, AdamW; [0, 1)
 };
 
 // InvalidArgument naming the first field out of its range ("momentum must
