@@ -24,64 +24,13 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/security.h"
-#include "worker/dataset.h"
+#include "worker/python/binding_util.h"
 #include "worker/session.h"
 
 namespace py = pybind11;
 
 namespace shardps::python {
 namespace {
-
-// Raises the shardps.Error subclass for `status` (shardps._errors.error_for).
-[[noreturn]] void Raise(const absl::Status& status) {
-  py::object error =
-      py::module_::import("shardps._errors")
-          .attr("error_for")(absl::StatusCodeToString(status.code()),
-                             std::string(status.message()));
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())),
-                  error.ptr());
-  throw py::error_already_set();
-}
-
-void Check(const absl::Status& status) {
-  if (!status.ok()) Raise(status);
-}
-
-template <typename T>
-T Check(absl::StatusOr<T> value) {
-  if (!value.ok()) Raise(value.status());
-  return *std::move(value);
-}
-
-// A C-contiguous float32 view of `buffer`; InvalidArgument naming `what`
-// otherwise. The memory belongs to the buffer's object: the caller keeps it.
-absl::StatusOr<absl::Span<float>> FloatSpan(const py::buffer& buffer,
-                                            bool writable,
-                                            const std::string& what) {
-  py::buffer_info info;
-  try {
-    info = buffer.request(writable);
-  } catch (const py::error_already_set& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": not a ",
-                                                   writable ? "writable " : "",
-                                                   "buffer (", e.what(), ")"));
-  }
-  if (info.format != py::format_descriptor<float>::format() ||
-      info.itemsize != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " holds values of format '", info.format, "' (",
-                     info.itemsize, " bytes each): shardps takes float32"));
-  }
-  py::ssize_t expected = info.itemsize;
-  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-    if (info.shape[d] > 1 && info.strides[d] != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " is not contiguous: shardps takes C-contiguous buffers"));
-    }
-    expected *= info.shape[d];
-  }
-  return absl::MakeSpan(static_cast<float*>(info.ptr), info.size);
-}
 
 absl::StatusOr<v1::OptimizerSpec> OptimizerFromDict(const py::dict& d,
                                                     const std::string& what) {
@@ -294,12 +243,6 @@ absl::StatusOr<v1::CollectiveDtype> CollectiveDtypeNamed(
   if (name == "int64") return v1::COLLECTIVE_DTYPE_INT64;
   return absl::InvalidArgumentError(absl::StrCat(
       "collective dtype '", name, "' is not float32, float64 or int64"));
-}
-
-template <typename F>
-auto Unlocked(F f) {
-  py::gil_scoped_release release;
-  return f();
 }
 
 }  // namespace
@@ -584,49 +527,7 @@ void DefineModule(py::module_& m) {
           [](PySession& p) { Check(Unlocked([&] { return p.s().Leave(); })); },
           "Leaves the job (the other workers stop waiting for this one).");
 
-  m.def(
-      "epoch_permutation",
-      [](int64_t n, uint64_t seed, int64_t epoch) {
-        std::vector<int64_t> perm = worker::EpochPermutation(n, seed, epoch);
-        py::array_t<int64_t> out(static_cast<py::ssize_t>(perm.size()));
-        std::copy(perm.begin(), perm.end(), out.mutable_data());
-        return out;
-      },
-      py::arg("n"), py::arg("seed"), py::arg("epoch"),
-      "The seeded permutation of range(n) of an epoch (from 1), as "
-      "shardps-worker orders its data.");
-  m.def(
-      "worker_slice",
-      [](int64_t begin, int64_t size, int position, int workers) {
-        const worker::IndexRange r =
-            worker::WorkerSlice(begin, size, position, workers);
-        return std::make_pair(r.begin, r.end);
-      },
-      py::arg("begin"), py::arg("size"), py::arg("position"),
-      py::arg("workers"),
-      "The part [begin, end) of the global batch [begin, begin + size) that "
-      "the worker at `position` of `workers` trains on.");
-  m.def(
-      "write_safetensors",
-      [](const std::string& path, const std::vector<std::string>& names,
-         const std::vector<std::vector<int64_t>>& shapes,
-         const py::list& arrays,
-         const std::map<std::string, std::string>& metadata) {
-        std::vector<SafetensorsTensor> tensors;
-        for (size_t i = 0; i < names.size(); ++i) {
-          const absl::Span<float> span =
-              Check(FloatSpan(arrays[i].cast<py::buffer>(), false, names[i]));
-          tensors.push_back({names[i], shapes[i], span.data()});
-        }
-        Check(WriteSafetensors(path, tensors, metadata));
-      },
-      py::arg("path"), py::arg("names"), py::arg("shapes"), py::arg("arrays"),
-      py::arg("metadata"), "Writes float32 tensors as a safetensors file.");
-  m.def(
-      "init_log",
-      [](const std::string& name, int rank) { InitLog(name, rank, false); },
-      py::arg("name"), py::arg("rank"),
-      "Names this process in shardps's log lines.");
+  DefineFunctions(m);
 }
 
 }  // namespace shardps::python
