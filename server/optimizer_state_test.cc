@@ -72,27 +72,19 @@ void Step(ParameterStore* store, int64_t step, int seed,
   ASSERT_EQ(sink->Wait(4).size(), 4u);
 }
 
-std::vector<float> Weights(const ParameterStore& store, uint32_t chunk) {
-  absl::StatusOr<ChunkReply> r = store.Read(chunk);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? Floats(r->weights) : std::vector<float>();
-}
-
-std::unique_ptr<ParameterStore> MakeStore(bool provided) {
-  StoreOptions o;
-  o.num_workers = 2;
-  auto store = std::make_unique<ParameterStore>(o);
+std::unique_ptr<ParameterStore> MakeAdamStore(bool provided) {
+  std::unique_ptr<ParameterStore> store = MakeStore(2);
   EXPECT_TRUE(store->Declare(AdamDeclaration(provided)).ok());
   return store;
 }
 
 TEST(OptimizerStateTest, AStoreGivenAnothersStateContinuesBitwiseLikeIt) {
-  std::unique_ptr<ParameterStore> original = MakeStore(false);
+  std::unique_ptr<ParameterStore> original = MakeAdamStore(false);
   for (int s = 0; s < 3; ++s) Step(original.get(), s, s);
   // Take weights and state at step 3 into a new store, at its step 0.
-  std::unique_ptr<ParameterStore> resumed = MakeStore(true);
+  std::unique_ptr<ParameterStore> resumed = MakeAdamStore(true);
   for (uint32_t chunk = 0; chunk < 2; ++chunk) {
-    const std::string values = Bytes(Weights(*original, chunk));
+    const std::string values = Bytes(WeightsOf(*original, chunk));
     StringByteSource payload(values);
     PushArgs args;
     args.chunk_id = chunk;
@@ -114,13 +106,13 @@ TEST(OptimizerStateTest, AStoreGivenAnothersStateContinuesBitwiseLikeIt) {
   for (int s = 3; s < 6; ++s) Step(original.get(), s, s);
   for (int s = 0; s < 3; ++s) Step(resumed.get(), s, s + 3);
   for (uint32_t chunk = 0; chunk < 2; ++chunk) {
-    EXPECT_EQ(Weights(*resumed, chunk), Weights(*original, chunk))
+    EXPECT_EQ(WeightsOf(*resumed, chunk), WeightsOf(*original, chunk))
         << "chunk " << chunk;
   }
 }
 
 TEST(OptimizerStateTest, BadStatesAreRefusedWithNothingChanged) {
-  std::unique_ptr<ParameterStore> store = MakeStore(false);
+  std::unique_ptr<ParameterStore> store = MakeAdamStore(false);
   Step(store.get(), 0, 0);
   SHARDPS_ASSERT_OK_AND_ASSIGN(const v1::ChunkOptimizerState before,
                                store->ReadOptimizerState(0));
@@ -164,7 +156,7 @@ TEST(OptimizerStateTest, BadStatesAreRefusedWithNothingChanged) {
 
 TEST(OptimizerStateTest, StepsWithoutAGradientDoNotStepTheOptimizer) {
   // As torch's state["step"] of a parameter whose grad was None.
-  std::unique_ptr<ParameterStore> store = MakeStore(false);
+  std::unique_ptr<ParameterStore> store = MakeAdamStore(false);
   Step(store.get(), 0, 0, /*no_gradient_chunk=*/1);
   Step(store.get(), 1, 1);
   Step(store.get(), 2, 2, /*no_gradient_chunk=*/1);

@@ -36,35 +36,6 @@ v1::DeclareRequest Declaration() {
   return req;
 }
 
-std::unique_ptr<ParameterStore> MakeStore(
-    uint32_t workers, v1::Consistency mode = v1::CONSISTENCY_SYNC) {
-  StoreOptions o;
-  o.num_workers = workers;
-  o.mode = mode;
-  return std::make_unique<ParameterStore>(o);
-}
-
-absl::Status PushTo(ParameterStore* store, uint32_t rank, int64_t step,
-                    uint32_t chunk, const std::vector<float>& gradient,
-                    const std::shared_ptr<CollectingSink>& sink,
-                    const StepHyperparameters& h) {
-  const std::string bytes = Bytes(gradient);
-  StringByteSource source(bytes);
-  PushArgs args;
-  args.rank = rank;
-  args.step = step;
-  args.chunk_id = chunk;
-  args.hyperparameters = h;
-  args.payload = &source;
-  return store->Push(args, sink);
-}
-
-std::vector<float> WeightsOf(const ParameterStore& store, uint32_t chunk) {
-  absl::StatusOr<ChunkReply> r = store.Read(chunk);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? Floats(r->weights) : std::vector<float>();
-}
-
 // One chunk updated by Optimizer::Apply directly: the reference.
 struct HandChunk {
   explicit HandChunk(const v1::OptimizerSpec& spec)

@@ -22,16 +22,9 @@
 namespace shardps::server {
 namespace {
 
-struct PushFlags {
-  std::optional<float> learning_rate;
-  bool no_gradient = false;
-  bool initial_values = false;
-  bool push_only = false;
-};
-
 PushFlags LearningRate(float lr) {
   PushFlags f;
-  f.learning_rate = lr;
+  f.hyperparameters.learning_rate = lr;
   return f;
 }
 PushFlags NoGradient() {
@@ -49,38 +42,6 @@ PushFlags InitialValues(bool push_only = false) {
   f.initial_values = true;
   f.push_only = push_only;
   return f;
-}
-
-absl::Status PushTo(ParameterStore* store, uint32_t rank, int64_t step,
-                    uint32_t chunk, const std::vector<float>& payload,
-                    const std::shared_ptr<CollectingSink>& sink,
-                    PushFlags flags = {}) {
-  const std::string bytes = Bytes(payload);
-  StringByteSource source(bytes);
-  PushArgs args;
-  args.rank = rank;
-  args.step = step;
-  args.chunk_id = chunk;
-  args.hyperparameters.learning_rate = flags.learning_rate;
-  args.no_gradient = flags.no_gradient;
-  args.initial_values = flags.initial_values;
-  args.push_only = flags.push_only;
-  args.payload = &source;
-  return store->Push(args, sink);
-}
-
-std::vector<float> WeightsOf(const ParameterStore& store, uint32_t chunk) {
-  absl::StatusOr<ChunkReply> r = store.Read(chunk);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? Floats(r->weights) : std::vector<float>();
-}
-
-std::unique_ptr<ParameterStore> MakeStore(
-    uint32_t workers, v1::Consistency mode = v1::CONSISTENCY_SYNC) {
-  StoreOptions o;
-  o.num_workers = workers;
-  o.mode = mode;
-  return std::make_unique<ParameterStore>(o);
 }
 
 // One chunk as Optimizer::Apply sees it, for reference values.

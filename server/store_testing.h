@@ -89,6 +89,58 @@ inline void PushSyncStep(ParameterStore* store, int64_t step, uint32_t workers,
   ASSERT_EQ(sink->Wait(replies).size(), replies);
 }
 
+// What a test push sets besides its rank, step and chunk (PushArgs).
+struct PushFlags {
+  StepHyperparameters hyperparameters;
+  bool no_gradient = false;
+  bool initial_values = false;
+  bool push_only = false;
+};
+
+// Pushes the fp32 `payload` to `chunk` of `store`.
+inline absl::Status PushTo(ParameterStore* store, uint32_t rank, int64_t step,
+                           uint32_t chunk, const std::vector<float>& payload,
+                           const std::shared_ptr<CollectingSink>& sink,
+                           const PushFlags& flags = {}) {
+  const std::string bytes = Bytes(payload);
+  StringByteSource source(bytes);
+  PushArgs args;
+  args.rank = rank;
+  args.step = step;
+  args.chunk_id = chunk;
+  args.hyperparameters = flags.hyperparameters;
+  args.no_gradient = flags.no_gradient;
+  args.initial_values = flags.initial_values;
+  args.push_only = flags.push_only;
+  args.payload = &source;
+  return store->Push(args, sink);
+}
+inline absl::Status PushTo(ParameterStore* store, uint32_t rank, int64_t step,
+                           uint32_t chunk, const std::vector<float>& payload,
+                           const std::shared_ptr<CollectingSink>& sink,
+                           const StepHyperparameters& hyperparameters) {
+  PushFlags flags;
+  flags.hyperparameters = hyperparameters;
+  return PushTo(store, rank, step, chunk, payload, sink, flags);
+}
+
+// The weights of `chunk` (empty, failing the test, when it cannot be read).
+inline std::vector<float> WeightsOf(const ParameterStore& store,
+                                    uint32_t chunk) {
+  absl::StatusOr<ChunkReply> r = store.Read(chunk);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? Floats(r->weights) : std::vector<float>();
+}
+
+// A store of `workers` workers, nothing declared yet.
+inline std::unique_ptr<ParameterStore> MakeStore(
+    uint32_t workers, v1::Consistency mode = v1::CONSISTENCY_SYNC) {
+  StoreOptions o;
+  o.num_workers = workers;
+  o.mode = mode;
+  return std::make_unique<ParameterStore>(o);
+}
+
 // One tensor "w" of `n` elements initialised to 1.0, SGD with lr = 1 so the
 // new weights are 1 - mean(gradients).
 inline v1::DeclareRequest SgdDeclaration(int64_t n, uint64_t chunk_bytes,
