@@ -52,21 +52,14 @@ void Step(ParameterStore* store, int64_t step, int seed,
   auto sink = std::make_shared<CollectingSink>();
   for (uint32_t rank = 0; rank < 2; ++rank) {
     for (uint32_t chunk = 0; chunk < 2; ++chunk) {
-      std::vector<float> g(3);
+      PushFlags flags;
+      flags.no_gradient = static_cast<int>(chunk) == no_gradient_chunk;
+      std::vector<float> g(flags.no_gradient ? 0 : 3);
       for (size_t i = 0; i < g.size(); ++i) {
         g[i] = std::sin(0.7f * static_cast<float>(seed * 7 + chunk * 3 + i) +
                         static_cast<float>(rank));
       }
-      const std::string bytes = Bytes(g);
-      StringByteSource payload(bytes);
-      PushArgs args;
-      args.rank = rank;
-      args.step = step;
-      args.chunk_id = chunk;
-      args.no_gradient = static_cast<int>(chunk) == no_gradient_chunk;
-      StringByteSource empty("");
-      args.payload = args.no_gradient ? &empty : &payload;
-      ASSERT_TRUE(store->Push(args, sink).ok());
+      ASSERT_TRUE(PushTo(store, rank, step, chunk, g, sink, flags).ok());
     }
   }
   ASSERT_EQ(sink->Wait(4).size(), 4u);
