@@ -179,7 +179,7 @@ def load_state_dict(opt, state_dict):
                 f"{', '.join(f'{k}={saved.get(k)!r}' for k in changed)} "
                 f"do not match the optimizer the servers run "
                 f"({', '.join(f'{k}={now.get(k)!r}' for k in changed)}): "
-                "only the learning rate and scheduler keys may differ")
+                "only lr, momentum, betas and scheduler keys may differ")
     # Saved index -> (parameter, its group), as torch maps them.
     by_saved = {}
     for gi, (g, sg) in enumerate(zip(groups, saved_groups)):

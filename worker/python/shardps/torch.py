@@ -586,8 +586,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Installs an optimizer state_dict (this class's or a plain torch
         optimizer's of the same parameter groups) on the servers: the next
         step continues from it. Call it on every rank, between steps (it
-        is written by every rank that calls it). Only lr and scheduler keys
-        may differ from the groups the servers run; they are loaded.
+        is written by every rank that calls it). Only lr, momentum, betas
+        and scheduler keys may differ from the servers' groups (loaded).
 
         Raises:
             ValueError: another number of groups or parameters, settings
