@@ -199,7 +199,9 @@ absl::StatusOr<bool> Recovery::AwaitRollback(uint64_t id, int64_t step,
 }
 
 absl::StatusOr<int64_t> Recovery::Recover(const absl::Status& why, int64_t at) {
-  if (!rollback_ && !rejoin_when_dropped_) return why;
+  if ((!rollback_ && !rejoin_when_dropped_) || absl::IsInvalidArgument(why)) {
+    return why;
+  }
   // The coordinator's news may trail the refusal a little.
   const absl::Time deadline = absl::Now() + options_.explanation_timeout;
   bool dropped_checked = false;

@@ -112,7 +112,10 @@ class Recovery {
   // back, the rollback's step once every shard is there (the weights
   // pulled); when the servers dropped this worker, declares again and
   // returns the epoch start it joins at; otherwise (or when neither shows
-  // within explanation_timeout) returns `why`.
+  // within explanation_timeout) returns `why`. An INVALID_ARGUMENT `why`
+  // (the request itself was refused: ranks that disagree on a step's
+  // learning rate, a gradient the shard cannot take) is returned at once:
+  // no rollback or drop explains it.
   absl::StatusOr<int64_t> Recover(const absl::Status& why, int64_t at);
 
   // The step this worker joined a running job at; -1 when it did not.

@@ -194,5 +194,20 @@ TEST_F(RecoveryShardTest, ARollbackThatNeverComesIsADeadline) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST_F(RecoveryShardTest, ARefusedRequestIsTheErrorWithoutWaiting) {
+  // INVALID_ARGUMENT (ranks that disagree on a step's learning rate) is
+  // about the request, not the job: even with a rollback in the news
+  // (which would be waited for, as above) it is the answer at once.
+  RecoveryOptions ro;
+  ro.rollback_timeout = absl::Milliseconds(100);
+  Recovery recovery(
+      ro, client_.get(), Weights(), 4, 8,
+      [] { return std::make_pair(uint64_t{7}, int64_t{0}); },
+      /*rejoin_when_dropped=*/true);
+  const absl::Status why =
+      absl::InvalidArgumentError("the step's first push used 0.9");
+  EXPECT_EQ(recovery.Recover(why, 2).status(), why);
+}
+
 }  // namespace
 }  // namespace shardps::worker
