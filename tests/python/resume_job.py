@@ -141,6 +141,14 @@ def bad_loads(opt):
     """Each bad state_dict raises ValueError naming the problem, and the
     servers' state is as before."""
     import copy
+    if isinstance(opt._inner, torch.optim.SGD):
+        # Momentum 0 at this step (it travels with the push): the servers
+        # still keep the buffer the group was declared with.
+        momentum = opt.param_groups[0]["momentum"]
+        opt.param_groups[0]["momentum"] = 0.0
+        opt.load_state_dict(opt.state_dict())
+        opt.param_groups[0]["momentum"] = momentum
+        print("loaded at momentum 0", flush=True)
     good = opt.state_dict()
     first = min(good["state"])
     key = "exp_avg" if "exp_avg" in good["state"][first] else \

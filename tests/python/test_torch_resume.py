@@ -109,3 +109,4 @@ def test_a_bad_state_dict_is_refused_with_the_servers_state_unchanged(
                  "step", "not-a-state-dict"):
         assert f"refused {name}:" in log
     assert "non-finite" in log and "weight_decay=0.5" in log
+    assert ("loaded at momentum 0" in log) == (optimizer == "sgd")

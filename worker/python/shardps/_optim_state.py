@@ -115,7 +115,9 @@ def _entry(opt, p, gi, saved, where):
     keys, has_step = _SLOTS[cls]
     group = inner.param_groups[gi]
     n = p.numel()
-    if cls is torch.optim.SGD and group["momentum"] == 0:
+    # The servers keep a momentum buffer when the group was declared with
+    # momentum (it may be 0 at this step: momentum travels with the push).
+    if cls is torch.optim.SGD and opt._specs[gi]["momentum"] == 0:
         keys = ()
     saved = dict(saved or {})
     unknown = sorted(set(saved) - set(keys) - {"step", "momentum_buffer"})
