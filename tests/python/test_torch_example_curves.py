@@ -38,6 +38,12 @@ def run(args, cwd, env=None):
     return done.returncode, done.stdout
 
 
+needs_fashion_mnist = pytest.mark.skipif(
+    not os.path.exists("/usr/share/datasets/fashion-mnist"),
+    reason="/usr/share/datasets/fashion-mnist is missing: apt-get install "
+    "dataset-fashion-mnist")
+
+
 @pytest.mark.skipif(shutil.which("bible") is None,
                     reason="the GPT's text is missing: apt-get install "
                     "bible-kjv bible-kjv-text")
@@ -83,10 +89,7 @@ def test_gpt_under_shardps_local_writes_its_curves(tmp_path):
         assert "no loss.png: matplotlib is missing" in out, out
 
 
-@pytest.mark.skipif(
-    not os.path.exists("/usr/share/datasets/fashion-mnist"),
-    reason="/usr/share/datasets/fashion-mnist is missing: apt-get install "
-    "dataset-fashion-mnist")
+@needs_fashion_mnist
 def test_plain_cnn_without_matplotlib_writes_the_csv_here(tmp_path):
     # A matplotlib that fails to import, ahead of the real one.
     fake = tmp_path / "fake" / "matplotlib"
@@ -120,10 +123,7 @@ def test_the_launchers_run_directory_is_refused(tmp_path):
     assert "is shardps-local's run directory" in out, out
 
 
-@pytest.mark.skipif(
-    not os.path.exists("/usr/share/datasets/fashion-mnist"),
-    reason="/usr/share/datasets/fashion-mnist is missing: apt-get install "
-    "dataset-fashion-mnist")
+@needs_fashion_mnist
 def test_batchnorm_cnn_evaluates_the_same_on_every_rank(tmp_path):
     """BatchNorm's running statistics follow the lead's: every rank's model
     evaluates bitwise the same (the examples check it at the end)."""

@@ -157,9 +157,8 @@ class Stager:
 
     def changed(self, g, scale, fingerprint, buffer):
         """Whether gradient g (times scale) differs from what was staged."""
-        if self.cuda:
-            now = _precision.as_pushed(g, scale).reshape(-1)
-            return bool(now.view(torch.int32).sum() != fingerprint)
         now = _precision.as_pushed(g, scale).reshape(-1)
+        if self.cuda:
+            return bool(now.view(torch.int32).sum() != fingerprint)
         return not torch.equal(now.view(torch.int32),
                                buffer[1].reshape(-1).view(torch.int32))
