@@ -132,6 +132,11 @@ def main():
         epoch += 1
     if args.bad_loads:
         bad_loads(opt)
+        for bad in ({"step": None}, {"step": -1}, {"seed": 1}):
+            try:
+                sampler.load_state_dict(dict(sampler.state_dict(), **bad))
+            except ValueError as e:
+                print(f"refused sampler {bad}: {e}", flush=True)
     if ctx.is_lead and args.out:
         spt.save(model, args.out)
     return 0

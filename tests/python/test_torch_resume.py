@@ -110,3 +110,4 @@ def test_a_bad_state_dict_is_refused_with_the_servers_state_unchanged(
         assert f"refused {name}:" in log
     assert "non-finite" in log and "weight_decay=0.5" in log
     assert ("loaded at momentum 0" in log) == (optimizer == "sgd")
+    assert log.count("refused sampler") == 3, log

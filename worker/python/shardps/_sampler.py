@@ -90,7 +90,7 @@ class DistributedSampler:
 
         Raises:
             ValueError: another num_samples, batch_size or seed (another
-                data order), or a step < 0.
+                data order), or a step that is missing, not an int or < 0.
         """
         for key in ("num_samples", "batch_size", "seed"):
             if state_dict.get(key) != getattr(self, key):
@@ -98,9 +98,10 @@ class DistributedSampler:
                     f"the sampler's state_dict has {key}="
                     f"{state_dict.get(key)!r}; this sampler has "
                     f"{getattr(self, key)!r} (another data order)")
-        step = int(state_dict["step"])
-        if step < 0:
-            raise ValueError(f"the sampler's state_dict has step {step}")
+        step = state_dict.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"the sampler's state_dict has step {step!r}: "
+                             "an int >= 0 is expected")
         self._offset = step - self._ctx.session.step
 
     def _permutation(self, epoch):
