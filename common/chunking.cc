@@ -1,5 +1,6 @@
 #include "common/chunking.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -104,6 +105,28 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
 
 uint64_t ChunkBytes(const v1::Layout& layout) {
   return layout.chunk_bytes() == 0 ? kDefaultChunkBytes : layout.chunk_bytes();
+}
+
+uint64_t AutoChunkBytes(int64_t model_bytes) {
+  uint64_t chunk = kMinAutoChunkBytes;
+  while (chunk < kMaxAutoChunkBytes &&
+         chunk * 2 * 32 <=
+             static_cast<uint64_t>(std::max<int64_t>(model_bytes, 0))) {
+    chunk *= 2;
+  }
+  return chunk;
+}
+
+int64_t ModelBytes(const v1::Layout& layout) {
+  int64_t bytes = 0;
+  for (const v1::TensorSpec& t : layout.tensors()) bytes += NumElements(t) * 4;
+  return bytes;
+}
+
+void ChooseChunkBytes(v1::Layout& layout) {
+  if (layout.chunk_bytes() == 0) {
+    layout.set_chunk_bytes(AutoChunkBytes(ModelBytes(layout)));
+  }
 }
 
 std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout) {

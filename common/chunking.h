@@ -46,6 +46,22 @@ absl::Status ValidateLayout(const v1::Layout& layout);
 // The layout's chunk size in bytes (chunk_bytes, or the default for 0).
 uint64_t ChunkBytes(const v1::Layout& layout);
 
+// The chunk size a worker declares unless told one: the largest power of two
+// at most model_bytes / 32, within [kMinAutoChunkBytes, kMaxAutoChunkBytes].
+// A shard's share of the model is then within about one chunk of the mean
+// (the partitioner places the largest chunks first), so at 4 servers every
+// server carries within 10 % of the mean bytes even for a 2 MiB model, where
+// 1 MiB chunks left one server half of it. Depends only on the model, not on
+// the number of servers, so a checkpoint restores onto any number of them.
+inline constexpr uint64_t kMinAutoChunkBytes = uint64_t{64} << 10;
+inline constexpr uint64_t kMaxAutoChunkBytes = uint64_t{1} << 20;
+uint64_t AutoChunkBytes(int64_t model_bytes);
+// The model's fp32 bytes: every tensor's elements, 4 bytes each.
+int64_t ModelBytes(const v1::Layout& layout);
+// Sets layout.chunk_bytes to AutoChunkBytes(ModelBytes(layout)) where it is
+// 0 (the callers' "automatic"); leaves a given size alone.
+void ChooseChunkBytes(v1::Layout& layout);
+
 // Chunks of every tensor in layout order. A tensor of n elements becomes
 // ceil(n / max_elements) chunks of nearly equal size (they differ by at most
 // one element). REQUIRES: ValidateLayout(layout).ok().

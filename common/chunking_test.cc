@@ -1,5 +1,9 @@
 #include "common/chunking.h"
 
+#include <algorithm>
+#include <numeric>
+
+#include "common/partitioner.h"
 #include "gtest/gtest.h"
 
 namespace shardps {
@@ -53,6 +57,40 @@ TEST(ChunkingTest, DefaultChunkIsFourMiB) {
   v1::Layout layout = MakeLayout({{16 << 20}}, 0);
   EXPECT_EQ(ChunkBytes(layout), 4u << 20);
   EXPECT_EQ(MakeChunks(layout).size(), 16u);
+}
+
+TEST(ChunkingTest, AutoChunkIsAPowerOfTwoNearAThirtySecondOfTheModel) {
+  EXPECT_EQ(AutoChunkBytes(0), kMinAutoChunkBytes);
+  EXPECT_EQ(AutoChunkBytes(1000), kMinAutoChunkBytes);
+  EXPECT_EQ(AutoChunkBytes((4 << 20) - 4), 64u << 10);
+  EXPECT_EQ(AutoChunkBytes(4 << 20), 128u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{12} << 20), 256u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{32} << 20), kMaxAutoChunkBytes);
+  EXPECT_EQ(AutoChunkBytes(int64_t{1} << 40), kMaxAutoChunkBytes);
+}
+
+// The main job's model (784-512-256-10, 2.04 MiB) at its automatic chunk
+// size: every one of 2, 3 or 4 servers owns within 10 % of the mean bytes.
+TEST(ChunkingTest, AutoChunksBalanceTheMainJobsModelOverFourServers) {
+  v1::Layout layout =
+      MakeLayout({{784, 512}, {512}, {512, 256}, {256}, {256, 10}, {10}}, 0);
+  const int64_t model_bytes = ModelBytes(layout);
+  EXPECT_EQ(model_bytes, 2143272);  // 535818 floats
+  ChooseChunkBytes(layout);
+  EXPECT_EQ(layout.chunk_bytes(), 64u << 10);
+  ASSERT_TRUE(ValidateLayout(layout).ok());
+  const std::vector<ChunkSpec> chunks = MakeChunks(layout);
+  for (uint32_t shards : {2u, 3u, 4u}) {
+    SCOPED_TRACE(shards);
+    const std::vector<uint32_t> shard_of = PartitionChunks(chunks, shards);
+    std::vector<int64_t> load(shards, 0);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      load[shard_of[i]] += chunks[i].bytes();
+    }
+    const double mean = static_cast<double>(model_bytes) / shards;
+    EXPECT_LE(*std::max_element(load.begin(), load.end()), 1.10 * mean);
+    EXPECT_GE(*std::min_element(load.begin(), load.end()), 0.90 * mean);
+  }
 }
 
 TEST(ChunkingTest, RejectsBadLayouts) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/chunking.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -117,6 +118,7 @@ v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
       t->mutable_init()->set_seed(p.seed);
     }
   }
+  ChooseChunkBytes(layout);
   return layout;
 }
 

@@ -33,7 +33,7 @@ struct TrainerOptions {
   int64_t max_steps = 0;  // 0: no limit
   uint64_t seed = 1;
   int eval_every_epochs = 1;
-  uint64_t chunk_bytes = 256 << 10;
+  uint64_t chunk_bytes = 0;  // 0: AutoChunkBytes of the model
   // > 0: every step is a two-phase step clipping the global norm of the
   // averaged gradient to this (Client StepOptions::max_grad_norm).
   double clip_grad_norm = 0;

@@ -39,7 +39,11 @@ ABSL_FLAG(int64_t, train_limit, 0,
           "Use only the first N training samples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0,
           "Use only the first N test samples (0: all).");
-ABSL_FLAG(int64_t, chunk_kib, 1024, "Largest parameter chunk, in KiB.");
+ABSL_FLAG(int64_t, chunk_kib, 0,
+          "Largest parameter chunk, in KiB: the unit a server owns, sums and "
+          "answers. 0: chosen from the model's size (the largest power of two "
+          "at most 1/32 of it, from 64 KiB to 1 MiB), so that servers carry "
+          "nearly equal bytes.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
 ABSL_FLAG(bool, shared_memory, true,

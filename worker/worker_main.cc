@@ -64,10 +64,10 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
   }
   const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
   if (o.epochs < 1 || o.eval_every_epochs < 1 || o.max_steps < 0 ||
-      chunk_kib < 1 || chunk_kib > (64 << 10)) {
+      chunk_kib < 0 || chunk_kib > (64 << 10)) {
     return absl::InvalidArgumentError(
         "--epochs and --eval_every_epochs must be >= 1, --max_steps >= 0, "
-        "--chunk_kib in [1, 65536]");
+        "--chunk_kib in [0, 65536] (0: automatic)");
   }
   o.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
   // Written by the lead worker only.

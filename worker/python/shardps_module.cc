@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chunking.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/security.h"
@@ -121,6 +122,11 @@ class PySession {
                                     absl::StrCat("tensor ", spec->name())));
       }
     }
+    if (chunk_bytes < 0) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("chunk_bytes ", chunk_bytes, " is negative")));
+    }
+    ChooseChunkBytes(layout);  // 0: from the model's size
     const v1::OptimizerSpec spec =
         Check(OptimizerFromDict(optimizer, "the optimizer"));
     if (static_cast<int>(weights.size()) != layout.tensors_size() ||

@@ -121,7 +121,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             before each step() (gradient accumulation); the push happens at
             the last one.
         chunk_bytes: the largest piece of a tensor the servers hold as one
-            unit (a multiple of 4, at most 4 MiB).
+            unit (a multiple of 4, at most 64 MiB). None: chosen from the
+            model's size (the largest power of two at most 1/32 of it,
+            from 64 KiB to 1 MiB), so that every server carries nearly the
+            same bytes; all ranks must agree.
         max_grad_norm: clip the global 2-norm of every step's averaged
             gradient to this, on the servers, exactly as
             torch.nn.utils.clip_grad_norm_ on the averaged gradient would
@@ -168,7 +171,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, optimizer, named_parameters=None,
-                 backward_passes_per_step=1, chunk_bytes=1 << 20,
+                 backward_passes_per_step=1, chunk_bytes=None,
                  context=None, model=None, named_buffers=None,
                  broadcast_buffers=True, max_grad_norm=None,
                  clip_grad_norm_calls=False):
@@ -290,7 +293,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         session = self._ctx.session
         _precision.choose_wire(self._ctx, self._params)
         try:
-            session.declare(tensors, specs[0], chunk_bytes, initial,
+            session.declare(tensors, specs[0], chunk_bytes or 0, initial,
                             self._weights)
         except BaseException:
             for p in self._params:
