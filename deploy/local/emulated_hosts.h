@@ -87,6 +87,9 @@ class EmulatedHosts {
   EmulatedHosts() = default;
   absl::Status MakeSwitch();
   absl::Status MakeHost(const EmulatedHost& host);
+  // Sets TCP's congestion control in the namespace `ns_fd` (named `ns`)
+  // to CUBIC.
+  static absl::Status UseCubic(int ns_fd, const std::string& ns);
   // Opens the switch namespace's /proc/net/dev (from a thread that enters
   // it, as setns(2) changes only the calling thread).
   absl::Status OpenSwitchCounters();
