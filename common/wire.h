@@ -17,6 +17,10 @@
 
 namespace shardps {
 
+// Metadata of a PushPull call: the pusher's rank (decimal), so that the
+// shard's receive budget knows the stream's rank before its first push.
+inline constexpr char kRankMetadataKey[] = "shardps-rank";
+
 // Field number of `payload` in PushPullRequest and PushPullResponse.
 inline constexpr int kPayloadField = 15;
 

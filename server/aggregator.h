@@ -18,6 +18,7 @@
 #include "common/step_hyperparameters.h"
 #include "server/chunk.h"
 #include "server/rank_tracker.h"
+#include "server/receive_budget.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 namespace shardps::server {
@@ -85,6 +86,9 @@ struct AggregatorOptions {
   bool inline_updates = false;
   // Step and staleness histograms; null: none.
   ServerMetrics* metrics = nullptr;
+  // Sync: told where each chunk's rank-ordered sum stands (MoveFold); null:
+  // no receive budget.
+  ReceiveBudget* budget = nullptr;
 };
 
 // A pusher waiting for its reply.

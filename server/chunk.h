@@ -70,13 +70,13 @@ class ReplySink {
   virtual void Fail(const absl::Status& status) = 0;
 
   // Flow control of the pusher's stream. Hold: the store keeps the push's
-  // gradient until other pushes arrive (sync: the ranks below it), so the
-  // stream should read nothing more; called during Push, possibly under a
-  // chunk's lock (so it must only take locks of its own). Release: the
-  // gradient was used (or dropped); reading may go on once every Hold is
-  // released. Called once per Hold, from any thread, never under a chunk's
-  // lock. Sinks without a stream to pause ignore both.
-  virtual void Hold() {}
+  // gradient (`bytes` of it, decoded) until other pushes arrive (sync: the
+  // ranks below it), so the stream should read nothing more; called during
+  // Push, possibly under a chunk's lock (so it must only take locks of its
+  // own). Release: the gradient was used (or dropped); reading may go on once
+  // every Hold is released. Called once per Hold, from any thread, never under
+  // a chunk's lock. Sinks without a stream to pause ignore both.
+  virtual void Hold(int64_t bytes) {}
   virtual void Release() {}
 };
 

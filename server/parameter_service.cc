@@ -5,15 +5,31 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/shared_memory.h"
+#include "common/wire.h"
 #include "server/pull_reactor.h"
 #include "server/reply_encoding.h"
 
 namespace shardps::server {
 namespace {
+
+// The rank a PushPull call's metadata names (kRankMetadataKey); none when
+// it names none or not a number (then learnt from its first push).
+std::optional<uint32_t> RankOf(const grpc::CallbackServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kRankMetadataKey);
+  uint32_t rank = 0;
+  if (it == md.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &rank)) {
+    return std::nullopt;
+  }
+  return rank;
+}
 
 // Finishes a PushPull stream at once with an error.
 class FailedPushPull final
@@ -87,7 +103,7 @@ ParameterService::PushPull(grpc::CallbackServerContext* ctx) {
   if (regions->rings.has_value()) {
     shm_ring_streams_.fetch_add(1, std::memory_order_relaxed);
   }
-  return PushPullReactor::Start(Env(store), *std::move(regions));
+  return PushPullReactor::Start(Env(store), *std::move(regions), RankOf(*ctx));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterService::Pull(

@@ -18,6 +18,8 @@ namespace shardps::server {
 ParameterStore::ParameterStore(StoreOptions options)
     : options_(std::move(options)),
       ranks_(options_.shard_index, options_.num_workers),
+      budget_(options_.max_inflight_bytes),
+      read_bytes_(static_cast<int64_t>(kMaxAutoChunkBytes)),
       pool_(std::make_unique<ThreadPool>(std::max(1, options_.update_threads))),
       snapshots_(std::make_unique<SnapshotScheduler>(
           SnapshotOptions{options_.shard_index, options_.checkpoint_every,
@@ -37,6 +39,11 @@ bool ParameterStore::Publish(std::unique_ptr<State> built) {
   absl::MutexLock lock(&mu_);
   if (state_ != nullptr) return false;
   snapshots_->SetNumChunks(built->model->owned.size());
+  int64_t largest = 0;
+  for (const ChunkSpec& c : built->model->all_chunks) {
+    largest = std::max(largest, c.bytes());
+  }
+  read_bytes_.store(largest);
   state_ = std::move(built);
   return true;
 }
@@ -86,6 +93,7 @@ ParameterStore::BuildState(const v1::DeclareRequest& req) {
   ao.allow_nonfinite = options_.allow_nonfinite;
   ao.inline_updates = options_.update_threads == 0;
   ao.metrics = options_.metrics;
+  ao.budget = options_.max_inflight_bytes > 0 ? &budget_ : nullptr;
   state->aggregator = NewAggregator(ao, state->model->ChunksById(),
                                     state->updater.get(), &ranks_, pool_.get());
   return state;
@@ -242,6 +250,7 @@ absl::Status ParameterStore::ResetTo(std::vector<ChunkState> chunks,
   rollback_id_.store(rollback_id);
   locks.clear();
   for (const auto& sink : failed) sink->Fail(why);
+  budget_.RunAdmitted();
   return absl::OkStatus();
 }
 

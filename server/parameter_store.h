@@ -24,6 +24,7 @@
 #include "server/chunk.h"
 #include "server/gradient_decode.h"
 #include "server/rank_tracker.h"
+#include "server/receive_budget.h"
 #include "server/shard_model.h"
 #include "server/snapshot_scheduler.h"
 #include "shardps/v1/coordinator.pb.h"
@@ -58,6 +59,8 @@ struct StoreOptions {
   // Step, aggregation and staleness histograms; null: none. Must outlive
   // the store.
   ServerMetrics* metrics = nullptr;
+  // The receive budget (server/receive_budget.h), in bytes; 0: none.
+  int64_t max_inflight_bytes = 0;
 };
 
 class ParameterStore {
@@ -66,6 +69,13 @@ class ParameterStore {
   ~ParameterStore();
 
   const StoreOptions& options() const { return options_; }
+
+  // The shard's receive budget, whose reads its PushPull streams ask for.
+  ReceiveBudget& budget() { return budget_; }
+  const ReceiveBudget& budget() const { return budget_; }
+  // What one read of a push may bring: the largest chunk as fp32 (before a
+  // declaration, the largest automatic chunk).
+  int64_t ReadBytes() const { return read_bytes_.load(); }
 
   // Creates the chunks this shard owns, with their initial values and
   // optimizer slots (each tensor's optimizer: TensorOptimizers); the chunks
@@ -206,6 +216,8 @@ class ParameterStore {
   ShardCounters counters_;
   std::atomic<uint64_t> rollback_id_{0};
   RankTracker ranks_;
+  ReceiveBudget budget_;
+  std::atomic<int64_t> read_bytes_;
   // Runs large sync updates and checkpoint hand-overs. Destroyed first (in
   // ~ParameterStore): queued work still uses the chunks and the scheduler.
   std::unique_ptr<ThreadPool> pool_;

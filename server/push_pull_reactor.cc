@@ -59,15 +59,21 @@ constexpr absl::Duration kRingWaitBound = absl::Milliseconds(200);
 class PushPullReactor::GrpcRequests final : public RequestSource {
  public:
   explicit GrpcRequests(PushPullReactor* reactor) : reactor_(reactor) {}
-  void Start() override { reactor_->StartRead(&buffer_); }
+  void Start() override { ReadNext(); }
   void OnGrpcRead(bool ok) override;
   void Resume() override { ReadNext(); }
   void Stop() override {}  // Pump waits for a StartRead being issued
 
  private:
+  // Asks the receive budget, then reads (at once, or when it admits).
   void ReadNext();
+  // Reads, the budget's bytes taken (given back if the stream finishes).
+  void Read(int64_t bytes);
 
   PushPullReactor* const reactor_;  // owns this
+  // The budget's bytes of the read in flight (one at a time); the read's
+  // reactions own it.
+  int64_t read_bytes_ = 0;
   grpc::ByteBuffer buffer_;
   v1::PushPullRequest request_;
   PayloadView payload_;
@@ -85,6 +91,7 @@ void PushPullReactor::GrpcRequests::OnGrpcRead(bool ok) {
   }
   if (!ok) {
     buffer_.Clear();
+    r.env_.store->budget().Free(std::exchange(read_bytes_, 0));
     r.Pump();
     return;
   }
@@ -93,6 +100,7 @@ void PushPullReactor::GrpcRequests::OnGrpcRead(bool ok) {
   // The store has copied what it keeps: let go of the received slices.
   payload_.Clear();
   buffer_.Clear();
+  r.env_.store->budget().Free(std::exchange(read_bytes_, 0));
   if (!taken) return;
   {
     absl::MutexLock lock(&r.mu_);
@@ -109,7 +117,29 @@ void PushPullReactor::GrpcRequests::ReadNext() {
   {
     absl::MutexLock lock(&r.mu_);
     if (r.finishing()) return;
-    ++r.starting_read_;
+  }
+  const int64_t bytes = r.env_.store->ReadBytes();
+  if (r.AskBudget(bytes, [stream = r.shared_from_this(), this, bytes] {
+        Read(bytes);
+      })) {
+    Read(bytes);
+  }
+}
+
+void PushPullReactor::GrpcRequests::Read(int64_t bytes) {
+  PushPullReactor& r = *reactor_;
+  bool finishing;
+  {
+    absl::MutexLock lock(&r.mu_);
+    finishing = r.finishing();
+    if (!finishing) {
+      read_bytes_ = bytes;
+      ++r.starting_read_;
+    }
+  }
+  if (finishing) {
+    r.env_.store->budget().Free(bytes);
+    return;
   }
   r.StartRead(&buffer_);
   {
@@ -138,6 +168,10 @@ class PushPullReactor::RingRequests final : public RequestSource {
   // Waits until the store holds none of the stream's gradients, or the
   // stream is to finish.
   void AwaitNoHolds();
+  // Waits until the receive budget lets the stream take another push (its
+  // payload is in shared memory: only an early gradient costs), or the
+  // stream is to finish.
+  void AwaitBudget();
 
   PushPullReactor* const reactor_;  // owns this
   // Only the ring thread uses these.
@@ -147,6 +181,8 @@ class PushPullReactor::RingRequests final : public RequestSource {
   PayloadView no_payload_;  // a ring push's payload is in shared memory
   // Only read reactions use this.
   grpc::ByteBuffer grpc_buffer_;
+  // Set by the budget's wake (under the reactor's lock).
+  bool admitted_ ABSL_GUARDED_BY(reactor_->mu_) = false;
 };
 
 void PushPullReactor::RingRequests::Start() {
@@ -212,6 +248,7 @@ void PushPullReactor::RingRequests::Run() {
                   "malformed PushPullRequest in the stream's request ring");
     if (!r.Take(request_, no_payload_, decoded)) break;
     AwaitNoHolds();
+    AwaitBudget();
   }
   {
     absl::MutexLock lock(&r.mu_);
@@ -230,6 +267,23 @@ void PushPullReactor::RingRequests::AwaitNoHolds() {
         return s->holds_ == 0 || s->finishing();
       },
       &r));
+}
+
+void PushPullReactor::RingRequests::AwaitBudget() {
+  PushPullReactor& r = *reactor_;
+  if (r.AskBudget(0, [stream = r.shared_from_this(), this] {
+        absl::MutexLock lock(&reactor_->mu_);
+        admitted_ = true;
+      })) {
+    return;
+  }
+  absl::MutexLock lock(&r.mu_);
+  r.mu_.Await(absl::Condition(
+      +[](RingRequests* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->reactor_->mu_) {
+        return s->admitted_ || s->reactor_->finishing();
+      },
+      this));
+  admitted_ = false;
 }
 
 // Replies as the stream's gRPC messages, written one at a time in
@@ -306,16 +360,20 @@ grpc::Status PushPullReactor::RingReplies::Send(
 }
 
 PushPullReactor* PushPullReactor::Start(const StreamEnv& env,
-                                        StreamRegions regions) {
-  auto reactor = std::make_shared<PushPullReactor>(env, std::move(regions));
+                                        StreamRegions regions,
+                                        std::optional<uint32_t> rank) {
+  auto reactor =
+      std::make_shared<PushPullReactor>(env, std::move(regions), rank);
   reactor->self_ = reactor;
   reactor->source_->Start();
   return reactor.get();
 }
 
-PushPullReactor::PushPullReactor(const StreamEnv& env, StreamRegions regions)
+PushPullReactor::PushPullReactor(const StreamEnv& env, StreamRegions regions,
+                                 std::optional<uint32_t> rank)
     : env_(env),
       regions_(std::move(regions)),
+      rank_(rank),
       source_stopped_(!regions_.rings.has_value()) {
   if (!regions_.rings.has_value()) {
     source_ = std::make_unique<GrpcRequests>(this);
@@ -329,7 +387,31 @@ PushPullReactor::PushPullReactor(const StreamEnv& env, StreamRegions regions)
                                            env_.faults);
 }
 
-PushPullReactor::~PushPullReactor() = default;
+PushPullReactor::~PushPullReactor() {
+  // Gradients still held when the stream went (a reset dropped them).
+  int64_t held;
+  {
+    absl::MutexLock lock(&mu_);
+    held = held_bytes_;
+  }
+  if (held > 0) env_.store->budget().Free(held);
+}
+
+bool PushPullReactor::AskBudget(int64_t bytes, std::function<void()> admitted) {
+  std::optional<uint32_t> rank;
+  {
+    absl::MutexLock lock(&mu_);
+    rank = rank_;
+  }
+  return env_.store->budget().TryRead(rank, bytes, std::move(admitted));
+}
+
+void PushPullReactor::Hold(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ++holds_;
+  held_bytes_ += bytes;
+  env_.store->budget().Take(bytes);
+}
 
 absl::Status PushPullReactor::TakeReplyEncoding(
     const v1::PushPullRequest& request) {
@@ -445,6 +527,10 @@ absl::Status PushPullReactor::TakeSharedMemory(const v1::PushPullRequest& r,
 
 bool PushPullReactor::Take(const v1::PushPullRequest& request,
                            const PayloadView& payload, absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) rank_ = request.rank();  // what the pushes say wins
+  }
   if (status.ok()) status = TakeReplyEncoding(request);
   absl::string_view shared;
   if (status.ok()) status = TakeSharedMemory(request, payload, &shared);
@@ -491,12 +577,16 @@ bool PushPullReactor::Take(const v1::PushPullRequest& request,
 }
 
 void PushPullReactor::Release() {
+  int64_t freed = 0;
+  bool resume = false;
   {
     absl::MutexLock lock(&mu_);
-    if (--holds_ > 0 || !read_paused_) return;
-    read_paused_ = false;
+    if (--holds_ == 0) freed = std::exchange(held_bytes_, 0);
+    resume = holds_ == 0 && read_paused_;
+    if (resume) read_paused_ = false;
   }
-  source_->Resume();
+  if (freed > 0) env_.store->budget().Free(freed);
+  if (resume) source_->Resume();
 }
 
 void PushPullReactor::Deliver(ChunkReply reply) {

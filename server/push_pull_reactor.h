@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -114,9 +115,13 @@ class PushPullReactor final
  public:
   // Starts a stream over `regions` (those its call named); returns the
   // reactor gRPC drives.
-  static PushPullReactor* Start(const StreamEnv& env, StreamRegions regions);
+  // `rank`: the pusher's, as its call's metadata said (none: learnt from
+  // its first push), for the store's receive budget.
+  static PushPullReactor* Start(const StreamEnv& env, StreamRegions regions,
+                                std::optional<uint32_t> rank = std::nullopt);
   // Use Start.
-  PushPullReactor(const StreamEnv& env, StreamRegions regions);
+  PushPullReactor(const StreamEnv& env, StreamRegions regions,
+                  std::optional<uint32_t> rank);
   ~PushPullReactor() override;
 
   void OnReadDone(bool ok) override { source_->OnGrpcRead(ok); }
@@ -134,10 +139,7 @@ class PushPullReactor final
   }
   // The store keeps a gradient of this stream until other workers' arrive:
   // no more reads until it is released.
-  void Hold() override {
-    absl::MutexLock lock(&mu_);
-    ++holds_;
-  }
+  void Hold(int64_t bytes) override;
   void Release() override;
 
  private:
@@ -172,6 +174,9 @@ class PushPullReactor final
   absl::Status TakeSharedMemory(const v1::PushPullRequest& request,
                                 const PayloadView& payload,
                                 absl::string_view* shared);
+  // Asks the store's receive budget for a read of `bytes`: true when it may
+  // start now; else `admitted` runs once it may (the bytes then taken).
+  bool AskBudget(int64_t bytes, std::function<void()> admitted);
   // InvalidArgument unless the request's shared-memory fields agree with
   // each other and with the regions the stream has.
   absl::Status CheckSharedMemory(const v1::PushPullRequest& r) const;
@@ -203,6 +208,11 @@ class PushPullReactor final
   // at most one early gradient in the store.
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The bytes of the held gradients, taken from the store's receive budget
+  // and given back when the last hold is released (or the stream ends).
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The pusher's rank (none until known), for the receive budget.
+  std::optional<uint32_t> rank_ ABSL_GUARDED_BY(mu_);
   // The source yields no more pushes and runs no more (true for gRPC reads,
   // whose reactions gRPC itself orders before the finish).
   bool source_stopped_ ABSL_GUARDED_BY(mu_);

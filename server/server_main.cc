@@ -47,6 +47,14 @@ ABSL_FLAG(int32_t, update_threads, -1,
           "each update runs on the thread that completed its chunk's step; "
           "-1: 0 on a machine of at most 2 cores (where handing an update "
           "to another thread costs more than running it there), else 2.");
+ABSL_FLAG(double, max_inflight_mib, 64,
+          "Receive budget: the most gradient bytes, in MiB, this shard holds "
+          "beyond its own state (pushes being read and, in sync mode, "
+          "gradients that came before the ranks below them), whatever the "
+          "number of workers; while it is spent, streams are not read and "
+          "their senders wait (the ranks a sum needs next are always read, "
+          "so it cannot deadlock; it may be exceeded by one chunk per owned "
+          "chunk). 0: no budget; fractions allowed (0.5: 512 KiB).");
 ABSL_FLAG(int32_t, max_message_bytes, 0,
           "Largest gRPC message accepted; 0: 64 MiB plus 64 KiB.");
 ABSL_FLAG(bool, shared_memory, true,
@@ -122,6 +130,13 @@ absl::StatusOr<ShardLifecycleOptions> OptionsFromFlags() {
   if (o.store.update_threads == -1) {
     o.store.update_threads = std::thread::hardware_concurrency() <= 2 ? 0 : 2;
   }
+  const double inflight_mib = absl::GetFlag(FLAGS_max_inflight_mib);
+  if (!(inflight_mib >= 0 && inflight_mib <= (1 << 30))) {  // NaN too
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight_mib=", inflight_mib,
+                     " must be in [0, 2^30] (0: no budget)"));
+  }
+  o.store.max_inflight_bytes = static_cast<int64_t>(inflight_mib * (1 << 20));
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (o.max_message_bytes < 0) {
     return absl::InvalidArgumentError("--max_message_bytes is negative");

@@ -106,6 +106,14 @@ void Stop(const Logger& log, ShardServer* server) {
        absl::StrCat("stopped after ", status.pushes_total(), " pushes, ",
                     status.updates_total(), " updates, ",
                     status.rejected_total(), " rejected"));
+  const ReceiveBudget& budget = server->store()->budget();
+  if (budget.limit() > 0) {
+    Emit(log, LogLevel::kInfo,
+         absl::StrFormat("receive budget %.2f MiB: at most %.2f MiB of "
+                         "gradients held, %d reads waited for it",
+                         budget.limit() / 1048576.0, budget.peak() / 1048576.0,
+                         budget.waited()));
+  }
 }
 
 std::unique_ptr<ServerMetrics> MakeMetrics(MetricsExporter* exporter) {

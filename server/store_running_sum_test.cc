@@ -19,7 +19,7 @@ namespace {
 // A CollectingSink that counts the flow-control calls of its stream.
 class HoldingSink : public CollectingSink {
  public:
-  void Hold() override { holds_.fetch_add(1); }
+  void Hold(int64_t) override { holds_.fetch_add(1); }
   void Release() override { releases_.fetch_add(1); }
   // Holds not released yet.
   int held() const { return holds_.load() - releases_.load(); }

@@ -38,6 +38,8 @@ SyncAggregator::SyncAggregator(const AggregatorOptions& options,
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i] != nullptr) {
       steps_[i] = std::make_unique<Step>(chunks[i], ranks->num_workers());
+      absl::MutexLock lock(&chunks[i]->mu);
+      FoldMoved(*steps_[i], std::nullopt);
     }
   }
 }
@@ -65,9 +67,16 @@ void SyncAggregator::AddToSum(Step* step, const float* gradient) {
   ++step->num_summed;
 }
 
+void SyncAggregator::FoldMoved(const Step& step,
+                               std::optional<uint32_t> from) const {
+  if (options_.budget != nullptr)
+    options_.budget->MoveFold(from, FoldRank(step));
+}
+
 void SyncAggregator::Fold(
     Step* step, std::vector<std::shared_ptr<ReplySink>>* released) const {
   const int64_t version = step->chunk->version;
+  const std::optional<uint32_t> from = FoldRank(*step);
   while (step->fold < step->contributed.size()) {
     const uint32_t r = step->fold;
     if (step->contributed[r]) {
@@ -81,6 +90,7 @@ void SyncAggregator::Fold(
     }
     ++step->fold;
   }
+  FoldMoved(*step, from);
 }
 
 absl::Status SyncAggregator::CheckHyperparameters(const Step& step,
@@ -235,8 +245,10 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
   return absl::OkStatus();
 }
 
-void SyncAggregator::Clear(Step* step) {
+void SyncAggregator::Clear(Step* step) const {
+  const std::optional<uint32_t> from = FoldRank(*step);
   step->fold = 0;
+  FoldMoved(*step, from);
   step->num_summed = 0;
   for (std::unique_ptr<Early>& early : step->early) early.reset();
   step->contributed.assign(step->contributed.size(), false);
@@ -298,7 +310,7 @@ absl::Status SyncAggregator::Contribute(
                                              early->gradient.get()));
     }
     early->reader = sink;
-    sink->Hold();
+    sink->Hold(args.no_gradient ? 0 : n * int64_t{4});
     step->early[args.rank] = std::move(early);
   }
   if (!args.no_gradient) ++step->num_with_gradient;
@@ -362,6 +374,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
   }
   // Outside the lock: a released stream may read (and push) at once.
   for (const std::shared_ptr<ReplySink>& reader : released) reader->Release();
+  WakeAdmitted();
   if (ready) ScheduleApply(step);
   return status;
 }
@@ -397,6 +410,7 @@ void SyncAggregator::Apply(Step* step) {
   for (auto& [sink, reply] : replies) {
     updater_->Deliver(sink.get(), std::move(reply));
   }
+  WakeAdmitted();
 }
 
 void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
@@ -478,6 +492,7 @@ void SyncAggregator::MembershipChanged() {
       if (ready) step->apply_scheduled = true;
     }
     for (const std::shared_ptr<ReplySink>& r : released) r->Release();
+    WakeAdmitted();
     if (ready) ScheduleApply(step.get());
   }
 }

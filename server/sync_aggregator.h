@@ -122,7 +122,21 @@ class SyncAggregator final : public Aggregator {
   void Seal(Step* step, PendingReplies* replies) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Clears the step's contributions (after Apply or a reset).
-  static void Clear(Step* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
+  void Clear(Step* step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
+  // Tells the receive budget that the step's fold moved from `from` (none:
+  // it was complete or not counted) to where it is now.
+  void FoldMoved(const Step& step, std::optional<uint32_t> from) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // The budget's position of a fold: none once the sum is complete.
+  static std::optional<uint32_t> FoldRank(const Step& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu) {
+    if (step.fold >= step.contributed.size()) return std::nullopt;
+    return step.fold;
+  }
+  // Wakes the reads the budget admitted meanwhile (no lock held).
+  void WakeAdmitted() const {
+    if (options_.budget != nullptr) options_.budget->RunAdmitted();
+  }
   // Records a first push of `args.rank` for the step: added to the sum when
   // every rank below is, else kept as early (holding `sink`'s reads).
   // ABORTED when the sum already went past the rank; the decoding's errors.

@@ -218,6 +218,7 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
 // uses it, and the current gradient and weight regions.
 RegionsToName Client::NamesFor(const Lane& lane) const {
   RegionsToName names;
+  names.rank = options_.rank;
   names.stream_region = shm_.shared_memory(lane.shard);
   names.rings = shm_.rings(lane.shard);
   names.gradients = shm_.gradient_region();

@@ -255,6 +255,7 @@ void LaneCall::Start(const RegionsToName& names) {
     lane_->call_done = false;
     lane_->final_status = grpc::Status::OK;
   }
+  ctx_.AddMetadata(kRankMetadataKey, absl::StrCat(names.rank));
   // A region of this call's own: a call that ended may still have a reply
   // being written into its region by the shard. Without one (out of memory
   // or descriptors) the payloads go in the messages.

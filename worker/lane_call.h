@@ -34,6 +34,7 @@ struct Lane;
 // What a new call names (all empty: payloads in the messages). The call
 // holds the gradient and weight regions while it lives.
 struct RegionsToName {
+  uint32_t rank = 0;           // the pusher's, named too (kRankMetadataKey)
   bool stream_region = false;  // a region of its own for payloads
   bool rings = false;          // and message rings in it
   std::shared_ptr<const SharedRegion> gradients;

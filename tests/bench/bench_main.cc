@@ -29,6 +29,9 @@
 
 ABSL_FLAG(std::string, server_binary, "",
           "shardps-server to start; default: next to this binary's build.");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "scale: more flags for every shardps-server, comma-separated "
+          "(e.g. --max_inflight_mib=64).");
 ABSL_FLAG(std::string, coordinator_binary, "",
           "scale: shardps-coordinator to start; default: next to this "
           "binary's build.");
@@ -217,6 +220,7 @@ absl::Status Run(const std::string& command) {
   if (command == "scale") {
     ScaleOptions o;
     o.server_binary = BinaryFlag(FLAGS_server_binary, "server/shardps-server");
+    o.server_flags = absl::GetFlag(FLAGS_server_flags);
     o.self_binary = SelfBinary();
     o.coordinator_binary =
         BinaryFlag(FLAGS_coordinator_binary, "server/shardps-coordinator");

@@ -193,15 +193,15 @@ absl::Status StartJob(const ScaleOptions& o, uint32_t shards, uint32_t workers,
            "--exit_when_finished=false"},
           absl::Seconds(30), dir));
   for (uint32_t s = 0; s < shards; ++s) {
+    std::vector<std::string> flags = {
+        absl::StrCat("--coordinator=", (*coordinator)->address()),
+        absl::StrCat("--job_id=", kJobId), absl::StrCat("--shard_index=", s),
+        "--mode=sync", absl::StrCat("--update_threads=", o.update_threads)};
+    flags.insert(flags.end(), o.server_flags.begin(), o.server_flags.end());
     SHARDPS_ASSIGN_OR_RETURN(
         std::unique_ptr<Daemon> d,
-        Daemon::Start(
-            absl::StrCat(row, "-server-", s), o.server_binary,
-            {absl::StrCat("--coordinator=", (*coordinator)->address()),
-             absl::StrCat("--job_id=", kJobId),
-             absl::StrCat("--shard_index=", s), "--mode=sync",
-             absl::StrCat("--update_threads=", o.update_threads)},
-            absl::Seconds(30), dir));
+        Daemon::Start(absl::StrCat(row, "-server-", s), o.server_binary,
+                      std::move(flags), absl::Seconds(30), dir));
     servers->push_back(std::move(d));
   }
   return absl::OkStatus();

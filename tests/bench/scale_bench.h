@@ -17,6 +17,8 @@ namespace shardps::bench {
 
 struct ScaleOptions {
   std::string server_binary;
+  // More flags for every shardps-server (e.g. --max_inflight_mib=64).
+  std::vector<std::string> server_flags;
   std::string coordinator_binary;
   // This program, run again as `scale_members` for the memberships.
   std::string self_binary;

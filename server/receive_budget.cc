@@ -1,0 +1,96 @@
+#include "server/receive_budget.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace shardps::server {
+
+bool ReceiveBudget::Allows(const Ticket& t) const {
+  if (limit_ == 0 || in_use_ == 0 || in_use_ + t.bytes <= limit_) return true;
+  if (!t.rank.has_value()) return true;  // cannot tell: a first read
+  return *t.rank < folds_.size() && folds_[*t.rank] > 0;
+}
+
+bool ReceiveBudget::TryRead(std::optional<uint32_t> rank, int64_t bytes,
+                            std::function<void()> wake) {
+  if (limit_ == 0) return true;
+  absl::MutexLock lock(&mu_);
+  Ticket t{rank, bytes, nullptr};
+  if (Allows(t)) {
+    in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
+    return true;
+  }
+  t.wake = std::move(wake);
+  parked_.push_back(std::move(t));
+  ++waited_;
+  return false;
+}
+
+void ReceiveBudget::Admit() {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (!Allows(*it)) {
+      ++it;
+      continue;
+    }
+    in_use_ += it->bytes;
+    peak_ = std::max(peak_, in_use_);
+    admitted_.push_back(std::move(it->wake));
+    it = parked_.erase(it);
+  }
+}
+
+void ReceiveBudget::Take(int64_t bytes) {
+  if (limit_ == 0) return;
+  absl::MutexLock lock(&mu_);
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+}
+
+void ReceiveBudget::Free(int64_t bytes) {
+  if (limit_ == 0) return;
+  {
+    absl::MutexLock lock(&mu_);
+    in_use_ -= bytes;
+    if (!parked_.empty()) Admit();
+  }
+  RunAdmitted();
+}
+
+void ReceiveBudget::MoveFold(std::optional<uint32_t> from,
+                             std::optional<uint32_t> to) {
+  if (from == to) return;
+  absl::MutexLock lock(&mu_);
+  if (from.has_value() && *from < folds_.size()) --folds_[*from];
+  if (to.has_value()) {
+    if (*to >= folds_.size()) folds_.resize(*to + 1, 0);
+    if (++folds_[*to] == 1 && !parked_.empty()) Admit();
+  }
+}
+
+void ReceiveBudget::RunAdmitted() {
+  std::vector<std::function<void()>> woken;
+  {
+    absl::MutexLock lock(&mu_);
+    if (admitted_.empty()) return;
+    woken.swap(admitted_);
+  }
+  for (std::function<void()>& w : woken) w();
+}
+
+int64_t ReceiveBudget::in_use() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+int64_t ReceiveBudget::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+int64_t ReceiveBudget::waited() const {
+  absl::MutexLock lock(&mu_);
+  return waited_;
+}
+
+}  // namespace shardps::server

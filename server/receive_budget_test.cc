@@ -1,0 +1,64 @@
+#include "server/receive_budget.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardps::server {
+namespace {
+
+TEST(ReceiveBudgetTest, WithoutALimitEveryReadGoesAndNothingIsCounted) {
+  ReceiveBudget budget(0);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(budget.TryRead(7, 1 << 20, [] { FAIL() << "parked"; }));
+  }
+  budget.Take(1 << 20);
+  EXPECT_EQ(budget.in_use(), 0);
+}
+
+TEST(ReceiveBudgetTest, AReadOverTheBudgetWaitsUntilBytesAreFreed) {
+  ReceiveBudget budget(100);
+  EXPECT_TRUE(budget.TryRead(1, 60, nullptr));
+  int woken = 0;
+  EXPECT_FALSE(budget.TryRead(2, 60, [&] { ++woken; }));
+  EXPECT_EQ(budget.in_use(), 60);
+  budget.Take(30);  // an early gradient: always taken
+  EXPECT_EQ(budget.in_use(), 90);
+  budget.Free(60);  // 30 + 60 fit: the parked read is admitted and woken
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(budget.in_use(), 90);
+  EXPECT_EQ(budget.peak(), 90);
+}
+
+TEST(ReceiveBudgetTest, ARankASumNeedsNextIsNeverParked) {
+  ReceiveBudget budget(100);
+  EXPECT_TRUE(budget.TryRead(0, 100, nullptr));
+  int woken_3 = 0;
+  int woken_5 = 0;
+  EXPECT_FALSE(budget.TryRead(3, 50, [&] { ++woken_3; }));
+  EXPECT_FALSE(budget.TryRead(5, 50, [&] { ++woken_5; }));
+  // A chunk's sum now waits for rank 3: its read is admitted, over budget,
+  // and wakes at RunAdmitted (not under the caller's locks).
+  budget.MoveFold(std::nullopt, 3);
+  EXPECT_EQ(woken_3, 0);
+  budget.RunAdmitted();
+  EXPECT_EQ(woken_3, 1);
+  EXPECT_EQ(woken_5, 0);
+  EXPECT_EQ(budget.in_use(), 150);
+  // While the fold is at 3, rank 3 reads at once; rank 5 does not.
+  EXPECT_TRUE(budget.TryRead(3, 50, nullptr));
+  budget.MoveFold(3, std::nullopt);  // the sum is complete
+  EXPECT_FALSE(budget.TryRead(3, 50, [] {}));
+  budget.Free(200);
+  EXPECT_EQ(woken_5, 1);
+}
+
+TEST(ReceiveBudgetTest, AStreamOfUnknownRankAndAnIdleBudgetAlwaysRead) {
+  ReceiveBudget budget(10);
+  EXPECT_TRUE(budget.TryRead(1, 1000, nullptr));  // nothing else in use
+  EXPECT_TRUE(budget.TryRead(std::nullopt, 5, nullptr));
+  EXPECT_FALSE(budget.TryRead(1, 5, [] {}));
+}
+
+}  // namespace
+}  // namespace shardps::server
