@@ -277,8 +277,8 @@ void PushPullReactor::RingRequests::AwaitBudget() {
       })) {
     return;
   }
-  absl::MutexLock lock(&r.mu_);
-  r.mu_.Await(absl::Condition(
+  absl::MutexLock lock(&reactor_->mu_);
+  reactor_->mu_.Await(absl::Condition(
       +[](RingRequests* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->reactor_->mu_) {
         return s->admitted_ || s->reactor_->finishing();
       },
