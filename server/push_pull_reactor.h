@@ -143,10 +143,17 @@ class PushPullReactor final
   void Release() override;
 
  private:
+  // The stream's ends (push_pull_ends.cc).
   class GrpcRequests;
   class RingRequests;
   class GrpcReplies;
   class RingReplies;
+  static std::unique_ptr<RequestSource> GrpcSource(PushPullReactor* reactor);
+  static std::unique_ptr<RequestSource> RingSource(PushPullReactor* reactor,
+                                                   char* base, uint64_t bytes);
+  static std::unique_ptr<ReplyChannel> GrpcChannel();
+  static std::unique_ptr<ReplyChannel> RingChannel(char* base, uint64_t bytes,
+                                                   ReplyFaults* faults);
 
   // Every StartRead, StartWrite and Finish is decided under mu_ and issued
   // outside it (gRPC may run reactions inline). Finish is issued only when
