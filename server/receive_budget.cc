@@ -8,7 +8,7 @@ namespace shardps::server {
 bool ReceiveBudget::Allows(const Ticket& t) const {
   if (limit_ == 0 || in_use_ == 0 || in_use_ + t.bytes <= limit_) return true;
   if (!t.rank.has_value()) return true;  // cannot tell: a first read
-  return *t.rank < folds_.size() && folds_[*t.rank] > 0;
+  return !folds_.empty() && *t.rank == folds_.begin()->first.second;
 }
 
 bool ReceiveBudget::TryRead(std::optional<uint32_t> rank, int64_t bytes,
@@ -57,15 +57,21 @@ void ReceiveBudget::Free(int64_t bytes) {
   RunAdmitted();
 }
 
-void ReceiveBudget::MoveFold(std::optional<uint32_t> from,
-                             std::optional<uint32_t> to) {
+void ReceiveBudget::MoveFold(std::optional<Fold> from, std::optional<Fold> to) {
   if (from == to) return;
   absl::MutexLock lock(&mu_);
-  if (from.has_value() && *from < folds_.size()) --folds_[*from];
-  if (to.has_value()) {
-    if (*to >= folds_.size()) folds_.resize(*to + 1, 0);
-    if (++folds_[*to] == 1 && !parked_.empty()) Admit();
+  const std::optional<uint32_t> least =
+      folds_.empty() ? std::nullopt
+                     : std::optional<uint32_t>(folds_.begin()->first.second);
+  if (from.has_value()) {
+    auto it = folds_.find(*from);
+    if (it != folds_.end() && --it->second == 0) folds_.erase(it);
   }
+  if (to.has_value()) ++folds_[*to];
+  const std::optional<uint32_t> now =
+      folds_.empty() ? std::nullopt
+                     : std::optional<uint32_t>(folds_.begin()->first.second);
+  if (now != least && !parked_.empty()) Admit();
 }
 
 void ReceiveBudget::RunAdmitted() {

@@ -8,17 +8,19 @@
 // control stops its sender (a parked stream keeps at most the server's
 // stream lookahead in gRPC's buffers).
 //
-// Why it cannot deadlock. A stream whose rank some chunk's rank-ordered
-// sum needs next (its fold) may always read, budget or not. Take, among
-// the chunks whose step is not complete, one whose fold m is the least.
-// Rank m's stream carrying that chunk holds no early gradient: one would
-// be of a chunk whose fold is below m, which is not complete (else its
-// gradient would have been summed), against m being least. A worker sends
-// a step's pushes in order and none of the next step before every reply of
-// this one, so what that stream reads next is that chunk's push or another
-// that is summed at once or refused: the least fold always advances. The
-// exempt reads exceed the budget by at most one chunk per distinct fold,
-// i.e. per owned chunk, whatever the number of workers.
+// Why it cannot deadlock. Every chunk whose step is not complete has a
+// fold: the rank its rank-ordered sum needs next. Order them by (step,
+// fold) and take the least, chunk c at step t with fold m: the streams of
+// rank m may always read, budget or not.
+// Rank m's stream carrying c holds no early gradient: one of step t would
+// be of a chunk whose fold is below m, against (t, m) being least, and one
+// of a later step cannot exist, as a worker pushes nothing of step t + 1
+// before every reply of step t, c's included. So what that stream reads
+// next is c's push, or another that is summed at once or refused: the
+// least (step, fold) always advances. Only
+// rank m's streams read past the budget, each one push at a time and at
+// most one early gradient: the budget is exceeded by at most two chunks
+// per stream of one worker, whatever the number of workers.
 //
 // Thread-safe; a parked stream is woken (its callback run) outside the
 // budget's lock.
@@ -29,9 +31,11 @@
 #include <functional>
 #include <list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/synchronization/mutex.h"
 
 namespace shardps::server {
@@ -53,7 +57,8 @@ class ReceiveBudget {
 
   // Takes `bytes` for a read by a stream of `rank` (none: its first read,
   // rank not known yet) if the budget allows it: it is unspent enough,
-  // nothing else is in use, or the rank is one some chunk's sum needs next.
+  // nothing else is in use, or the rank is the least that some chunk's sum
+  // needs next.
   // Else parks `wake` and returns false; the caller reads nothing until
   // `wake` runs (the bytes are then taken for it).
   bool TryRead(std::optional<uint32_t> rank, int64_t bytes,
@@ -63,10 +68,12 @@ class ReceiveBudget {
   // Gives back bytes taken by TryRead or Take, and runs the wakes of the
   // parked reads that now fit. Call it holding no lock of the store's.
   void Free(int64_t bytes);
-  // A chunk's next rank to sum moved from `from` to `to` (none: the chunk
-  // was not counted, or is complete). May be called under a chunk's lock:
+  // Where a chunk's sum stands: its step and the rank it needs next.
+  using Fold = std::pair<int64_t, uint32_t>;
+  // A chunk's fold moved from `from` to `to` (none: the chunk was not
+  // counted, or its step is complete). May be called under a chunk's lock:
   // the reads it admits wake at the next RunAdmitted or Free.
-  void MoveFold(std::optional<uint32_t> from, std::optional<uint32_t> to);
+  void MoveFold(std::optional<Fold> from, std::optional<Fold> to);
   // Runs the wakes MoveFold admitted. Call it holding no lock of the
   // store's.
   void RunAdmitted();
@@ -88,8 +95,9 @@ class ReceiveBudget {
   int64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t waited_ ABSL_GUARDED_BY(mu_) = 0;
-  // By rank: the chunks whose fold is that rank.
-  std::vector<int64_t> folds_ ABSL_GUARDED_BY(mu_);
+  // By fold: how many chunks stand there; the least is the rank that may
+  // read past the budget.
+  absl::btree_map<Fold, int64_t> folds_ ABSL_GUARDED_BY(mu_);
   std::list<Ticket> parked_ ABSL_GUARDED_BY(mu_);
   // Admitted, not yet woken.
   std::vector<std::function<void()>> admitted_ ABSL_GUARDED_BY(mu_);

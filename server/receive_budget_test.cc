@@ -7,6 +7,8 @@
 namespace shardps::server {
 namespace {
 
+ReceiveBudget::Fold F(int64_t step, uint32_t rank) { return {step, rank}; }
+
 TEST(ReceiveBudgetTest, WithoutALimitEveryReadGoesAndNothingIsCounted) {
   ReceiveBudget budget(0);
   for (int i = 0; i < 100; ++i) {
@@ -39,7 +41,7 @@ TEST(ReceiveBudgetTest, ARankASumNeedsNextIsNeverParked) {
   EXPECT_FALSE(budget.TryRead(5, 50, [&] { ++woken_5; }));
   // A chunk's sum now waits for rank 3: its read is admitted, over budget,
   // and wakes at RunAdmitted (not under the caller's locks).
-  budget.MoveFold(std::nullopt, 3);
+  budget.MoveFold(std::nullopt, F(0, 3));
   EXPECT_EQ(woken_3, 0);
   budget.RunAdmitted();
   EXPECT_EQ(woken_3, 1);
@@ -47,10 +49,30 @@ TEST(ReceiveBudgetTest, ARankASumNeedsNextIsNeverParked) {
   EXPECT_EQ(budget.in_use(), 150);
   // While the fold is at 3, rank 3 reads at once; rank 5 does not.
   EXPECT_TRUE(budget.TryRead(3, 50, nullptr));
-  budget.MoveFold(3, std::nullopt);  // the sum is complete
+  budget.MoveFold(F(0, 3), std::nullopt);  // the sum is complete
   EXPECT_FALSE(budget.TryRead(3, 50, [] {}));
   budget.Free(200);
   EXPECT_EQ(woken_5, 1);
+}
+
+TEST(ReceiveBudgetTest, OnlyTheLeastRankASumNeedsReadsPastTheBudget) {
+  ReceiveBudget budget(100);
+  EXPECT_TRUE(budget.TryRead(0, 100, nullptr));
+  budget.MoveFold(std::nullopt, F(7, 4));  // one chunk waits for rank 4
+  budget.MoveFold(std::nullopt, F(7, 2));  // another for rank 2
+  // A chunk already at the next step waits for rank 0, whose push of it
+  // cannot come before step 7 is done: it does not count.
+  budget.MoveFold(std::nullopt, F(8, 0));
+  EXPECT_TRUE(budget.TryRead(2, 10, nullptr));
+  int woken_4 = 0;
+  EXPECT_FALSE(budget.TryRead(4, 10, [&] { ++woken_4; }));
+  EXPECT_FALSE(budget.TryRead(0, 10, [] {}));
+  budget.MoveFold(F(7, 2), F(7, 3));  // rank 2 summed: the least is 3 now
+  budget.RunAdmitted();
+  EXPECT_EQ(woken_4, 0);
+  budget.MoveFold(F(7, 3), std::nullopt);  // complete: 4 is least
+  budget.RunAdmitted();
+  EXPECT_EQ(woken_4, 1);
 }
 
 TEST(ReceiveBudgetTest, AStreamOfUnknownRankAndAnIdleBudgetAlwaysRead) {

@@ -39,7 +39,7 @@ SyncAggregator::SyncAggregator(const AggregatorOptions& options,
     if (chunks[i] != nullptr) {
       steps_[i] = std::make_unique<Step>(chunks[i], ranks->num_workers());
       absl::MutexLock lock(&chunks[i]->mu);
-      FoldMoved(*steps_[i], std::nullopt);
+      FoldMoved(steps_[i].get());
     }
   }
 }
@@ -67,16 +67,19 @@ void SyncAggregator::AddToSum(Step* step, const float* gradient) {
   ++step->num_summed;
 }
 
-void SyncAggregator::FoldMoved(const Step& step,
-                               std::optional<uint32_t> from) const {
-  if (options_.budget != nullptr)
-    options_.budget->MoveFold(from, FoldRank(step));
+void SyncAggregator::FoldMoved(Step* step) const {
+  if (options_.budget == nullptr) return;
+  std::optional<ReceiveBudget::Fold> now;
+  if (step->fold < step->contributed.size()) {
+    now = ReceiveBudget::Fold(step->chunk->version, step->fold);
+  }
+  options_.budget->MoveFold(step->counted_at, now);
+  step->counted_at = now;
 }
 
 void SyncAggregator::Fold(
     Step* step, std::vector<std::shared_ptr<ReplySink>>* released) const {
   const int64_t version = step->chunk->version;
-  const std::optional<uint32_t> from = FoldRank(*step);
   while (step->fold < step->contributed.size()) {
     const uint32_t r = step->fold;
     if (step->contributed[r]) {
@@ -90,7 +93,7 @@ void SyncAggregator::Fold(
     }
     ++step->fold;
   }
-  FoldMoved(*step, from);
+  FoldMoved(step);
 }
 
 absl::Status SyncAggregator::CheckHyperparameters(const Step& step,
@@ -246,9 +249,8 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
 }
 
 void SyncAggregator::Clear(Step* step) const {
-  const std::optional<uint32_t> from = FoldRank(*step);
   step->fold = 0;
-  FoldMoved(*step, from);
+  FoldMoved(step);
   step->num_summed = 0;
   for (std::unique_ptr<Early>& early : step->early) early.reset();
   step->contributed.assign(step->contributed.size(), false);

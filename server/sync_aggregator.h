@@ -88,6 +88,8 @@ class SyncAggregator final : public Aggregator {
     // update was not a two-phase step's), for the retries of that step.
     std::optional<StepDecision> applied ABSL_GUARDED_BY(chunk->mu);
     double applied_sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
+    // Where the receive budget counts the step (FoldMoved).
+    std::optional<ReceiveBudget::Fold> counted_at ABSL_GUARDED_BY(chunk->mu);
   };
 
   // INVALID_ARGUMENT naming the first field that differs unless `args`
@@ -123,16 +125,10 @@ class SyncAggregator final : public Aggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Clears the step's contributions (after Apply or a reset).
   void Clear(Step* step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
-  // Tells the receive budget that the step's fold moved from `from` (none:
-  // it was complete or not counted) to where it is now.
-  void FoldMoved(const Step& step, std::optional<uint32_t> from) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
-  // The budget's position of a fold: none once the sum is complete.
-  static std::optional<uint32_t> FoldRank(const Step& step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu) {
-    if (step.fold >= step.contributed.size()) return std::nullopt;
-    return step.fold;
-  }
+  // Tells the receive budget where the step's sum stands now: its version
+  // and fold, none once complete (ReceiveBudget::MoveFold).
+  void FoldMoved(Step* step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Wakes the reads the budget admitted meanwhile (no lock held).
   void WakeAdmitted() const {
     if (options_.budget != nullptr) options_.budget->RunAdmitted();
