@@ -43,9 +43,6 @@ class PushPullReactor::GrpcRequests final : public RequestSource {
   void Read(int64_t bytes);
 
   PushPullReactor* const reactor_;  // owns this
-  // The budget's bytes of the read in flight (one at a time); the read's
-  // reactions own it.
-  int64_t read_bytes_ = 0;
   grpc::ByteBuffer buffer_;
   v1::PushPullRequest request_;
   PayloadView payload_;
@@ -63,7 +60,7 @@ void PushPullReactor::GrpcRequests::OnGrpcRead(bool ok) {
   }
   if (!ok) {
     buffer_.Clear();
-    r.env_.store->budget().Free(std::exchange(read_bytes_, 0));
+    r.FreeReadBytes();
     r.Pump();
     return;
   }
@@ -72,7 +69,7 @@ void PushPullReactor::GrpcRequests::OnGrpcRead(bool ok) {
   // The store has copied what it keeps: let go of the received slices.
   payload_.Clear();
   buffer_.Clear();
-  r.env_.store->budget().Free(std::exchange(read_bytes_, 0));
+  r.FreeReadBytes();  // what an early gradient did not take over
   if (!taken) return;
   {
     absl::MutexLock lock(&r.mu_);
@@ -105,7 +102,7 @@ void PushPullReactor::GrpcRequests::Read(int64_t bytes) {
     absl::MutexLock lock(&r.mu_);
     finishing = r.finishing();
     if (!finishing) {
-      read_bytes_ = bytes;
+      r.read_bytes_ = bytes;
       ++r.starting_read_;
     }
   }

@@ -32,6 +32,7 @@
 // sleep would then hold the stream, and the server's shutdown, forever.
 #include "server/push_pull_reactor.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -95,7 +96,20 @@ void PushPullReactor::Hold(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   ++holds_;
   held_bytes_ += bytes;
-  env_.store->budget().Take(bytes);
+  // The push came in a read that took its bytes already: the hold takes
+  // those over, and the budget only what they do not cover.
+  const int64_t covered = std::min(bytes, read_bytes_);
+  read_bytes_ -= covered;
+  env_.store->budget().Take(bytes - covered);
+}
+
+void PushPullReactor::FreeReadBytes() {
+  int64_t bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    bytes = std::exchange(read_bytes_, 0);
+  }
+  if (bytes > 0) env_.store->budget().Free(bytes);
 }
 
 absl::Status PushPullReactor::TakeReplyEncoding(

@@ -184,6 +184,8 @@ class PushPullReactor final
   // Asks the store's receive budget for a read of `bytes`: true when it may
   // start now; else `admitted` runs once it may (the bytes then taken).
   bool AskBudget(int64_t bytes, std::function<void()> admitted);
+  // Gives back what the read in flight still holds of the budget.
+  void FreeReadBytes();
   // InvalidArgument unless the request's shared-memory fields agree with
   // each other and with the regions the stream has.
   absl::Status CheckSharedMemory(const v1::PushPullRequest& r) const;
@@ -218,6 +220,9 @@ class PushPullReactor final
   // The bytes of the held gradients, taken from the store's receive budget
   // and given back when the last hold is released (or the stream ends).
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the read in flight took from the budget (gRPC source: one read at
+  // a time), until the push is taken; an early gradient takes it over.
+  int64_t read_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The pusher's rank (none until known), for the receive budget.
   std::optional<uint32_t> rank_ ABSL_GUARDED_BY(mu_);
   // The source yields no more pushes and runs no more (true for gRPC reads,

@@ -60,18 +60,18 @@ void ReceiveBudget::Free(int64_t bytes) {
 void ReceiveBudget::MoveFold(std::optional<Fold> from, std::optional<Fold> to) {
   if (from == to) return;
   absl::MutexLock lock(&mu_);
-  const std::optional<uint32_t> least =
-      folds_.empty() ? std::nullopt
-                     : std::optional<uint32_t>(folds_.begin()->first.second);
+  // -1: no sum waits.
+  const auto least = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return folds_.empty() ? int64_t{-1}
+                          : static_cast<int64_t>(folds_.begin()->first.second);
+  };
+  const int64_t before = least();
   if (from.has_value()) {
     auto it = folds_.find(*from);
     if (it != folds_.end() && --it->second == 0) folds_.erase(it);
   }
   if (to.has_value()) ++folds_[*to];
-  const std::optional<uint32_t> now =
-      folds_.empty() ? std::nullopt
-                     : std::optional<uint32_t>(folds_.begin()->first.second);
-  if (now != least && !parked_.empty()) Admit();
+  if (least() != before && !parked_.empty()) Admit();
 }
 
 void ReceiveBudget::RunAdmitted() {

@@ -1,6 +1,7 @@
 // A shard's receive budget (shardps-server --max_inflight_mib): the bytes
 // of gradients it holds beyond its owned state, whatever the number of
-// workers. Two things hold such bytes: a push being read (its message in
+// workers, as far as the shard's own code holds them (gRPC's buffers of a
+// parked stream, up to its HTTP/2 window, are not counted). Two things hold such bytes: a push being read (its message in
 // gRPC's buffers: up to the largest chunk per stream reading) and an early
 // gradient (sync: one that came before the ranks below it, decoded, kept
 // until they are summed). A stream asks the budget before each read; while
@@ -17,10 +18,10 @@
 // of a later step cannot exist, as a worker pushes nothing of step t + 1
 // before every reply of step t, c's included. So what that stream reads
 // next is c's push, or another that is summed at once or refused: the
-// least (step, fold) always advances. Only
-// rank m's streams read past the budget, each one push at a time and at
-// most one early gradient: the budget is exceeded by at most two chunks
-// per stream of one worker, whatever the number of workers.
+// least (step, fold) always advances. Only rank m's streams read past the
+// budget, one push at a time each; but a read it admits stays posted until
+// the stream's next push comes, so one read per stream of each rank that
+// was least during a step may be outstanding past the budget.
 //
 // Thread-safe; a parked stream is woken (its callback run) outside the
 // budget's lock.
