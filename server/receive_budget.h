@@ -1,13 +1,13 @@
 // A shard's receive budget (shardps-server --max_inflight_mib): the bytes
 // of gradients it holds beyond its owned state, whatever the number of
 // workers, as far as the shard's own code holds them (gRPC's buffers of a
-// parked stream, up to its HTTP/2 window, are not counted). Two things hold such bytes: a push being read (its message in
-// gRPC's buffers: up to the largest chunk per stream reading) and an early
-// gradient (sync: one that came before the ranks below it, decoded, kept
-// until they are summed). A stream asks the budget before each read; while
-// the budget is spent it is parked, reading nothing, and gRPC's flow
-// control stops its sender (a parked stream keeps at most the server's
-// stream lookahead in gRPC's buffers).
+// parked stream, up to its HTTP/2 window, are not counted). Two things hold
+// such bytes: a push being read (its message in gRPC's buffers: up to the
+// largest chunk per stream reading) and an early gradient (sync: one that came
+// before the ranks below it, decoded, kept until they are summed). A stream
+// asks the budget before each read; while the budget is spent it is parked,
+// reading nothing, and gRPC's flow control stops its sender (a parked stream
+// keeps at most the server's stream lookahead in gRPC's buffers).
 //
 // Why it cannot deadlock. Every chunk whose step is not complete has a
 // fold: the rank its rank-ordered sum needs next. Order them by (step,
