@@ -84,19 +84,9 @@ void ReceiveBudget::RunAdmitted() {
   for (std::function<void()>& w : woken) w();
 }
 
-int64_t ReceiveBudget::in_use() const {
+ReceiveBudget::Usage ReceiveBudget::usage() const {
   absl::MutexLock lock(&mu_);
-  return in_use_;
-}
-
-int64_t ReceiveBudget::peak() const {
-  absl::MutexLock lock(&mu_);
-  return peak_;
-}
-
-int64_t ReceiveBudget::waited() const {
-  absl::MutexLock lock(&mu_);
-  return waited_;
+  return Usage{in_use_, peak_, waited_};
 }
 
 }  // namespace shardps::server

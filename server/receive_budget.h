@@ -79,11 +79,14 @@ class ReceiveBudget {
   // store's.
   void RunAdmitted();
 
-  // For tests and GetStatus.
-  int64_t in_use() const;
-  int64_t peak() const;
-  // Reads that were parked, in all.
-  int64_t waited() const;
+  // What the budget holds now, the most it held, and how many reads it
+  // parked in all (for tests and the shard's exit log).
+  struct Usage {
+    int64_t in_use = 0;
+    int64_t peak = 0;
+    int64_t waited = 0;
+  };
+  Usage usage() const;
 
  private:
   bool Allows(const Ticket& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

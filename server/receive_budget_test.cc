@@ -15,7 +15,7 @@ TEST(ReceiveBudgetTest, WithoutALimitEveryReadGoesAndNothingIsCounted) {
     EXPECT_TRUE(budget.TryRead(7, 1 << 20, [] { FAIL() << "parked"; }));
   }
   budget.Take(1 << 20);
-  EXPECT_EQ(budget.in_use(), 0);
+  EXPECT_EQ(budget.usage().in_use, 0);
 }
 
 TEST(ReceiveBudgetTest, AReadOverTheBudgetWaitsUntilBytesAreFreed) {
@@ -23,13 +23,13 @@ TEST(ReceiveBudgetTest, AReadOverTheBudgetWaitsUntilBytesAreFreed) {
   EXPECT_TRUE(budget.TryRead(1, 60, nullptr));
   int woken = 0;
   EXPECT_FALSE(budget.TryRead(2, 60, [&] { ++woken; }));
-  EXPECT_EQ(budget.in_use(), 60);
+  EXPECT_EQ(budget.usage().in_use, 60);
   budget.Take(30);  // an early gradient: always taken
-  EXPECT_EQ(budget.in_use(), 90);
+  EXPECT_EQ(budget.usage().in_use, 90);
   budget.Free(60);  // 30 + 60 fit: the parked read is admitted and woken
   EXPECT_EQ(woken, 1);
-  EXPECT_EQ(budget.in_use(), 90);
-  EXPECT_EQ(budget.peak(), 90);
+  EXPECT_EQ(budget.usage().in_use, 90);
+  EXPECT_EQ(budget.usage().peak, 90);
 }
 
 TEST(ReceiveBudgetTest, ARankASumNeedsNextIsNeverParked) {
@@ -46,7 +46,7 @@ TEST(ReceiveBudgetTest, ARankASumNeedsNextIsNeverParked) {
   budget.RunAdmitted();
   EXPECT_EQ(woken_3, 1);
   EXPECT_EQ(woken_5, 0);
-  EXPECT_EQ(budget.in_use(), 150);
+  EXPECT_EQ(budget.usage().in_use, 150);
   // While the fold is at 3, rank 3 reads at once; rank 5 does not.
   EXPECT_TRUE(budget.TryRead(3, 50, nullptr));
   budget.MoveFold(F(0, 3), std::nullopt);  // the sum is complete

@@ -111,8 +111,9 @@ void Stop(const Logger& log, ShardServer* server) {
     Emit(log, LogLevel::kInfo,
          absl::StrFormat("receive budget %.2f MiB: at most %.2f MiB of "
                          "gradients held, %d reads waited for it",
-                         budget.limit() / 1048576.0, budget.peak() / 1048576.0,
-                         budget.waited()));
+                         budget.limit() / 1048576.0,
+                         budget.usage().peak / 1048576.0,
+                         budget.usage().waited));
   }
 }
 

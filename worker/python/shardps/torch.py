@@ -120,11 +120,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: backward passes accumulated into .grad
             before each step() (gradient accumulation); the push happens at
             the last one.
-        chunk_bytes: the largest piece of a tensor the servers hold as one
-            unit (a multiple of 4, at most 64 MiB). None: chosen from the
-            model's size (the largest power of two at most 1/32 of it,
-            from 64 KiB to 1 MiB), so that every server carries nearly the
-            same bytes; all ranks must agree.
+        chunk_bytes: the largest piece of a tensor a server holds as one
+            unit (a multiple of 4, at most 64 MiB; every rank the same).
+            None: the largest power of two at most 1/32 of the model, 64
+            KiB to 1 MiB, so that servers carry nearly equal bytes.
         max_grad_norm: clip the global 2-norm of every step's averaged
             gradient to this, on the servers, exactly as
             torch.nn.utils.clip_grad_norm_ on the averaged gradient would
@@ -231,9 +230,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 group_of.append(gi)
         if not params:
             raise ValueError("the optimizer has no parameters")
-        # The model's other parameters (frozen ones left out of the
-        # optimizer) are declared too, never updated: every rank holds
-        # rank 0's values.
+        # Frozen parameters are declared too, never updated: every rank
+        # holds rank 0's values.
         trained = {id(p) for p in params}
         for key, name in names.items():
             if key in trained:
