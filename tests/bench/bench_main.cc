@@ -23,6 +23,7 @@
 #include "tests/bench/netns_link.h"
 #include "tests/bench/scale_bench.h"
 #include "tests/bench/torch_bench.h"
+#include "tests/bench/torch_hosts_bench.h"
 #include "tests/bench/train_bench.h"
 #include "tests/bench/train_hosts_bench.h"
 #include "tests/bench/transport_bench.h"
@@ -38,13 +39,15 @@ ABSL_FLAG(std::string, coordinator_binary, "",
 ABSL_FLAG(int32_t, epochs, 10,
           "Epochs (train; 2 unless given with --emulate_hosts).");
 ABSL_FLAG(bool, emulate_hosts, false,
-          "train: shardps (shardps-local --emulate_hosts) and PyTorch DDP "
+          "train, torch: shardps (shardps-local --emulate_hosts) and PyTorch "
+          "DDP "
           "(gloo ring all-reduce, a rank per host) with every process on an "
           "emulated host whose link is --link each way (root, iproute2, "
           "python3-torch, an optimized build); one row per --rows and "
           "--compressions.");
 ABSL_FLAG(std::string, rows, "2x2,4x4",
-          "train --emulate_hosts: WORKERSxSERVERS of each row (DDP: WORKERS "
+          "train and torch --emulate_hosts: WORKERSxSERVERS of each row (DDP: "
+          "WORKERS "
           "ranks), e.g. 2x2,4x4,4x1.");
 ABSL_FLAG(double, clip_grad_norm, 0,
           "train, torch: also run shardps with global-norm clipping at this "
@@ -55,6 +58,10 @@ ABSL_FLAG(int32_t, steps, 10,
           "rows, more for fast ones).");
 ABSL_FLAG(int32_t, cnn_steps, 200, "Measured steps of the CNN (torch).");
 ABSL_FLAG(int32_t, gpt_steps, 60, "Measured steps of the GPT (torch).");
+ABSL_FLAG(int32_t, wide_steps, 20,
+          "torch --emulate_hosts: measured steps of the wide GPT (12.8 M "
+          "parameters for 256 tokens a step: the link dominates); 0: not "
+          "run.");
 ABSL_FLAG(int32_t, torch_rounds, 2,
           "torch: runs of each side, alternating; the fastest of each counts "
           "(a noisy machine only ever slows a run down).");
@@ -69,9 +76,10 @@ ABSL_FLAG(std::string, compressions, "",
           "transport: instead of the table, PushPull step times of these "
           "codecs against the first, each GRADIENTS[/WEIGHTS] as "
           "--compression and --weight_encoding spell them, e.g. "
-          "none,bf16/bf16,topk:0.01/topk:0.05. train --emulate_hosts: fp32 "
-          "(default) and/or bf16 (both ways; DDP all-reduces fp16), e.g. "
-          "fp32,bf16.");
+          "none,bf16/bf16,topk:0.01/topk:0.05. train and torch "
+          "--emulate_hosts: fp32 (default), bf16 (both ways; DDP all-reduces "
+          "fp16) and/or topk (top-k 1% gradients with error feedback, bf16 "
+          "weights; DDP fp32), e.g. fp32,bf16,topk.");
 ABSL_FLAG(std::string, model, "w",
           "transport codec runs: w (one tensor of --model_mib) or mlp (the "
           "main job's model).");
@@ -99,7 +107,8 @@ ABSL_FLAG(std::string, scale_coordinator, "",
 ABSL_FLAG(uint64_t, scale_incarnation, 0,
           "scale_members: rank r joins with this incarnation + r.");
 ABSL_FLAG(std::string, link, "",
-          "train --emulate_hosts: each host's link, as tc writes a rate. "
+          "train and torch --emulate_hosts: each host's link, as tc writes a "
+          "rate. "
           "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
           "between a servers' and a workers' network namespace, shaped with "
           "tbf each way (needs root, ip and tc); empty: loopback. Unless "
@@ -303,6 +312,27 @@ absl::Status Run(const std::string& command) {
     o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
     return RunTrainBench(o);
   }
+  if (command == "torch" && absl::GetFlag(FLAGS_emulate_hosts)) {
+    TorchHostsOptions o;
+    o.local_binary = SiblingBinary("deploy/local/shardps-local");
+    o.python_path = SiblingBinary("worker/python");
+    o.source_dir = SHARDPS_SOURCE_DIR;
+    o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);
+    o.wide_steps = absl::GetFlag(FLAGS_wide_steps);
+    o.link = absl::GetFlag(FLAGS_link);
+    if (o.link.empty()) {
+      return absl::InvalidArgumentError(
+          "torch --emulate_hosts needs --link=RATE, each host's link (e.g. "
+          "1gbit)");
+    }
+    SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(o.link).status());
+    const std::string compressions = absl::GetFlag(FLAGS_compressions);
+    SHARDPS_ASSIGN_OR_RETURN(
+        o.rows,
+        ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
+                            compressions.empty() ? "fp32" : compressions));
+    return RunTorchHostsBench(o);
+  }
   if (command == "torch") {
     TorchOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
@@ -333,6 +363,9 @@ int main(int argc, char** argv) {
       "  shardps-bench train --emulate_hosts --link=1gbit --rows=2x2,4x4 "
       "--compressions=fp32,bf16  (as root: shardps and PyTorch DDP with "
       "every process on an emulated host of its own)\n"
+      "  shardps-bench torch --emulate_hosts --link=100mbit --rows=2x2,4x4 "
+      "--compressions=fp32,bf16,topk  (as root: the GPT example and a wide "
+      "GPT, the same way)\n"
       "  shardps-bench scale --scale_workers=1,8,64 --scale_shards=1,4 "
       "--scale_models_mib=2,64  (a coordinated job: step time, bytes/s per "
       "shard, server RSS, connections, coordinator CPU as workers grow)");

@@ -2,7 +2,12 @@
 
 #include <sys/resource.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "deploy/local/link_shaping.h"
 
 namespace shardps::bench {
@@ -43,6 +48,36 @@ std::string JsonField(const std::string& json, const std::string& key) {
   const size_t end = json[begin] == '[' ? json.find(']', begin) + 1
                                         : json.find_first_of(",}", begin);
   return json.substr(begin, end - begin);
+}
+
+std::vector<double> JsonList(const std::string& json, const std::string& key) {
+  const std::string text = JsonField(json, key);
+  absl::string_view list = text;
+  std::vector<double> values;
+  if (!absl::ConsumePrefix(&list, "[") || !absl::ConsumeSuffix(&list, "]")) {
+    return values;
+  }
+  for (absl::string_view part :
+       absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    double v = 0;
+    if (absl::SimpleAtod(part, &v)) values.push_back(v);
+  }
+  return values;
+}
+
+bool ProgressField(absl::string_view line, absl::string_view key, double* v) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+  for (size_t i = 0; i + 1 < f.size(); ++i) {
+    if (f[i] == key) return absl::SimpleAtod(f[i + 1], v);
+  }
+  return false;
+}
+
+std::string Tail(absl::string_view text, size_t n) {
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
+  if (lines.size() > n) lines.erase(lines.begin(), lines.end() - n);
+  return absl::StrCat("    ", absl::StrJoin(lines, "\n    "));
 }
 
 }  // namespace shardps::bench

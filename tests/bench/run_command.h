@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardps::bench {
 
@@ -31,6 +33,15 @@ double JsonNumber(const std::string& json, const std::string& key);
 
 // The text of the value of "key" (a scalar or a flat list); "?" when absent.
 std::string JsonField(const std::string& json, const std::string& key);
+
+// The numbers of a flat JSON list, "key": [1.5, 2.5]; empty when absent.
+std::vector<double> JsonList(const std::string& json, const std::string& key);
+
+// The value after `key ` in a progress line ("... epoch_s 12.34 ...").
+bool ProgressField(absl::string_view line, absl::string_view key, double* v);
+
+// The last `n` lines of `text`, indented, to show why a command failed.
+std::string Tail(absl::string_view text, size_t n);
 
 }  // namespace shardps::bench
 

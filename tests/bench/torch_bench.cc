@@ -33,23 +33,6 @@ struct Timing {
   double items_per_s = 0;
 };
 
-// The last `n` lines of `text`, to show why a command failed.
-std::string Tail(absl::string_view text, size_t n) {
-  std::vector<absl::string_view> lines =
-      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
-  if (lines.size() > n) lines.erase(lines.begin(), lines.end() - n);
-  return absl::StrCat("    ", absl::StrJoin(lines, "\n    "));
-}
-
-// The value after `key ` in a progress line ("... epoch_s 12.34 ...").
-bool ProgressField(absl::string_view line, absl::string_view key, double* v) {
-  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-  for (size_t i = 0; i + 1 < f.size(); ++i) {
-    if (f[i] == key) return absl::SimpleAtod(f[i + 1], v);
-  }
-  return false;
-}
-
 absl::StatusOr<Timing> RunDdp(const TorchOptions& o, const Workload& w) {
   absl::StatusOr<std::string> out = RunCommand(absl::StrCat(
       "PYTHONPATH=", o.python_path, " ", o.python, " ", o.source_dir,

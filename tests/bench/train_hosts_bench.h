@@ -18,16 +18,18 @@
 namespace shardps::bench {
 
 // One configuration: shardps with `workers` workers and `servers` servers,
-// DDP with `workers` ranks; `compression` fp32, or bf16 both ways
-// (shardps --compression=bf16 --weight_encoding=bf16; DDP's gradients as
-// fp16, the same 2 bytes an element, as gloo has no bfloat16).
+// DDP with `workers` ranks; `compression` fp32, bf16 both ways (shardps
+// --compression=bf16 --weight_encoding=bf16; DDP's gradients as fp16, the
+// same 2 bytes an element, as gloo has no bfloat16), or topk (shardps
+// --compression=topk:0.01 with error feedback, --weight_encoding=bf16; DDP
+// fp32, as DDP has no top-k).
 struct TrainHostsRow {
   int workers = 2;
   int servers = 2;
   std::string compression = "fp32";
 };
 
-// "2x2,4x4,4x1" (WORKERSxSERVERS) times "fp32,bf16": every pair, in that
+// "2x2,4x4,4x1" (WORKERSxSERVERS) times "fp32,bf16,topk": every pair, in that
 // order. InvalidArgument naming the part that is not one; fewer than 2
 // workers has no all-reduce to compare with.
 absl::StatusOr<std::vector<TrainHostsRow>> ParseTrainHostsRows(

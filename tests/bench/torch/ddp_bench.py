@@ -8,6 +8,10 @@ contiguous slice of every global batch of the examples' sampler order.
 Prints a progress line, then one JSON line with the timings.
 
 Usage: ddp_bench.py --model=cnn|gpt --steps=N [--processes=2] [-- EXAMPLE ARGS]
+  One rank of a job on emulated hosts (shardps-bench torch --emulate_hosts
+  starts each in its host's namespace; rank 0 prints the lines):
+       ddp_bench.py --model=gpt --steps=N --processes=4 --rank=R \
+           --master=10.213.0.1:29500 --ifname=eth0 [--compression=fp16]
 """
 import os
 
@@ -46,6 +50,11 @@ def run(rank, bench):
     torch.set_num_threads(bench.threads)
     args, r = recipe(bench.model, bench.example_args)
     ddp = torch.nn.parallel.DistributedDataParallel(r.model)
+    if bench.compression == "fp16":
+        # Gradients all-reduced as fp16, 2 bytes an element as shardps's
+        # bf16 (gloo in torch 1.13 refuses bfloat16).
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     sampler = common.PlainSampler(r.num_samples, args.batch_size, args.seed)
     local = args.batch_size // bench.processes
     items_per_step = args.batch_size * r.items_per_sample
@@ -68,11 +77,13 @@ def run(rank, bench):
         epoch += 1
     wall = time.time() - start
     return {"model": bench.model, "processes": bench.processes,
+            "compression": bench.compression,
             "threads": bench.threads, "steps": step,
             "global_batch": args.batch_size, "wall_s": wall,
             "step_s": wall / step, "items_per_s": step * items_per_step / wall,
             "items": "samples" if bench.model == "cnn" else "tokens",
             "train_loss_last": losses[-1],
+            "train_loss_mean": sum(losses) / len(losses),
             "parameters": sum(p.numel() for p in r.model.parameters()),
             "torch": torch.__version__, "blas": ddp_launch.blas_library()}
 
@@ -89,10 +100,27 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--compression", choices=("fp32", "fp16"), default="fp32",
+                   help="the gradients' all-reduce encoding")
+    p.add_argument("--rank", type=int, default=-1,
+                   help="run this rank alone (with --master); -1: start "
+                        "--processes ranks on this machine")
+    p.add_argument("--master", default="",
+                   help="with --rank: ADDR:PORT of rank 0")
+    p.add_argument("--ifname", default="",
+                   help="with --rank: the network card gloo uses")
     bench = p.parse_args(argv)
     # The examples' schedules count --max_steps; keep them the same here.
     bench.example_args = [f"--max_steps={bench.steps}"] + example_args
-    result = ddp_launch.run(run, bench, bench.processes)
+    if bench.rank >= 0:
+        if not bench.master:
+            p.error("--rank needs --master=ADDR:PORT")
+        result = ddp_launch.run_rank(run, bench, bench.rank, bench.processes,
+                                     bench.master, bench.ifname or None)
+        if bench.rank != 0:
+            return 0
+    else:
+        result = ddp_launch.run(run, bench, bench.processes)
     if result is None:
         return 1
     print(f"ddp {result['model']}: {result['processes']} processes x "

@@ -1,0 +1,241 @@
+// shardps-bench torch --emulate_hosts. Each row runs the GPT example under
+// shardps-local --emulate_hosts (the user's path: `-- python3 gpt_kjv.py`,
+// its progress lines and the bytes it prints per host), then
+// tests/bench/torch/ddp_bench.py with one rank in each of W emulated hosts.
+// Times are each side's rank 0's: the sum of epoch_s of the example's
+// progress lines, and ddp_bench.py's wall_s from its first step on; neither
+// counts start-up or evaluation.
+#include "tests/bench/torch_hosts_bench.h"
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "tests/bench/emulated_ddp.h"
+#include "tests/bench/run_command.h"
+#include "tests/testing/daemon.h"
+
+namespace shardps::bench {
+namespace {
+
+struct Workload {
+  const char* name;
+  const char* args;  // gpt_kjv.py's, on both sides
+  int steps;
+  const char* about;
+};
+
+struct SideRun {
+  double seconds = 0;  // of the measured steps
+  double tokens_per_s = 0;
+  double train_loss = 0;  // the mean over the steps
+  std::vector<HostBytes> bytes;
+};
+
+struct RowResult {
+  TrainHostsRow row;
+  SideRun shardps, ddp;
+};
+
+// The shardps workers' encodings: the torch layer reads them from the
+// environment shardps-local passes on.
+std::string EncodingEnv(const TrainHostsRow& row) {
+  if (row.compression == "bf16") {
+    return "SHARDPS_COMPRESSION=bf16 SHARDPS_WEIGHT_ENCODING=bf16 ";
+  }
+  if (row.compression == "topk") {
+    return "SHARDPS_COMPRESSION=topk:0.01 SHARDPS_WEIGHT_ENCODING=bf16 ";
+  }
+  return "";
+}
+
+std::string DdpEncoding(const TrainHostsRow& row) {
+  return row.compression == "bf16" ? "fp16" : "fp32";
+}
+
+absl::StatusOr<SideRun> RunShardps(const TorchHostsOptions& o,
+                                   const Workload& w,
+                                   const TrainHostsRow& row) {
+  const std::string dir = testing::MakeTempDir("shardps-bench-torch-hosts");
+  const std::string command = absl::StrCat(
+      EncodingEnv(row), o.local_binary, " --emulate_hosts --link=", o.link,
+      " --run_dir=", dir, " --servers=", row.servers,
+      " --workers=", row.workers, " -- /usr/bin/python3 ", o.source_dir,
+      "/worker/python/examples/gpt_kjv.py --max_steps=", w.steps, " ", w.args,
+      " 2>&1");
+  SHARDPS_ASSIGN_OR_RETURN(std::string out, RunCommand(command));
+  SideRun run;
+  double tokens = 0, loss_steps = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    double epoch_s = 0, rate = 0, loss = 0;
+    if (!absl::StartsWith(line, "epoch ") ||
+        !ProgressField(line, "epoch_s", &epoch_s) ||
+        !ProgressField(line, "tokens/s", &rate) ||
+        !ProgressField(line, "train_loss", &loss)) {
+      continue;
+    }
+    run.seconds += epoch_s;
+    tokens += rate * epoch_s;
+    loss_steps += loss * epoch_s;  // epochs of equal steps: equal weights
+  }
+  run.bytes = ParseLinkBytes(out);
+  if (run.seconds <= 0 ||
+      run.bytes.size() != static_cast<size_t>(1 + row.servers + row.workers)) {
+    return absl::InternalError(
+        absl::StrCat("`", command,
+                     "`: no progress lines or hosts' bytes (run "
+                     "dir ",
+                     dir, "):\n", Tail(out, 20)));
+  }
+  run.tokens_per_s = tokens / run.seconds;
+  run.train_loss = loss_steps / run.seconds;
+  return run;
+}
+
+absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
+                               const TrainHostsRow& row,
+                               const local::NetworkTools& tools) {
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  const std::vector<std::string> example_args =
+      absl::StrSplit(w.args, ' ', absl::SkipEmpty());
+  SHARDPS_ASSIGN_OR_RETURN(
+      DdpHostsRun ddp,
+      RunDdpOnHosts(
+          rate, row.workers, tools,
+          [&](int rank, const std::string& master) {
+            std::vector<std::string> argv = {
+                absl::StrCat(o.source_dir, "/tests/bench/torch/ddp_bench.py"),
+                "--model=gpt",
+                absl::StrCat("--steps=", w.steps),
+                absl::StrCat("--processes=", row.workers),
+                absl::StrCat("--rank=", rank),
+                absl::StrCat("--master=", master),
+                "--ifname=eth0",
+                absl::StrCat("--compression=", DdpEncoding(row)),
+                "--"};
+            argv.insert(argv.end(), example_args.begin(), example_args.end());
+            return argv;
+          },
+          // A lost rank leaves gloo waiting for 30 minutes.
+          absl::Minutes(5) + w.steps * absl::Seconds(10),
+          {absl::StrCat("PYTHONPATH=", o.python_path)}));
+  SideRun run;
+  run.seconds = JsonNumber(ddp.result, "wall_s");
+  run.tokens_per_s = JsonNumber(ddp.result, "items_per_s");
+  run.train_loss = JsonNumber(ddp.result, "train_loss_mean");
+  if (run.seconds <= 0) {
+    return absl::InternalError(absl::StrCat(
+        "no result line from DDP rank 0 in ", ddp.log0, ": ", ddp.result));
+  }
+  run.bytes = std::move(ddp.bytes);
+  return run;
+}
+
+void PrintRow(const TorchHostsOptions& o, int64_t rate, const Workload& w,
+              const RowResult& r) {
+  absl::PrintF("%s, %d workers x %d servers, %s, %s:\n", w.name, r.row.workers,
+               r.row.servers, local::FormatLinkRate(rate), r.row.compression);
+  for (const auto& [label, side] :
+       {std::pair<const char*, const SideRun*>{"shardps", &r.shardps},
+        {"DDP", &r.ddp}}) {
+    std::string busiest;
+    const int64_t most = BusiestBytes(side->bytes, &busiest);
+    absl::PrintF(
+        "  %-7s %.1f s (%d steps, %.0f tokens/s), mean train loss %.4f; "
+        "busiest link %s %s, %.2f of the link\n          sent / received: "
+        "%s\n",
+        label, side->seconds, w.steps, side->tokens_per_s, side->train_loss,
+        busiest, FormatBytes(most), most * 8.0 / rate / side->seconds,
+        HostBytesText(side->bytes));
+  }
+  absl::PrintF(
+      "  shardps / DDP time %.2f (DDP %s); ideal when link-bound %.2f\n",
+      r.shardps.seconds / r.ddp.seconds, DdpEncoding(r.row),
+      IdealTimeRatio(r.row.workers, r.row.servers));
+}
+
+void PrintTable(const TorchHostsOptions& o, int64_t rate,
+                const std::vector<std::pair<const Workload*, RowResult>>& all) {
+  absl::PrintF(
+      "\n| model | W x S | link | encoding (DDP's) | shardps s | DDP s | "
+      "shardps/DDP | ideal | tokens/s shardps / DDP | mean train loss "
+      "shardps / DDP | busiest link shardps / DDP (fraction of %s) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      local::FormatLinkRate(rate));
+  for (const auto& [w, r] : all) {
+    std::string a, b;
+    const int64_t sa = BusiestBytes(r.shardps.bytes, &a);
+    const int64_t sb = BusiestBytes(r.ddp.bytes, &b);
+    absl::PrintF(
+        "| %s | %dx%d | %s | %s (%s) | %.1f | %.1f | %.2f | %.2f | %.0f / "
+        "%.0f | %.4f / %.4f | %s %.2f / %s %.2f |\n",
+        w->name, r.row.workers, r.row.servers, o.link, r.row.compression,
+        DdpEncoding(r.row), r.shardps.seconds, r.ddp.seconds,
+        r.shardps.seconds / r.ddp.seconds,
+        IdealTimeRatio(r.row.workers, r.row.servers), r.shardps.tokens_per_s,
+        r.ddp.tokens_per_s, r.shardps.train_loss, r.ddp.train_loss, a,
+        sa * 8.0 / rate / r.shardps.seconds, b,
+        sb * 8.0 / rate / r.ddp.seconds);
+  }
+}
+
+}  // namespace
+
+absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
+  SHARDPS_ASSIGN_OR_RETURN(
+      local::NetworkTools tools,
+      CheckEmulatedBench("shardps-bench torch --emulate_hosts",
+                         o.local_binary));
+  if (o.rows.empty()) {
+    return absl::InvalidArgumentError("give at least one row (--rows)");
+  }
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  const Workload workloads[] = {
+      {"gpt", "", o.gpt_steps,
+       "gpt_kjv.py as it is: 5 layers of width 128 (1.1 M parameters, "
+       "4.2 MB of fp32 gradients a step), global batch 16 x 64 bytes"},
+      {"gpt-wide", "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8",
+       o.wide_steps,
+       "gpt_kjv.py --dim=512 --layers=4 --heads=8 --seq_len=32 "
+       "--batch_size=8: 12.8 M parameters (51 MB of fp32 gradients a step) "
+       "for 256 tokens a step, so that the link dominates"},
+  };
+  absl::PrintF(
+      "torch on emulated hosts: each host's link %s each way; shardps: "
+      "shardps-local --emulate_hosts -- python3 gpt_kjv.py (a host per "
+      "coordinator, server and worker); DDP: ddp_bench.py, gloo, a host per "
+      "rank; AdamW, bf16 autocast, 1 thread a process on both sides\n\n",
+      local::FormatLinkRate(rate));
+  std::vector<std::pair<const Workload*, RowResult>> all;
+  for (const Workload& w : workloads) {
+    if (w.steps <= 0) {
+      absl::PrintF("%s: skipped (0 steps)\n", w.name);
+      continue;
+    }
+    absl::PrintF("%s: %s; %d steps\n", w.name, w.about, w.steps);
+    // DDP depends on the workers and its encoding only: once each.
+    std::map<std::pair<int, std::string>, SideRun> ddp_runs;
+    for (const TrainHostsRow& row : o.rows) {
+      RowResult r;
+      r.row = row;
+      SHARDPS_ASSIGN_OR_RETURN(r.shardps, RunShardps(o, w, row));
+      const std::pair<int, std::string> key(row.workers, DdpEncoding(row));
+      if (!ddp_runs.count(key)) {
+        SHARDPS_ASSIGN_OR_RETURN(ddp_runs[key], RunDdp(o, w, row, tools));
+      }
+      r.ddp = ddp_runs[key];
+      PrintRow(o, rate, w, r);
+      all.push_back({&w, std::move(r)});
+    }
+  }
+  PrintTable(o, rate, all);
+  return absl::OkStatus();
+}
+
+}  // namespace shardps::bench
