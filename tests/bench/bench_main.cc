@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/chunking.h"
 #include "common/daemon_flags.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -57,11 +58,13 @@ ABSL_FLAG(int32_t, steps, 10,
           "Measured steps per configuration (scale: per row, fewer for big "
           "rows, more for fast ones).");
 ABSL_FLAG(int32_t, cnn_steps, 200, "Measured steps of the CNN (torch).");
-ABSL_FLAG(int32_t, gpt_steps, 60, "Measured steps of the GPT (torch).");
+ABSL_FLAG(int32_t, gpt_steps, 60,
+          "Measured steps of the GPT (torch; with --emulate_hosts the first "
+          "is not timed).");
 ABSL_FLAG(int32_t, wide_steps, 20,
           "torch --emulate_hosts: measured steps of the wide GPT (12.8 M "
-          "parameters for 256 tokens a step: the link dominates); 0: not "
-          "run.");
+          "parameters for 256 tokens a step: the link dominates); the first "
+          "is not timed; under 2: not run.");
 ABSL_FLAG(int32_t, torch_rounds, 2,
           "torch: runs of each side, alternating; the fastest of each counts "
           "(a noisy machine only ever slows a run down).");
@@ -106,15 +109,16 @@ ABSL_FLAG(std::string, scale_coordinator, "",
           "scale_members: the coordinator (host:port) to join.");
 ABSL_FLAG(uint64_t, scale_incarnation, 0,
           "scale_members: rank r joins with this incarnation + r.");
-ABSL_FLAG(std::string, link, "",
-          "train and torch --emulate_hosts: each host's link, as tc writes a "
-          "rate. "
-          "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
-          "between a servers' and a workers' network namespace, shaped with "
-          "tbf each way (needs root, ip and tc); empty: loopback. Unless "
-          "given, --steps is 5, --model_mib about 0.5 s of the rate (16 to "
-          "256), and --chunk_mib 1 and --streams_per_shard 1, as "
-          "shardps-worker declares and connects.");
+ABSL_FLAG(
+    std::string, link, "",
+    "train and torch --emulate_hosts: each host's link, as tc writes a "
+    "rate. "
+    "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
+    "between a servers' and a workers' network namespace, shaped with "
+    "tbf each way (needs root, ip and tc); empty: loopback. Unless "
+    "given, --steps is 5, --model_mib about 0.5 s of the rate (16 to "
+    "256), --chunk_mib as shardps-worker sizes chunks for the model (1 MiB "
+    "from 32 MiB on) and --streams_per_shard 1, as it connects.");
 
 namespace shardps::bench {
 namespace {
@@ -207,8 +211,11 @@ absl::Status Run(const std::string& command) {
       // Across a link parallel streams only slow a sync step: each chunk's
       // reply waits for the last worker's copy, and more flows sharing the
       // link make that copy later (PushPull at 1 Gbit/s, 1 MiB chunks:
-      // 0.85-0.93 of the link with 2 streams, 0.92-0.95 with 1).
-      if (!Given(FLAGS_chunk_mib)) o.chunk_bytes = 1 << 20;
+      // 0.85-0.93 of the link with 2 streams, 0.92-0.95 with 1). Chunks as
+      // shardps-worker sizes them for the model (1 MiB for 32 MiB and up).
+      if (!Given(FLAGS_chunk_mib)) {
+        o.chunk_bytes = static_cast<int64_t>(AutoChunkBytes(o.model_bytes));
+      }
       if (!Given(FLAGS_streams_per_shard)) o.streams_per_shard = 1;
     }
     SHARDPS_ASSIGN_OR_RETURN(

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -139,6 +140,38 @@ std::string HostBytesText(const std::vector<HostBytes>& bytes) {
                                  FormatBytes(b.received)));
   }
   return absl::StrJoin(parts, ", ");
+}
+
+absl::StatusOr<std::vector<double>> CsvColumn(const std::string& path,
+                                              const std::string& name,
+                                              const std::string& kind,
+                                              const std::string& kind_value) {
+  std::ifstream csv(path);
+  std::string line;
+  if (!std::getline(csv, line)) {
+    return absl::InternalError(absl::StrCat("no header line in ", path));
+  }
+  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  auto index = [&](const std::string& column) -> absl::StatusOr<size_t> {
+    const auto at = std::find(header.begin(), header.end(), column);
+    if (at == header.end()) {
+      return absl::InternalError(absl::StrCat(path, " has no column ", column));
+    }
+    return at - header.begin();
+  };
+  SHARDPS_ASSIGN_OR_RETURN(const size_t i, index(name));
+  size_t k = 0;
+  if (!kind.empty()) {
+    SHARDPS_ASSIGN_OR_RETURN(k, index(kind));
+  }
+  std::vector<double> values;
+  while (std::getline(csv, line)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    if (!kind.empty() && (k >= f.size() || f[k] != kind_value)) continue;
+    double v = 0;
+    if (i < f.size() && absl::SimpleAtod(f[i], &v)) values.push_back(v);
+  }
+  return values;
 }
 
 absl::StatusOr<local::NetworkTools> CheckEmulatedBench(

@@ -35,6 +35,14 @@ int64_t BusiestBytes(const std::vector<HostBytes>& bytes, std::string* name);
 // "worker-0 0.96 GiB / 0.96 GiB, ...": each host's sent / received.
 std::string HostBytesText(const std::vector<HostBytes>& bytes);
 
+// Column `name` of the CSV file at `path` (a header line, then rows), as
+// numbers, of the rows whose column `kind` is `kind_value` (every row when
+// `kind` is empty); a cell that is not a number is left out. Internal when
+// the file has no header or no such column.
+absl::StatusOr<std::vector<double>> CsvColumn(
+    const std::string& path, const std::string& name,
+    const std::string& kind = "", const std::string& kind_value = "");
+
 // What a benchmark `what` on emulated hosts needs: an optimized build, root
 // with ip and tc, `local_binary` (shardps-local) and python3-torch; the
 // network tools, or FailedPrecondition saying what is missing.

@@ -2,11 +2,13 @@
 // shardps-local --emulate_hosts (the user's path: `-- python3 gpt_kjv.py`,
 // its progress lines and the bytes it prints per host), then
 // tests/bench/torch/ddp_bench.py with one rank in each of W emulated hosts.
-// Times are each side's rank 0's: the sum of epoch_s of the example's
-// progress lines, and ddp_bench.py's wall_s from its first step on; neither
-// counts start-up or evaluation.
+// Times are each side's rank 0's, of the steps after the first (which also
+// brings every rank the initial weights): the example's step rows
+// (metrics.csv, --log_every=1) and ddp_bench.py's steady_s; neither counts
+// start-up or evaluation.
 #include "tests/bench/torch_hosts_bench.h"
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -67,34 +69,46 @@ absl::StatusOr<SideRun> RunShardps(const TorchHostsOptions& o,
       EncodingEnv(row), o.local_binary, " --emulate_hosts --link=", o.link,
       " --run_dir=", dir, " --servers=", row.servers,
       " --workers=", row.workers, " -- /usr/bin/python3 ", o.source_dir,
-      "/worker/python/examples/gpt_kjv.py --max_steps=", w.steps, " ", w.args,
-      " 2>&1");
+      "/worker/python/examples/gpt_kjv.py --log_every=1 --max_steps=", w.steps,
+      " ", w.args, " 2>&1");
   SHARDPS_ASSIGN_OR_RETURN(std::string out, RunCommand(command));
   SideRun run;
-  double tokens = 0, loss_steps = 0;
+  double loss_s = 0, epochs_s = 0;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    double epoch_s = 0, rate = 0, loss = 0;
-    if (!absl::StartsWith(line, "epoch ") ||
-        !ProgressField(line, "epoch_s", &epoch_s) ||
-        !ProgressField(line, "tokens/s", &rate) ||
-        !ProgressField(line, "train_loss", &loss)) {
-      continue;
+    double epoch_s = 0, loss = 0;
+    if (absl::StartsWith(line, "epoch ") &&
+        ProgressField(line, "epoch_s", &epoch_s) &&
+        ProgressField(line, "train_loss", &loss)) {
+      loss_s += loss * epoch_s;  // epochs of equal steps: equal weights
+      epochs_s += epoch_s;
     }
-    run.seconds += epoch_s;
-    tokens += rate * epoch_s;
-    loss_steps += loss * epoch_s;  // epochs of equal steps: equal weights
+  }
+  // The steps after the first, from rank 0's step rows (--log_every=1): the
+  // first also waits for the initial weights, which DDP broadcasts before
+  // its timing starts.
+  const std::string csv = dir + "/gpt_kjv/metrics.csv";
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<double> steps,
+                           CsvColumn(csv, "step", "kind", "step"));
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<double> ms,
+                           CsvColumn(csv, "ms_per_step", "kind", "step"));
+  SHARDPS_ASSIGN_OR_RETURN(std::vector<double> rate,
+                           CsvColumn(csv, "tokens_per_s", "kind", "step"));
+  double tokens = 0;
+  for (size_t i = 0; i < steps.size() && i < ms.size() && i < rate.size();
+       ++i) {
+    if (steps[i] < 2) continue;
+    run.seconds += ms[i] / 1000;
+    tokens += rate[i] * ms[i] / 1000;
   }
   run.bytes = ParseLinkBytes(out);
-  if (run.seconds <= 0 ||
+  if (run.seconds <= 0 || epochs_s <= 0 ||
       run.bytes.size() != static_cast<size_t>(1 + row.servers + row.workers)) {
     return absl::InternalError(
-        absl::StrCat("`", command,
-                     "`: no progress lines or hosts' bytes (run "
-                     "dir ",
-                     dir, "):\n", Tail(out, 20)));
+        absl::StrCat("`", command, "`: no step rows in ", csv,
+                     ", progress lines or hosts' bytes:\n", Tail(out, 20)));
   }
   run.tokens_per_s = tokens / run.seconds;
-  run.train_loss = loss_steps / run.seconds;
+  run.train_loss = loss_s / epochs_s;
   return run;
 }
 
@@ -126,8 +140,8 @@ absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
           absl::Minutes(5) + w.steps * absl::Seconds(10),
           {absl::StrCat("PYTHONPATH=", o.python_path)}));
   SideRun run;
-  run.seconds = JsonNumber(ddp.result, "wall_s");
-  run.tokens_per_s = JsonNumber(ddp.result, "items_per_s");
+  run.seconds = JsonNumber(ddp.result, "steady_s");
+  run.tokens_per_s = JsonNumber(ddp.result, "steady_items_per_s");
   run.train_loss = JsonNumber(ddp.result, "train_loss_mean");
   if (run.seconds <= 0) {
     return absl::InternalError(absl::StrCat(
@@ -135,6 +149,13 @@ absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
   }
   run.bytes = std::move(ddp.bytes);
   return run;
+}
+
+// The busiest card's share of the link over the timed steps, estimated from
+// the whole run's bytes: those of steps + 1 exchanges (the initial weights
+// are about one more), of which steps - 1 were timed.
+double LinkShare(int64_t bytes, int steps, int64_t rate, double seconds) {
+  return bytes * (steps - 1.0) / (steps + 1.0) * 8 / rate / seconds;
 }
 
 void PrintRow(const TorchHostsOptions& o, int64_t rate, const Workload& w,
@@ -147,11 +168,12 @@ void PrintRow(const TorchHostsOptions& o, int64_t rate, const Workload& w,
     std::string busiest;
     const int64_t most = BusiestBytes(side->bytes, &busiest);
     absl::PrintF(
-        "  %-7s %.1f s (%d steps, %.0f tokens/s), mean train loss %.4f; "
-        "busiest link %s %s, %.2f of the link\n          sent / received: "
-        "%s\n",
-        label, side->seconds, w.steps, side->tokens_per_s, side->train_loss,
-        busiest, FormatBytes(most), most * 8.0 / rate / side->seconds,
+        "  %-7s %.1f s (%d steps after the first, %.0f tokens/s), mean train "
+        "loss %.4f; busiest link %s %s in the run, about %.2f of the link "
+        "over the timed steps\n          sent / received: %s\n",
+        label, side->seconds, w.steps - 1, side->tokens_per_s, side->train_loss,
+        busiest, FormatBytes(most),
+        LinkShare(most, w.steps, rate, side->seconds),
         HostBytesText(side->bytes));
   }
   absl::PrintF(
@@ -165,7 +187,8 @@ void PrintTable(const TorchHostsOptions& o, int64_t rate,
   absl::PrintF(
       "\n| model | W x S | link | encoding (DDP's) | shardps s | DDP s | "
       "shardps/DDP | ideal | tokens/s shardps / DDP | mean train loss "
-      "shardps / DDP | busiest link shardps / DDP (fraction of %s) |\n"
+      "shardps / DDP | busiest link shardps / DDP (about, fraction of %s) "
+      "|\n"
       "|---|---|---|---|---|---|---|---|---|---|---|\n",
       local::FormatLinkRate(rate));
   for (const auto& [w, r] : all) {
@@ -180,8 +203,8 @@ void PrintTable(const TorchHostsOptions& o, int64_t rate,
         r.shardps.seconds / r.ddp.seconds,
         IdealTimeRatio(r.row.workers, r.row.servers), r.shardps.tokens_per_s,
         r.ddp.tokens_per_s, r.shardps.train_loss, r.ddp.train_loss, a,
-        sa * 8.0 / rate / r.shardps.seconds, b,
-        sb * 8.0 / rate / r.ddp.seconds);
+        LinkShare(sa, w->steps, rate, r.shardps.seconds), b,
+        LinkShare(sb, w->steps, rate, r.ddp.seconds));
   }
 }
 
@@ -196,15 +219,23 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
     return absl::InvalidArgumentError("give at least one row (--rows)");
   }
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  // The example's recipe clips the global norm at 1.0 (two-phase steps: no
+  // weight can come back before every gradient is in); the wide GPT also
+  // runs without clipping, to show what that barrier costs.
   const Workload workloads[] = {
       {"gpt", "", o.gpt_steps,
        "gpt_kjv.py as it is: 5 layers of width 128 (1.1 M parameters, "
-       "4.2 MB of fp32 gradients a step), global batch 16 x 64 bytes"},
+       "4.2 MB of fp32 gradients a step), global batch 16 x 64 bytes, "
+       "clipped at 1.0"},
       {"gpt-wide", "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8",
        o.wide_steps,
        "gpt_kjv.py --dim=512 --layers=4 --heads=8 --seq_len=32 "
        "--batch_size=8: 12.8 M parameters (51 MB of fp32 gradients a step) "
-       "for 256 tokens a step, so that the link dominates"},
+       "for 256 tokens a step, so that the link dominates; clipped at 1.0"},
+      {"gpt-wide-noclip",
+       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
+       "--max_grad_norm=0",
+       o.wide_steps, "the wide GPT without clipping (--max_grad_norm=0)"},
   };
   absl::PrintF(
       "torch on emulated hosts: each host's link %s each way; shardps: "
@@ -214,11 +245,13 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
       local::FormatLinkRate(rate));
   std::vector<std::pair<const Workload*, RowResult>> all;
   for (const Workload& w : workloads) {
-    if (w.steps <= 0) {
-      absl::PrintF("%s: skipped (0 steps)\n", w.name);
+    if (w.steps < 2) {
+      absl::PrintF("%s: skipped (%d steps; the first is not timed)\n", w.name,
+                   w.steps);
       continue;
     }
-    absl::PrintF("%s: %s; %d steps\n", w.name, w.about, w.steps);
+    absl::PrintF("%s: %s; %d steps, the first not timed\n", w.name, w.about,
+                 w.steps);
     // DDP depends on the workers and its encoding only: once each.
     std::map<std::pair<int, std::string>, SideRun> ddp_runs;
     for (const TrainHostsRow& row : o.rows) {
@@ -231,6 +264,7 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
       }
       r.ddp = ddp_runs[key];
       PrintRow(o, rate, w, r);
+      std::fflush(stdout);  // a row at a time, also into a file
       all.push_back({&w, std::move(r)});
     }
   }

@@ -7,14 +7,9 @@
 // start-up, no evaluation), so the ratio compares the same work.
 #include "tests/bench/train_hosts_bench.h"
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
+#include <cstdio>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,12 +17,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
 #include "common/status.h"
-#include "deploy/local/child_process.h"
 #include "deploy/local/emulated_hosts.h"
 #include "tests/bench/emulated_ddp.h"
 #include "tests/bench/run_command.h"
@@ -49,29 +41,6 @@ struct SideRun {
   std::vector<HostBytes> bytes;
   std::string detail;  // the final line, or the DDP ranks' encoding
 };
-
-// Column `name` of metrics.csv's rows, as numbers.
-absl::StatusOr<std::vector<double>> MetricsColumn(const std::string& path,
-                                                  const std::string& name) {
-  std::ifstream csv(path);
-  std::string line;
-  if (!std::getline(csv, line)) {
-    return absl::InternalError(absl::StrCat("no metrics in ", path));
-  }
-  const std::vector<std::string> header = absl::StrSplit(line, ',');
-  const auto at = std::find(header.begin(), header.end(), name);
-  if (at == header.end()) {
-    return absl::InternalError(absl::StrCat(path, " has no column ", name));
-  }
-  std::vector<double> values;
-  while (std::getline(csv, line)) {
-    const std::vector<std::string> f = absl::StrSplit(line, ',');
-    double v = 0;
-    const size_t i = at - header.begin();
-    if (i < f.size() && absl::SimpleAtod(f[i], &v)) values.push_back(v);
-  }
-  return values;
-}
 
 absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
                                    const TrainHostsRow& row) {
@@ -99,9 +68,9 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
   run.bytes = ParseLinkBytes(out);
   const std::string csv = dir + "/metrics.csv";
   SHARDPS_ASSIGN_OR_RETURN(std::vector<double> epoch_s,
-                           MetricsColumn(csv, "epoch_s"));
+                           CsvColumn(csv, "epoch_s"));
   SHARDPS_ASSIGN_OR_RETURN(std::vector<double> accuracy,
-                           MetricsColumn(csv, "test_accuracy"));
+                           CsvColumn(csv, "test_accuracy"));
   if (static_cast<int>(epoch_s.size()) != o.epochs || accuracy.empty() ||
       run.bytes.size() != static_cast<size_t>(1 + row.servers + row.workers)) {
     return absl::InternalError(absl::StrCat(
@@ -308,6 +277,7 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
     }
     result.ddp = ddp_runs[key];
     PrintRow(o, rate, result);
+    std::fflush(stdout);  // a row at a time, also into a file
     results.push_back(std::move(result));
   }
   PrintTable(o, rate, results, ddp_runs);
