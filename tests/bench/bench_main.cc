@@ -123,6 +123,25 @@ ABSL_FLAG(
 namespace shardps::bench {
 namespace {
 
+// --link (required) and the rows of --rows times --compressions (fp32
+// unless given) of `command` --emulate_hosts.
+absl::Status HostsFlags(const std::string& command, std::string* link,
+                        std::vector<TrainHostsRow>* rows) {
+  *link = absl::GetFlag(FLAGS_link);
+  if (link->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(command,
+                     " --emulate_hosts needs --link=RATE, each host's link "
+                     "(e.g. 1gbit)"));
+  }
+  SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(*link).status());
+  const std::string compressions = absl::GetFlag(FLAGS_compressions);
+  SHARDPS_ASSIGN_OR_RETURN(
+      *rows, ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
+                                 compressions.empty() ? "fp32" : compressions));
+  return absl::OkStatus();
+}
+
 // --chunk_mib in bytes, a multiple of 4 (at least 4).
 int64_t ChunkFlagBytes() {
   const double bytes = absl::GetFlag(FLAGS_chunk_mib) * (1 << 20);
@@ -297,18 +316,7 @@ absl::Status Run(const std::string& command) {
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
     o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
     o.epochs = Given(FLAGS_epochs) ? absl::GetFlag(FLAGS_epochs) : 2;
-    o.link = absl::GetFlag(FLAGS_link);
-    if (o.link.empty()) {
-      return absl::InvalidArgumentError(
-          "train --emulate_hosts needs --link=RATE, each host's link (e.g. "
-          "1gbit)");
-    }
-    SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(o.link).status());
-    const std::string compressions = absl::GetFlag(FLAGS_compressions);
-    SHARDPS_ASSIGN_OR_RETURN(
-        o.rows,
-        ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
-                            compressions.empty() ? "fp32" : compressions));
+    SHARDPS_RETURN_IF_ERROR(HostsFlags(command, &o.link, &o.rows));
     return RunTrainHostsBench(o);
   }
   if (command == "train") {
@@ -326,18 +334,7 @@ absl::Status Run(const std::string& command) {
     o.source_dir = SHARDPS_SOURCE_DIR;
     o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);
     o.wide_steps = absl::GetFlag(FLAGS_wide_steps);
-    o.link = absl::GetFlag(FLAGS_link);
-    if (o.link.empty()) {
-      return absl::InvalidArgumentError(
-          "torch --emulate_hosts needs --link=RATE, each host's link (e.g. "
-          "1gbit)");
-    }
-    SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(o.link).status());
-    const std::string compressions = absl::GetFlag(FLAGS_compressions);
-    SHARDPS_ASSIGN_OR_RETURN(
-        o.rows,
-        ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
-                            compressions.empty() ? "fp32" : compressions));
+    SHARDPS_RETURN_IF_ERROR(HostsFlags(command, &o.link, &o.rows));
     return RunTorchHostsBench(o);
   }
   if (command == "torch") {

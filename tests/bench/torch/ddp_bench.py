@@ -109,27 +109,11 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--compression", choices=("fp32", "fp16"), default="fp32",
-                   help="the gradients' all-reduce encoding")
-    p.add_argument("--rank", type=int, default=-1,
-                   help="run this rank alone (with --master); -1: start "
-                        "--processes ranks on this machine")
-    p.add_argument("--master", default="",
-                   help="with --rank: ADDR:PORT of rank 0")
-    p.add_argument("--ifname", default="",
-                   help="with --rank: the network card gloo uses")
+    ddp_launch.add_arguments(p)
     bench = p.parse_args(argv)
     # The examples' schedules count --max_steps; keep them the same here.
     bench.example_args = [f"--max_steps={bench.steps}"] + example_args
-    if bench.rank >= 0:
-        if not bench.master:
-            p.error("--rank needs --master=ADDR:PORT")
-        result = ddp_launch.run_rank(run, bench, bench.rank, bench.processes,
-                                     bench.master, bench.ifname or None)
-        if bench.rank != 0:
-            return 0
-    else:
-        result = ddp_launch.run(run, bench, bench.processes)
+    result = ddp_launch.run_job(run, bench, p)
     if result is None:
         return 1
     print(f"ddp {result['model']}: {result['processes']} processes x "

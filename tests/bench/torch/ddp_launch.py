@@ -76,3 +76,34 @@ def run(target, args, processes):
     for proc in procs:
         proc.join()
     return result
+
+
+def add_arguments(parser):
+    """The arguments both DDP baselines take: --compression, and --rank,
+    --master and --ifname for one rank of a job on emulated hosts."""
+    parser.add_argument("--compression", choices=("fp32", "fp16"),
+                        default="fp32",
+                        help="the gradients' all-reduce encoding")
+    parser.add_argument("--rank", type=int, default=-1,
+                        help="run this rank alone (with --master); -1: start "
+                             "--processes ranks on this machine")
+    parser.add_argument("--master", default="",
+                        help="with --rank: ADDR:PORT of rank 0")
+    parser.add_argument("--ifname", default="",
+                        help="with --rank: the network card gloo uses")
+
+
+def run_job(target, args, parser):
+    """Runs target(rank, args) as the arguments of add_arguments say: the
+    one rank --rank names (a rank other than 0 exits here, successfully;
+    rank 0 reports), or --processes ranks spawned here. Returns rank 0's
+    result, or None when a process failed."""
+    if args.rank >= 0:
+        if not args.master:
+            parser.error("--rank needs --master=ADDR:PORT")
+        result = run_rank(target, args, args.rank, args.processes,
+                          args.master, args.ifname or None)
+        if args.rank != 0:
+            sys.exit(0)
+        return result
+    return run(target, args, args.processes)

@@ -102,25 +102,9 @@ def main():
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--compression", choices=("fp32", "fp16"), default="fp32",
-                   help="the gradients' all-reduce encoding")
-    p.add_argument("--rank", type=int, default=-1,
-                   help="run this rank alone (with --master); -1: start "
-                        "--processes ranks on this machine")
-    p.add_argument("--master", default="",
-                   help="with --rank: ADDR:PORT of rank 0")
-    p.add_argument("--ifname", default="",
-                   help="with --rank: the network card gloo uses")
+    ddp_launch.add_arguments(p)
     args = p.parse_args()
-    if args.rank >= 0:
-        if not args.master:
-            p.error("--rank needs --master=ADDR:PORT")
-        result = ddp_launch.run_rank(run, args, args.rank, args.processes,
-                                     args.master, args.ifname or None)
-        if args.rank != 0:
-            return 0
-    else:
-        result = ddp_launch.run(run, args, args.processes)
+    result = ddp_launch.run_job(run, args, p)
     if result is None:
         return 1
     print(json.dumps(result))
