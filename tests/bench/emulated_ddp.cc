@@ -96,8 +96,6 @@ std::string FormatBytes(double bytes) {
   return absl::StrFormat("%.1f KiB", bytes / 1024);
 }
 
-// The per-host lines after "bytes over each host's link": "  worker-0
-// 10.213.0.4   sent   1.6 MiB  received   1.7 MiB".
 std::vector<HostBytes> ParseLinkBytes(const std::string& out) {
   std::vector<HostBytes> hosts;
   bool in_table = false;
@@ -132,7 +130,6 @@ int64_t BusiestBytes(const std::vector<HostBytes>& bytes, std::string* name) {
   return most;
 }
 
-// "worker-0 0.96/0.96 GiB, ...": each host's sent/received.
 std::string HostBytesText(const std::vector<HostBytes>& bytes) {
   std::vector<std::string> parts;
   for (const HostBytes& b : bytes) {
