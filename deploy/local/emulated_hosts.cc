@@ -157,11 +157,40 @@ std::string FormatLinkBytes(const std::vector<HostLinkBytes>& bytes,
       absl::StrCat("bytes over each host's link (",
                    FormatLinkRate(shape.bits_per_second), " each way):\n");
   for (const HostLinkBytes& b : bytes) {
-    absl::StrAppendFormat(&text, "  %-12s %-12s sent %10s  received %10s\n",
+    absl::StrAppendFormat(&text, "  %-12s %-12s sent %10s  received %10s",
                           b.name, b.address, FormatBytes(b.sent),
                           FormatBytes(b.received));
+    if (b.tcp_segments > 0 && b.tcp_retransmitted >= 0) {
+      absl::StrAppendFormat(&text, "  TCP retransmitted %.2f %%",
+                            100.0 * b.tcp_retransmitted / b.tcp_segments);
+    }
+    text += '\n';
   }
   return text;
+}
+
+bool ParseTcpSegments(absl::string_view snmp, int64_t* segments,
+                      int64_t* retransmitted) {
+  std::vector<absl::string_view> names;
+  for (absl::string_view line : absl::StrSplit(snmp, '\n')) {
+    if (!absl::ConsumePrefix(&line, "Tcp:")) continue;
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (names.empty()) {
+      names = fields;
+      continue;
+    }
+    bool found_segments = false, found_retransmitted = false;
+    for (size_t i = 0; i < names.size() && i < fields.size(); ++i) {
+      if (names[i] == "OutSegs") {
+        found_segments = absl::SimpleAtoi(fields[i], segments);
+      } else if (names[i] == "RetransSegs") {
+        found_retransmitted = absl::SimpleAtoi(fields[i], retransmitted);
+      }
+    }
+    return found_segments && found_retransmitted;
+  }
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<EmulatedHosts>> EmulatedHosts::Create(
@@ -198,7 +227,8 @@ absl::Status EmulatedHosts::MakeSwitch() {
 // workers x 4 servers at 100 Mbit/s took 598 ms an exchange where CUBIC
 // takes 246 ms (the link-bound ideal: 171 ms): several flows converging on
 // a shaped port lose 1-2 % of their segments and BBR keeps its rate.
-absl::Status EmulatedHosts::UseCubic(int ns_fd, const std::string& ns) {
+absl::Status EmulatedHosts::SetUpHostStack(int ns_fd, const std::string& ns,
+                                           int* snmp_fd) {
   absl::Status status;
   std::thread enter([&] {
     if (setns(ns_fd, CLONE_NEWNET) != 0) {
@@ -213,6 +243,12 @@ absl::Status EmulatedHosts::UseCubic(int ns_fd, const std::string& ns) {
           "setting cubic in ", path, " of ", ns, ": ", ErrnoText(errno)));
     }
     if (fd >= 0) close(fd);
+    // As the switch's /proc/net/dev: it keeps showing this namespace.
+    *snmp_fd = open("/proc/thread-self/net/snmp", O_RDONLY | O_CLOEXEC);
+    if (*snmp_fd < 0 && status.ok()) {
+      status = absl::InternalError(absl::StrCat(
+          "open /proc/thread-self/net/snmp in ", ns, ": ", ErrnoText(errno)));
+    }
   });
   enter.join();
   return status;
@@ -230,7 +266,10 @@ absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
         absl::StrCat("open ", path, ": ", ErrnoText(errno)));
   }
   host_fds_.push_back(fd);
-  SHARDPS_RETURN_IF_ERROR(UseCubic(fd, ns));
+  int snmp_fd = -1;
+  const absl::Status stack = SetUpHostStack(fd, ns, &snmp_fd);
+  if (snmp_fd >= 0) host_snmp_fds_.push_back(snmp_fd);
+  SHARDPS_RETURN_IF_ERROR(stack);
   const std::string sw = absl::StrCat(tools_.ip, " -n ", switch_ns_);
   const std::string on_host = absl::StrCat(tools_.ip, " -n ", ns);
   const std::string tbf = absl::StrCat(" root ", TbfArgs(shape_));
@@ -324,6 +363,19 @@ absl::StatusOr<std::vector<HostLinkBytes>> EmulatedHosts::Bytes() const {
           absl::StrCat("no switch port ", b.name, " in ", switch_ns_));
     }
   }
+  // Each host's TCP counters: a host whose file cannot be read keeps -1s.
+  for (size_t i = 0; i < host_snmp_fds_.size() && i < bytes.size(); ++i) {
+    std::string snmp;
+    if (lseek(host_snmp_fds_[i], 0, SEEK_SET) != 0) continue;
+    for (ssize_t n; (n = read(host_snmp_fds_[i], buf, sizeof(buf))) > 0;) {
+      snmp.append(buf, static_cast<size_t>(n));
+    }
+    int64_t segments = 0, retransmitted = 0;
+    if (ParseTcpSegments(snmp, &segments, &retransmitted)) {
+      bytes[i].tcp_segments = segments;
+      bytes[i].tcp_retransmitted = retransmitted;
+    }
+  }
   return bytes;
 }
 
@@ -346,6 +398,7 @@ void EmulatedHosts::Teardown() {
 EmulatedHosts::~EmulatedHosts() {
   if (switch_net_dev_fd_ >= 0) close(switch_net_dev_fd_);
   for (int fd : host_fds_) close(fd);
+  for (int fd : host_snmp_fds_) close(fd);
   Teardown();
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "deploy/local/launch_options.h"
 #include "deploy/local/link_shaping.h"
 
@@ -44,12 +45,22 @@ struct HostLinkBytes {
   std::string address;
   int64_t sent = 0;      // from the host into the switch
   int64_t received = 0;  // from the switch to the host
+  // TCP segments the host's own stack sent, and how many of them were
+  // retransmissions (lost where flows converge on a port); -1: unknown.
+  int64_t tcp_segments = -1;
+  int64_t tcp_retransmitted = -1;
 };
 
 // One line per host: "  worker-0     10.213.0.4   sent  12.3 MiB
-// received  45.6 MiB", after a heading naming the rate.
+// received  45.6 MiB  TCP retransmitted 0.42 %" (the last part when its
+// TCP counters are known), after a heading naming the rate.
 std::string FormatLinkBytes(const std::vector<HostLinkBytes>& bytes,
                             const TbfShape& shape);
+
+// TCP's OutSegs and RetransSegs from the text of a /proc/net/snmp (a
+// "Tcp:" line of names, then one of values); false when they are not there.
+bool ParseTcpSegments(absl::string_view snmp, int64_t* segments,
+                      int64_t* retransmitted);
 
 // The namespaces shardps-<pid>-switch (bridge br0, one port per host, named
 // as the host) and shardps-<pid>-<host name> (lo, and eth0 with the host's
@@ -79,8 +90,9 @@ class EmulatedHosts {
   const std::string& prefix() const { return prefix_; }
   const TbfShape& shape() const { return shape_; }
 
-  // Bytes each host's link has carried so far, in the order of `hosts`.
-  // Internal when the switch's counters cannot be read.
+  // Bytes each host's link has carried so far, and its TCP segments, in
+  // the order of `hosts`. Internal when the switch's counters cannot be
+  // read.
   absl::StatusOr<std::vector<HostLinkBytes>> Bytes() const;
 
  private:
@@ -88,8 +100,10 @@ class EmulatedHosts {
   absl::Status MakeSwitch();
   absl::Status MakeHost(const EmulatedHost& host);
   // Sets TCP's congestion control in the namespace `ns_fd` (named `ns`)
-  // to CUBIC.
-  static absl::Status UseCubic(int ns_fd, const std::string& ns);
+  // to CUBIC and opens its /proc/net/snmp into *snmp_fd (from a thread
+  // that enters it).
+  static absl::Status SetUpHostStack(int ns_fd, const std::string& ns,
+                                     int* snmp_fd);
   // Opens the switch namespace's /proc/net/dev (from a thread that enters
   // it, as setns(2) changes only the calling thread).
   absl::Status OpenSwitchCounters();
@@ -104,6 +118,7 @@ class EmulatedHosts {
   // Made so far, in the order of hosts_, and their namespaces' fds.
   std::vector<std::string> host_namespaces_;
   std::vector<int> host_fds_;
+  std::vector<int> host_snmp_fds_;  // each host's /proc/net/snmp
   int switch_net_dev_fd_ = -1;
 };
 

@@ -108,10 +108,14 @@ std::vector<HostBytes> ParseLinkBytes(const std::string& out) {
     std::vector<absl::string_view> f =
         absl::StrSplit(line, ' ', absl::SkipWhitespace());
     HostBytes h;
-    if (f.size() != 8 || f[2] != "sent" || f[5] != "received" ||
+    if (f.size() < 8 || f[2] != "sent" || f[5] != "received" ||
         !ParseBytes(f[3], f[4], &h.sent) ||
         !ParseBytes(f[6], f[7], &h.received)) {
       break;
+    }
+    if (f.size() >= 12 && f[8] == "TCP" && f[9] == "retransmitted" &&
+        !absl::SimpleAtod(f[10], &h.retransmitted_percent)) {
+      h.retransmitted_percent = -1;
     }
     h.name = std::string(f[0]);
     hosts.push_back(h);
@@ -135,6 +139,10 @@ std::string HostBytesText(const std::vector<HostBytes>& bytes) {
   for (const HostBytes& b : bytes) {
     parts.push_back(absl::StrCat(b.name, " ", FormatBytes(b.sent), " / ",
                                  FormatBytes(b.received)));
+    if (b.retransmitted_percent >= 0) {
+      absl::StrAppendFormat(&parts.back(), " (TCP retransmitted %.2f %%)",
+                            b.retransmitted_percent);
+    }
   }
   return absl::StrJoin(parts, ", ");
 }
@@ -244,7 +252,11 @@ absl::StatusOr<DdpHostsRun> RunDdpOnHosts(
                            made->Bytes());
   DdpHostsRun run;
   for (const local::HostLinkBytes& b : link_bytes) {
-    run.bytes.push_back({b.name, b.sent, b.received});
+    run.bytes.push_back({b.name, b.sent, b.received, -1});
+    if (b.tcp_segments > 0 && b.tcp_retransmitted >= 0) {
+      run.bytes.back().retransmitted_percent =
+          100.0 * b.tcp_retransmitted / b.tcp_segments;
+    }
   }
   const std::vector<std::string> last = local::LastLines(logs[0], 1);
   run.result = last.empty() ? "" : last.back();

@@ -20,19 +20,22 @@ struct HostBytes {
   std::string name;
   int64_t sent = 0;
   int64_t received = 0;
+  double retransmitted_percent = -1;  // of its TCP segments; -1: unknown
 };
 
 // "1.16 GiB", "3.2 MiB", "12.0 KiB".
 std::string FormatBytes(double bytes);
 
 // The per-host lines after "bytes over each host's link" in shardps-local's
-// output ("  worker-0 10.213.0.4   sent   1.6 MiB  received   1.7 MiB").
+// output ("  worker-0 10.213.0.4   sent   1.6 MiB  received   1.7 MiB  TCP
+// retransmitted 0.42 %").
 std::vector<HostBytes> ParseLinkBytes(const std::string& out);
 
 // The busiest card: its larger direction, in bytes, and its name.
 int64_t BusiestBytes(const std::vector<HostBytes>& bytes, std::string* name);
 
-// "worker-0 0.96 GiB / 0.96 GiB, ...": each host's sent / received.
+// "worker-0 0.96 GiB / 0.96 GiB (TCP retransmitted 0.42 %), ...": each
+// host's sent / received.
 std::string HostBytesText(const std::vector<HostBytes>& bytes);
 
 // Column `name` of the CSV file at `path` (a header line, then rows), as

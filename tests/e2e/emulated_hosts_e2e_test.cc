@@ -43,18 +43,24 @@ int64_t ParseBytes(absl::string_view number, absl::string_view unit) {
 struct LinkLine {
   int64_t sent = -1;
   int64_t received = -1;
+  double retransmitted_percent = -1;
 };
 
 // The launcher's line for `host`: "  server-0  10.213.0.2  sent 3.3 MiB
-// received 3.1 MiB"; -1s when there is none.
+// received 3.1 MiB  TCP retransmitted 0.00 %"; -1s when there is none.
 LinkLine FindLinkLine(const std::string& output, const std::string& host) {
   LinkLine found;
   for (absl::string_view line : absl::StrSplit(output, '\n')) {
     const std::vector<absl::string_view> f =
         absl::StrSplit(line, ' ', absl::SkipWhitespace());
-    if (f.size() == 8 && f[0] == host && f[2] == "sent" && f[5] == "received") {
+    if (f.size() >= 8 && f[0] == host && f[2] == "sent" && f[5] == "received") {
       found.sent = ParseBytes(f[3], f[4]);
       found.received = ParseBytes(f[6], f[7]);
+      if (f.size() == 12 && f[8] == "TCP" && f[9] == "retransmitted" &&
+          f[11] == "%" &&
+          !absl::SimpleAtod(f[10], &found.retransmitted_percent)) {
+        found.retransmitted_percent = -1;
+      }
     }
   }
   return found;
@@ -100,6 +106,9 @@ TEST(EmulatedHostsE2eTest, EveryProcessTrainsOverItsOwnLink) {
     const LinkLine link = FindLinkLine(output, host);
     EXPECT_GT(link.sent, 256 * kKiB) << output;
     EXPECT_GT(link.received, 256 * kKiB) << output;
+    // Its own TCP stack's counters: a share, read in its namespace.
+    EXPECT_GE(link.retransmitted_percent, 0) << output;
+    EXPECT_LT(link.retransmitted_percent, 100) << output;
   }
 
   // Every link lives in the run's namespaces, and those are gone.
