@@ -120,6 +120,8 @@ absl::Status RunAll(const std::vector<std::string>& commands) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 std::string FormatBytes(int64_t bytes) {
   if (bytes < (1 << 10)) return absl::StrCat(bytes, " B");
   if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
@@ -128,8 +130,6 @@ std::string FormatBytes(int64_t bytes) {
   }
   return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
 }
-
-}  // namespace
 
 std::vector<EmulatedHost> JobHosts(const LaunchOptions& o) {
   std::vector<EmulatedHost> hosts;

@@ -51,6 +51,9 @@ struct HostLinkBytes {
   int64_t tcp_retransmitted = -1;
 };
 
+// "512 B", "3.2 KiB", "12.3 MiB", "1.16 GiB".
+std::string FormatBytes(int64_t bytes);
+
 // One line per host: "  worker-0     10.213.0.4   sent  12.3 MiB
 // received  45.6 MiB  TCP retransmitted 0.42 %" (the last part when its
 // TCP counters are known), after a heading naming the rate.

@@ -90,12 +90,6 @@ absl::Status WaitForRanks(std::vector<pid_t> pids,
 
 }  // namespace
 
-std::string FormatBytes(double bytes) {
-  if (bytes >= (1 << 30)) return absl::StrFormat("%.2f GiB", bytes / (1 << 30));
-  if (bytes >= (1 << 20)) return absl::StrFormat("%.1f MiB", bytes / (1 << 20));
-  return absl::StrFormat("%.1f KiB", bytes / 1024);
-}
-
 std::vector<HostBytes> ParseLinkBytes(const std::string& out) {
   std::vector<HostBytes> hosts;
   bool in_table = false;
@@ -137,8 +131,8 @@ int64_t BusiestBytes(const std::vector<HostBytes>& bytes, std::string* name) {
 std::string HostBytesText(const std::vector<HostBytes>& bytes) {
   std::vector<std::string> parts;
   for (const HostBytes& b : bytes) {
-    parts.push_back(absl::StrCat(b.name, " ", FormatBytes(b.sent), " / ",
-                                 FormatBytes(b.received)));
+    parts.push_back(absl::StrCat(b.name, " ", local::FormatBytes(b.sent), " / ",
+                                 local::FormatBytes(b.received)));
     if (b.retransmitted_percent >= 0) {
       absl::StrAppendFormat(&parts.back(), " (TCP retransmitted %.2f %%)",
                             b.retransmitted_percent);

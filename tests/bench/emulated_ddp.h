@@ -23,9 +23,6 @@ struct HostBytes {
   double retransmitted_percent = -1;  // of its TCP segments; -1: unknown
 };
 
-// "1.16 GiB", "3.2 MiB", "12.0 KiB".
-std::string FormatBytes(double bytes);
-
 // The per-host lines after "bytes over each host's link" in shardps-local's
 // output ("  worker-0 10.213.0.4   sent   1.6 MiB  received   1.7 MiB  TCP
 // retransmitted 0.42 %").

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "deploy/local/emulated_hosts.h"
 #include "tests/bench/emulated_ddp.h"
 #include "tests/bench/run_command.h"
 #include "tests/testing/daemon.h"
@@ -48,17 +49,10 @@ struct RowResult {
 // The shardps workers' encodings: the torch layer reads them from the
 // environment shardps-local passes on.
 std::string EncodingEnv(const TrainHostsRow& row) {
-  if (row.compression == "bf16") {
-    return "SHARDPS_COMPRESSION=bf16 SHARDPS_WEIGHT_ENCODING=bf16 ";
-  }
-  if (row.compression == "topk") {
-    return "SHARDPS_COMPRESSION=topk:0.01 SHARDPS_WEIGHT_ENCODING=bf16 ";
-  }
-  return "";
-}
-
-std::string DdpEncoding(const TrainHostsRow& row) {
-  return row.compression == "bf16" ? "fp16" : "fp32";
+  const RowEncodings e = EncodingsOf(row);
+  if (e.gradients.empty()) return "";
+  return absl::StrCat("SHARDPS_COMPRESSION=", e.gradients,
+                      " SHARDPS_WEIGHT_ENCODING=", e.weights, " ");
 }
 
 absl::StatusOr<SideRun> RunShardps(const TorchHostsOptions& o,
@@ -131,7 +125,7 @@ absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
                 absl::StrCat("--rank=", rank),
                 absl::StrCat("--master=", master),
                 "--ifname=eth0",
-                absl::StrCat("--compression=", DdpEncoding(row)),
+                absl::StrCat("--compression=", EncodingsOf(row).ddp),
                 "--"};
             argv.insert(argv.end(), example_args.begin(), example_args.end());
             return argv;
@@ -172,13 +166,13 @@ void PrintRow(const TorchHostsOptions& o, int64_t rate, const Workload& w,
         "loss %.4f; busiest link %s %s in the run, about %.2f of the link "
         "over the timed steps\n          sent / received: %s\n",
         label, side->seconds, w.steps - 1, side->tokens_per_s, side->train_loss,
-        busiest, FormatBytes(most),
+        busiest, local::FormatBytes(most),
         LinkShare(most, w.steps, rate, side->seconds),
         HostBytesText(side->bytes));
   }
   absl::PrintF(
       "  shardps / DDP time %.2f (DDP %s); ideal when link-bound %.2f\n",
-      r.shardps.seconds / r.ddp.seconds, DdpEncoding(r.row),
+      r.shardps.seconds / r.ddp.seconds, EncodingsOf(r.row).ddp,
       IdealTimeRatio(r.row.workers, r.row.servers));
 }
 
@@ -199,7 +193,7 @@ void PrintTable(const TorchHostsOptions& o, int64_t rate,
         "| %s | %dx%d | %s | %s (%s) | %.1f | %.1f | %.2f | %.2f | %.0f / "
         "%.0f | %.4f / %.4f | %s %.2f / %s %.2f |\n",
         w->name, r.row.workers, r.row.servers, o.link, r.row.compression,
-        DdpEncoding(r.row), r.shardps.seconds, r.ddp.seconds,
+        EncodingsOf(r.row).ddp, r.shardps.seconds, r.ddp.seconds,
         r.shardps.seconds / r.ddp.seconds,
         IdealTimeRatio(r.row.workers, r.row.servers), r.shardps.tokens_per_s,
         r.ddp.tokens_per_s, r.shardps.train_loss, r.ddp.train_loss, a,
@@ -258,7 +252,7 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
       RowResult r;
       r.row = row;
       SHARDPS_ASSIGN_OR_RETURN(r.shardps, RunShardps(o, w, row));
-      const std::pair<int, std::string> key(row.workers, DdpEncoding(row));
+      const std::pair<int, std::string> key(row.workers, EncodingsOf(row).ddp);
       if (!ddp_runs.count(key)) {
         SHARDPS_ASSIGN_OR_RETURN(ddp_runs[key], RunDdp(o, w, row, tools));
       }

@@ -49,11 +49,10 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
       absl::StrCat(o.local_binary, " --emulate_hosts --link=", o.link,
                    " --run_dir=", dir, " --epochs=", o.epochs,
                    " --workers=", row.workers, " --servers=", row.servers);
-  if (row.compression == "bf16") {
-    absl::StrAppend(&command, " --compression=bf16 --weight_encoding=bf16");
-  } else if (row.compression == "topk") {
-    absl::StrAppend(&command,
-                    " --compression=topk:0.01 --weight_encoding=bf16");
+  const RowEncodings encodings = EncodingsOf(row);
+  if (!encodings.gradients.empty()) {
+    absl::StrAppend(&command, " --compression=", encodings.gradients,
+                    " --weight_encoding=", encodings.weights);
   }
   SHARDPS_ASSIGN_OR_RETURN(std::string out,
                            RunCommand(absl::StrCat(command, " 2>&1")));
@@ -82,18 +81,11 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
   return run;
 }
 
-// DDP's side of a row: gradients all-reduced as fp32, or fp16 for a row
-// whose shardps side sends 2 bytes an element (gloo has no bfloat16); a
-// top-k row's DDP side is fp32 (DDP has no top-k).
-std::string DdpEncoding(const TrainHostsRow& row) {
-  return row.compression == "bf16" ? "fp16" : "fp32";
-}
-
 absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                const TrainHostsRow& row,
                                const local::NetworkTools& tools) {
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
-  const std::string encoding = DdpEncoding(row);
+  const std::string encoding = EncodingsOf(row).ddp;
   SHARDPS_ASSIGN_OR_RETURN(DdpHostsRun ddp,
                            RunDdpOnHosts(
                                rate, row.workers, tools,
@@ -165,7 +157,7 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
     absl::PrintF(
         "          busiest link %s %s, %.2f of the link over the training "
         "time\n          sent / received: %s\n",
-        busiest, FormatBytes(most), most * 8.0 / rate / side->train_s,
+        busiest, local::FormatBytes(most), most * 8.0 / rate / side->train_s,
         HostBytesText(side->bytes));
   }
   std::string unused;
@@ -201,8 +193,9 @@ void PrintTable(
         static_cast<double>(sa) / sb,
         o.epochs * kSamplesPerEpoch / r.shardps.train_s,
         o.epochs * kSamplesPerEpoch / r.ddp.train_s, r.shardps.accuracy,
-        r.ddp.accuracy, a, FormatBytes(sa), sa * 8.0 / rate / r.shardps.train_s,
-        b, FormatBytes(sb), sb * 8.0 / rate / r.ddp.train_s);
+        r.ddp.accuracy, a, local::FormatBytes(sa),
+        sa * 8.0 / rate / r.shardps.train_s, b, local::FormatBytes(sb),
+        sb * 8.0 / rate / r.ddp.train_s);
   }
   // DDP's fp16 hook sums in fp16 on the CPU, which can cost more than the
   // bytes it saves: compare a bf16 row with DDP's fp32 too, when it ran.
@@ -246,6 +239,12 @@ absl::StatusOr<std::vector<TrainHostsRow>> ParseTrainHostsRows(
   return out;
 }
 
+RowEncodings EncodingsOf(const TrainHostsRow& row) {
+  if (row.compression == "bf16") return {"bf16", "bf16", "fp16"};
+  if (row.compression == "topk") return {"topk:0.01", "bf16", "fp32"};
+  return {};
+}
+
 double IdealTimeRatio(int workers, int servers) {
   const double ps = std::max(1.0, static_cast<double>(workers) / servers);
   const double ring = 2.0 * (workers - 1) / workers;
@@ -271,7 +270,7 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
     RowResult result;
     result.row = row;
     SHARDPS_ASSIGN_OR_RETURN(result.shardps, RunShardps(o, row));
-    const std::pair<int, std::string> key(row.workers, DdpEncoding(row));
+    const std::pair<int, std::string> key(row.workers, EncodingsOf(row).ddp);
     if (!ddp_runs.count(key)) {
       SHARDPS_ASSIGN_OR_RETURN(ddp_runs[key], RunDdp(o, row, tools));
     }

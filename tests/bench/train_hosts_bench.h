@@ -29,6 +29,17 @@ struct TrainHostsRow {
   std::string compression = "fp32";
 };
 
+// How a row's sides encode: shardps's gradients and weights, as
+// --compression and --weight_encoding spell them (empty for fp32: the
+// defaults), and DDP's all-reduce (fp32, or fp16 for a row whose shardps
+// side sends 2 bytes an element: gloo has no bfloat16; DDP has no top-k).
+struct RowEncodings {
+  std::string gradients;
+  std::string weights;
+  std::string ddp = "fp32";
+};
+RowEncodings EncodingsOf(const TrainHostsRow& row);
+
 // "2x2,4x4,4x1" (WORKERSxSERVERS) times "fp32,bf16,topk": every pair, in that
 // order. InvalidArgument naming the part that is not one; fewer than 2
 // workers has no all-reduce to compare with.
