@@ -195,10 +195,36 @@ absl::StatusOr<std::vector<uint32_t>> ParseCounts(const std::string& flag,
   return out;
 }
 
+// The emulated-host flags mean something only where they are read: refused
+// elsewhere rather than ignored (torch --link without --emulate_hosts would
+// measure loopback and look like a link).
+absl::Status CheckEmulatedHostFlags(const std::string& command) {
+  const bool emulated = absl::GetFlag(FLAGS_emulate_hosts);
+  if (emulated && command != "train" && command != "torch") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--emulate_hosts is for train and torch, not ", command));
+  }
+  if (emulated) return absl::OkStatus();
+  if (command == "torch" &&
+      (Given(FLAGS_link) || Given(FLAGS_rows) || Given(FLAGS_compressions) ||
+       Given(FLAGS_wide_steps))) {
+    return absl::InvalidArgumentError(
+        "torch: --link, --rows, --compressions and --wide_steps go with "
+        "--emulate_hosts");
+  }
+  if (command == "train" &&
+      (Given(FLAGS_link) || Given(FLAGS_rows) || Given(FLAGS_compressions))) {
+    return absl::InvalidArgumentError(
+        "train: --link, --rows and --compressions go with --emulate_hosts");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string& command) {
 #ifndef NDEBUG
   absl::PrintF("WARNING: assertions are enabled; figures are not meaningful\n");
 #endif
+  SHARDPS_RETURN_IF_ERROR(CheckEmulatedHostFlags(command));
   if (command == "aggregate") return RunAggregateBench(AggregateOptions());
   if (command == "codec") return RunCodecBench(CodecOptions());
   if (command == "transport") {
