@@ -2,6 +2,10 @@
 
 #include <malloc.h>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
 
 namespace shardps {
@@ -12,13 +16,19 @@ namespace {
 // stalling for window updates every 64 KiB.
 constexpr int kMaxFrameBytes = (16 << 20) - 1;  // the HTTP/2 maximum
 constexpr int kLookaheadBytes = 64 << 20;
-// What a server lets each push stream send ahead of what it has read: two
-// default chunks. Fixed (no BDP probing, which grows windows without bound
-// on fast links), so that a stream the store holds back (sync: a gradient
-// that came before the ranks below it) parks at most this much in gRPC's
-// buffers. Measured with shardps-bench transport (1 shard, 32 MiB model in
-// 1 MiB chunks, 64 workers): peak RSS 2960 -> 358 MiB, step 3.2 -> 2.0 s.
-constexpr int kServerLookaheadBytes = 8 << 20;
+// What a server lets each push stream send ahead of what it has read:
+// gRPC opens a stream's window to the rest of a message as soon as a read
+// waits for it, so a stream being read gets its whole chunk at once and
+// this bounds only what a stream between reads, or parked by the receive
+// budget, leaves in gRPC's buffers. Fixed (no BDP probing, which grows
+// windows without bound on fast links). Measured with shardps-bench scale
+// (1 shard, 32 MiB model in 2 MiB chunks, 64 workers, 64 MiB budget):
+// peak RSS 1137 MiB with an 8 MiB lookahead, 211 MiB with this one; step
+// times and the fraction of a 1 Gbit/s link PushPull reaches unchanged.
+constexpr int kServerLookaheadBytes = 64 << 10;
+// The most a server's socket read takes at once, which is also the most a
+// connection keeps allocated for its next read.
+constexpr int kServerReadChunkBytes = 64 << 10;
 constexpr int kKeepaliveMs = 10000;
 
 }  // namespace
@@ -30,6 +40,10 @@ void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                               kServerLookaheadBytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder->AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE,
+                              kServerReadChunkBytes);
+  builder->AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE,
+                              kServerReadChunkBytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE,
                               kLookaheadBytes);
   // Let clients ping every few seconds to detect dead peers.
@@ -47,6 +61,20 @@ void ConfigureProcessMemory() {
   // faults 8x, step time from 105 to 67 ms and the server's peak RSS from
   // 467 to 324 MiB.
   mallopt(M_ARENA_MAX, 1);
+  // gRPC 1.51's tcp_read_chunks experiment (on by default) sizes each
+  // connection's reads by a target that doubles after every large read and
+  // ignores the read-size channel arguments, and keeps what a read did not
+  // fill for the next: a few MiB a connection on fast links, so a shard's
+  // memory grew with its workers (heaptrack, 64 workers: 222 MiB of read
+  // slices). Without it reads take at most the channel's largest read chunk
+  // (servers: kServerReadChunkBytes). Read by gRPC once, at its first use.
+  const char* experiments = getenv("GRPC_EXPERIMENTS");
+  if (experiments == nullptr || *experiments == '\0') {
+    setenv("GRPC_EXPERIMENTS", "-tcp_read_chunks", 1);
+  } else if (strstr(experiments, "tcp_read_chunks") == nullptr) {
+    setenv("GRPC_EXPERIMENTS",
+           absl::StrCat(experiments, ",-tcp_read_chunks").c_str(), 1);
+  }
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }

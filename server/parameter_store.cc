@@ -538,6 +538,10 @@ v1::GetStatusResponse ParameterStore::Report() const {
   }
   resp.set_weight_copies_total(counters_.weight_copies.load());
   resp.set_rollback_id(rollback_id_.load());
+  const ReceiveBudget::Usage budget = budget_.usage();
+  resp.set_receive_budget_bytes(budget_.limit());
+  resp.set_receive_budget_peak_bytes(budget.peak);
+  resp.set_receive_budget_waits_total(budget.waited);
   const State* st = state();
   if (st == nullptr) return resp;
   resp.set_declared(true);

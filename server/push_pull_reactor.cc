@@ -85,11 +85,14 @@ PushPullReactor::~PushPullReactor() {
 
 bool PushPullReactor::AskBudget(int64_t bytes, std::function<void()> admitted) {
   std::optional<uint32_t> rank;
+  std::optional<int64_t> next_step;
   {
     absl::MutexLock lock(&mu_);
     rank = rank_;
+    next_step = next_step_;
   }
-  return env_.store->budget().TryRead(rank, bytes, std::move(admitted));
+  return env_.store->budget().TryRead(rank, bytes, std::move(admitted),
+                                      next_step);
 }
 
 void PushPullReactor::Hold(int64_t bytes) {
@@ -228,7 +231,10 @@ bool PushPullReactor::Take(const v1::PushPullRequest& request,
                            const PayloadView& payload, absl::Status status) {
   {
     absl::MutexLock lock(&mu_);
-    if (status.ok()) rank_ = request.rank();  // what the pushes say wins
+    if (status.ok()) {
+      rank_ = request.rank();  // what the pushes say wins
+      next_step_ = request.step() + (request.last_of_step() ? 1 : 0);
+    }
   }
   if (status.ok()) status = TakeReplyEncoding(request);
   absl::string_view shared;

@@ -225,6 +225,10 @@ class PushPullReactor final
   int64_t read_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The pusher's rank (none until known), for the receive budget.
   std::optional<uint32_t> rank_ ABSL_GUARDED_BY(mu_);
+  // The least step the stream's next push may be of (none until its first
+  // push): the last push's, or the one after it when that push said
+  // last_of_step. For the receive budget.
+  std::optional<int64_t> next_step_ ABSL_GUARDED_BY(mu_);
   // The source yields no more pushes and runs no more (true for gRPC reads,
   // whose reactions gRPC itself orders before the finish).
   bool source_stopped_ ABSL_GUARDED_BY(mu_);

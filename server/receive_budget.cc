@@ -8,14 +8,18 @@ namespace shardps::server {
 bool ReceiveBudget::Allows(const Ticket& t) const {
   if (limit_ == 0 || in_use_ == 0 || in_use_ + t.bytes <= limit_) return true;
   if (!t.rank.has_value()) return true;  // cannot tell: a first read
-  return !folds_.empty() && *t.rank == folds_.begin()->first.second;
+  if (folds_.empty()) return false;
+  const Fold& least = folds_.begin()->first;
+  return *t.rank == least.second &&
+         (!t.next_step.has_value() || *t.next_step <= least.first);
 }
 
 bool ReceiveBudget::TryRead(std::optional<uint32_t> rank, int64_t bytes,
-                            std::function<void()> wake) {
+                            std::function<void()> wake,
+                            std::optional<int64_t> next_step) {
   if (limit_ == 0) return true;
   absl::MutexLock lock(&mu_);
-  Ticket t{rank, bytes, nullptr};
+  Ticket t{rank, next_step, bytes, nullptr};
   if (Allows(t)) {
     in_use_ += bytes;
     peak_ = std::max(peak_, in_use_);
@@ -60,12 +64,11 @@ void ReceiveBudget::Free(int64_t bytes) {
 void ReceiveBudget::MoveFold(std::optional<Fold> from, std::optional<Fold> to) {
   if (from == to) return;
   absl::MutexLock lock(&mu_);
-  // -1: no sum waits.
   const auto least = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return folds_.empty() ? int64_t{-1}
-                          : static_cast<int64_t>(folds_.begin()->first.second);
+    return folds_.empty() ? std::nullopt
+                          : std::optional<Fold>(folds_.begin()->first);
   };
-  const int64_t before = least();
+  const std::optional<Fold> before = least();
   if (from.has_value()) {
     auto it = folds_.find(*from);
     if (it != folds_.end() && --it->second == 0) folds_.erase(it);

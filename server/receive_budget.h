@@ -12,17 +12,28 @@
 // Why it cannot deadlock. Every chunk whose step is not complete has a
 // fold: the rank its rank-ordered sum needs next. Order them by (step,
 // fold) and take the least, chunk c at step t with fold m: the streams of
-// rank m may always read, budget or not.
+// rank m that may still push a gradient of step t may always read, budget
+// or not (a stream whose last push said last_of_step may not: its next
+// push is of a later step).
 // Rank m's stream carrying c holds no early gradient: one of step t would
 // be of a chunk whose fold is below m, against (t, m) being least, and one
 // of a later step cannot exist, as a worker pushes nothing of step t + 1
 // before every reply of step t, c's included. So what that stream reads
 // next is c's push, or another that is summed at once or refused: the
-// least (step, fold) always advances. Only rank m's streams read past the
-// budget, one push at a time each; but a read it admits stays posted until
-// the stream's next push comes, so one read per stream of each rank that
-// was least during a step may be outstanding past the budget.
+// least (step, fold) always advances.
 //
+// Why it is bounded whatever the number of workers. A read past the budget
+// is admitted only while its stream's next push is of step t, and every
+// chunk of step t then has fold >= m; as rank m has not pushed the chunks
+// still at m, its next push of step t is one of them and is summed at
+// once. So no read past the budget ends as an early gradient, and those in
+// flight at once are at most one per stream of the least rank (a shard's
+// lanes per worker), each of the largest chunk, besides, for a moment, the
+// reads whose pushes gRPC's threads are still taking (a read's bytes are
+// given back once its push is summed or held). Without last_of_step (a
+// stream's first read, a worker that does not say) a stream may read past
+// the budget while its rank is least and then take the next step's push
+// early: at most one such gradient per stream.
 // Thread-safe; a parked stream is woken (its callback run) outside the
 // budget's lock.
 #ifndef SHARDPS_SERVER_RECEIVE_BUDGET_H_
@@ -52,18 +63,22 @@ class ReceiveBudget {
   // being torn down), from whichever thread freed the budget.
   struct Ticket {
     std::optional<uint32_t> rank;  // none: not known yet (always allowed)
+    // The least step the stream's next push may be of (none: not known).
+    std::optional<int64_t> next_step;
     int64_t bytes = 0;
     std::function<void()> wake;
   };
 
   // Takes `bytes` for a read by a stream of `rank` (none: its first read,
-  // rank not known yet) if the budget allows it: it is unspent enough,
+  // rank not known yet) whose next push is of step `next_step` or later
+  // (none: not known) if the budget allows it: it is unspent enough,
   // nothing else is in use, or the rank is the least that some chunk's sum
-  // needs next.
+  // needs next and the stream may still push that chunk's step.
   // Else parks `wake` and returns false; the caller reads nothing until
   // `wake` runs (the bytes are then taken for it).
   bool TryRead(std::optional<uint32_t> rank, int64_t bytes,
-               std::function<void()> wake);
+               std::function<void()> wake,
+               std::optional<int64_t> next_step = std::nullopt);
   // Takes bytes for an early gradient (always: it is already received).
   void Take(int64_t bytes);
   // Gives back bytes taken by TryRead or Take, and runs the wakes of the
@@ -72,7 +87,10 @@ class ReceiveBudget {
   // Where a chunk's sum stands: its step and the rank it needs next.
   using Fold = std::pair<int64_t, uint32_t>;
   // A chunk's fold moved from `from` to `to` (none: the chunk was not
-  // counted, or its step is complete). May be called under a chunk's lock:
+  // counted, or is no longer). A chunk whose step is complete counts at the
+  // next step's rank 0 at once, while its update runs: left out, a later
+  // rank would read past the budget and then push it early. May be called
+  // under a chunk's lock:
   // the reads it admits wake at the next RunAdmitted or Free.
   void MoveFold(std::optional<Fold> from, std::optional<Fold> to);
   // Runs the wakes MoveFold admitted. Call it holding no lock of the

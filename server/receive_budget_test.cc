@@ -82,5 +82,29 @@ TEST(ReceiveBudgetTest, AStreamOfUnknownRankAndAnIdleBudgetAlwaysRead) {
   EXPECT_FALSE(budget.TryRead(1, 5, [] {}));
 }
 
+// A stream whose last push said last_of_step has nothing more of that
+// step: its rank being least does not let it read past the budget (what it
+// would read is the next step's push, early), until the least sum is of
+// the step its next push may be of.
+TEST(ReceiveBudgetTest, AStreamDoneWithTheStepDoesNotReadPastTheBudget) {
+  ReceiveBudget budget(100);
+  EXPECT_TRUE(budget.TryRead(0, 100, nullptr));
+  budget.MoveFold(std::nullopt, F(7, 4));  // a chunk of step 7 waits for 4
+  // Rank 4's stream that still pushes in step 7 (or cannot tell) reads.
+  EXPECT_TRUE(budget.TryRead(4, 10, nullptr, /*next_step=*/7));
+  EXPECT_TRUE(budget.TryRead(4, 10, nullptr, std::nullopt));
+  // Its stream that is done with step 7 waits.
+  int woken = 0;
+  EXPECT_FALSE(budget.TryRead(
+      4, 10, [&] { ++woken; }, /*next_step=*/8));
+  budget.MoveFold(F(7, 4), F(8, 2));  // the chunk moves to step 8, rank 2
+  budget.RunAdmitted();
+  EXPECT_EQ(woken, 0);
+  budget.MoveFold(F(8, 2), F(8, 4));  // step 8 now waits for rank 4
+  budget.RunAdmitted();
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(budget.usage().in_use, 130);
+}
+
 }  // namespace
 }  // namespace shardps::server

@@ -47,15 +47,14 @@ ABSL_FLAG(int32_t, update_threads, -1,
           "each update runs on the thread that completed its chunk's step; "
           "-1: 0 on a machine of at most 2 cores (where handing an update "
           "to another thread costs more than running it there), else 2.");
-ABSL_FLAG(double, max_inflight_mib, 0,
+ABSL_FLAG(double, max_inflight_mib, 256,
           "Receive budget, in MiB: the most bytes of pushes being read and, "
           "in sync mode, of gradients that came before the ranks below them "
-          "this shard holds; while it is spent, streams are not read and "
-          "their senders wait. The least rank a sum needs next always reads "
-          "(so it cannot deadlock), one push at a time per stream. 0 (the "
-          "default): no budget. A parked stream still lets gRPC buffer its "
-          "HTTP/2 window (8 MiB), so at many workers a budget can raise the "
-          "shard's memory (docs/benchmarks.md). Fractions allowed (0.5: "
+          "this shard holds, whatever the number of workers; while it is "
+          "spent, streams are not read and their senders wait (a parked "
+          "stream leaves at most 64 KiB in gRPC's buffers). The least rank a "
+          "sum needs next always reads (so it cannot deadlock), one push at "
+          "a time per stream. 0: no budget. Fractions allowed (0.5: "
           "512 KiB).");
 ABSL_FLAG(int32_t, max_message_bytes, 0,
           "Largest gRPC message accepted; 0: 64 MiB plus 64 KiB.");

@@ -69,10 +69,14 @@ void SyncAggregator::AddToSum(Step* step, const float* gradient) {
 
 void SyncAggregator::FoldMoved(Step* step) const {
   if (options_.budget == nullptr) return;
-  std::optional<ReceiveBudget::Fold> now;
-  if (step->fold < step->contributed.size()) {
-    now = ReceiveBudget::Fold(step->chunk->version, step->fold);
-  }
+  // A complete step counts as the next step's, waiting for rank 0, from
+  // the moment it completes: its update may still be running, and a chunk
+  // the budget did not count would let a rank read past it as if no sum
+  // needed rank 0 (its push would then come early, at the next step).
+  const ReceiveBudget::Fold now =
+      step->fold < step->contributed.size()
+          ? ReceiveBudget::Fold(step->chunk->version, step->fold)
+          : ReceiveBudget::Fold(step->chunk->version + 1, 0);
   options_.budget->MoveFold(step->counted_at, now);
   step->counted_at = now;
 }

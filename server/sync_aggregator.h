@@ -126,7 +126,8 @@ class SyncAggregator final : public Aggregator {
   // Clears the step's contributions (after Apply or a reset).
   void Clear(Step* step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Tells the receive budget where the step's sum stands now: its version
-  // and fold, none once complete (ReceiveBudget::MoveFold).
+  // and fold; once complete, the next version's, at rank 0
+  // (ReceiveBudget::MoveFold).
   void FoldMoved(Step* step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Wakes the reads the budget admitted meanwhile (no lock held).

@@ -130,14 +130,14 @@ void Client::set_rollback_id(uint64_t id) {
 // LaneOwner: a lane's call speaks for the open step (a lane is armed only
 // while one is).
 absl::StatusOr<grpc::ByteBuffer> Client::MessageFor(
-    Lane* lane, uint32_t id, v1::PushPullRequest* header,
+    Lane* lane, uint32_t id, bool last, v1::PushPullRequest* header,
     const CallRegions& regions) {
-  return open_->MessageFor(lane, id, header, regions);
+  return open_->MessageFor(lane, id, last, header, regions);
 }
 
-bool Client::HeaderFor(uint32_t id, v1::PushPullRequest* header,
+bool Client::HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
                        const CallRegions& regions) {
-  return open_->HeaderFor(id, header, regions);
+  return open_->HeaderFor(id, last, header, regions);
 }
 
 absl::Status Client::TakeReply(Lane* lane, std::vector<bool>* expected,

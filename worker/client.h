@@ -387,9 +387,9 @@ class Client : private LaneOwner {
 
   // LaneOwner: the open step's messages and replies, for its lanes' calls.
   absl::StatusOr<grpc::ByteBuffer> MessageFor(
-      Lane* lane, uint32_t id, v1::PushPullRequest* header,
+      Lane* lane, uint32_t id, bool last, v1::PushPullRequest* header,
       const CallRegions& regions) override;
-  bool HeaderFor(uint32_t id, v1::PushPullRequest* header,
+  bool HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
                  const CallRegions& regions) override;
   absl::Status TakeReply(Lane* lane, std::vector<bool>* expected,
                          const CallRegions& regions) override;

@@ -309,15 +309,17 @@ void LaneCall::Pump() {
     return;
   }
   uint32_t id;
+  bool last;
   {
     absl::MutexLock lock(&lane_->mu);
     if (lane_->writing || lane_->stopped || lane_->ready.empty()) return;
     id = lane_->ready.front();
     lane_->ready.pop_front();
     lane_->writing = true;
+    last = lane_->ready.empty() && lane_->unqueued == 0;
   }
   absl::StatusOr<grpc::ByteBuffer> message =
-      owner_->MessageFor(lane_, id, &header_, regions());
+      owner_->MessageFor(lane_, id, last, &header_, regions());
   if (!message.ok()) {
     {
       absl::MutexLock lock(&lane_->mu);
@@ -480,15 +482,19 @@ void LaneCall::OnDone(const grpc::Status& s) {
 }
 
 void LaneCall::PumpRing() {
+  bool ends;  // the last of ring_ids_ is the step's last on the lane
   {
     absl::MutexLock lock(&lane_->mu);
     if (lane_->stopped) return;
     ring_ids_.assign(lane_->ready.begin(), lane_->ready.end());
     lane_->ready.clear();
+    ends = lane_->unqueued == 0;
   }
   absl::Status s;
-  for (uint32_t id : ring_ids_) {
-    if (!owner_->HeaderFor(id, &header_, regions()) ||
+  for (size_t i = 0; i < ring_ids_.size(); ++i) {
+    const uint32_t id = ring_ids_[i];
+    const bool last = ends && i + 1 == ring_ids_.size();
+    if (!owner_->HeaderFor(id, last, &header_, regions()) ||
         (!header_.push_only() && !header_.has_reply_shm_offset())) {
       s = shm::Unavailable(absl::StrCat(
           "chunk ", id, " does not fit the stream's region (declared again?)"));

@@ -49,14 +49,16 @@ class LaneOwner {
   virtual ~LaneOwner() = default;
   // The message of chunk `id` of the open step (its header built in
   // *header), payloads through `regions` where they fit (Lane::Message
-  // references the gradient). InvalidArgument naming the tensor for a
-  // gradient its encoding cannot carry.
+  // references the gradient). `last`: no other chunk of the step follows
+  // it on the lane (PushPullRequest.last_of_step). InvalidArgument naming
+  // the tensor for a gradient its encoding cannot carry.
   virtual absl::StatusOr<grpc::ByteBuffer> MessageFor(
-      Lane* lane, uint32_t id, v1::PushPullRequest* header,
+      Lane* lane, uint32_t id, bool last, v1::PushPullRequest* header,
       const CallRegions& regions) = 0;
-  // For a message ring: fills *header for chunk `id` with its gradient and
-  // its reply in `regions`; false when they do not fit there.
-  virtual bool HeaderFor(uint32_t id, v1::PushPullRequest* header,
+  // For a message ring: fills *header for chunk `id` (`last` as above)
+  // with its gradient and its reply in `regions`; false when they do not
+  // fit there.
+  virtual bool HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
                          const CallRegions& regions) = 0;
   // Takes lane->reply (of a chunk of the open step): writes its weights and
   // clears it in `expected` (by chunk id). InternalError for a reply to a

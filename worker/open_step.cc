@@ -166,7 +166,7 @@ void OpenStep::PlaceReply(const ChunkSpec& c, const CallRegions& regions,
 // where it lies in the gradient region or else copied into the stream's
 // region, and its reply asked into a region (PlaceReply). True when the
 // message needs no payload.
-bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
+bool OpenStep::HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
                          const CallRegions& regions) {
   const ChunkSpec& c = (*model_.chunks)[id];
   const ClientOptions& options = *model_.options;
@@ -176,6 +176,9 @@ bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
   header->set_rollback_id(*model_.rollback_id);
   header->set_step(step_);
   header->set_chunk_id(id);
+  // A first phase's last push is not the lane's last of the step: its
+  // decision follows.
+  header->set_last_of_step(last && (phase_ == 2 || !options_.second_phase));
   if (phase_ == 2) {
     // The decision alone: the gradient is in, its settings stand.
     header->set_push_only(push_only_);
@@ -206,10 +209,10 @@ bool OpenStep::HeaderFor(uint32_t id, v1::PushPullRequest* header,
 }
 
 absl::StatusOr<grpc::ByteBuffer> OpenStep::MessageFor(
-    Lane* lane, uint32_t id, v1::PushPullRequest* header,
+    Lane* lane, uint32_t id, bool last, v1::PushPullRequest* header,
     const CallRegions& regions) {
   const ChunkSpec& c = (*model_.chunks)[id];
-  if (HeaderFor(id, header, regions)) {
+  if (HeaderFor(id, last, header, regions)) {
     return lane->Message(*header, nullptr, 0);
   }
   const float* gradient = gradients_[c.tensor].data() + c.offset;

@@ -86,9 +86,10 @@ class OpenStep {
 
   // LaneOwner's calls for this step (see lane_call.h).
   absl::StatusOr<grpc::ByteBuffer> MessageFor(Lane* lane, uint32_t id,
+                                              bool last,
                                               v1::PushPullRequest* header,
                                               const CallRegions& regions);
-  bool HeaderFor(uint32_t id, v1::PushPullRequest* header,
+  bool HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
                  const CallRegions& regions);
   absl::Status TakeReply(Lane* lane, std::vector<bool>* expected,
                          const CallRegions& regions);

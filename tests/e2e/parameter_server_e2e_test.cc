@@ -150,10 +150,12 @@ std::unique_ptr<TestCluster> StartCluster(uint32_t shards, uint32_t workers,
   return cluster;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Connect(TestCluster& c, uint32_t rank) {
+absl::StatusOr<std::unique_ptr<Client>> Connect(TestCluster& c, uint32_t rank,
+                                                bool shared_memory = true) {
   ClientOptions o;
   o.servers = c.server_addresses();
   o.rank = rank;
+  o.shared_memory = shared_memory;
   o.connect_timeout = absl::Seconds(30);
   o.rpc_timeout = absl::Seconds(60);
   return Client::Create(o);
@@ -163,13 +165,15 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(TestCluster& c, uint32_t rank) {
 // worker's final weights.
 std::vector<Model> Train(TestCluster& cluster, uint32_t workers,
                          const v1::OptimizerSpec& spec, int64_t steps,
-                         std::atomic<int64_t>* retries = nullptr) {
+                         std::atomic<int64_t>* retries = nullptr,
+                         bool shared_memory = true) {
   const v1::Layout layout = TestLayout();
   std::vector<Model> finals(workers, Model(layout));
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < workers; ++r) {
     threads.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Client>> client = Connect(cluster, r);
+      absl::StatusOr<std::unique_ptr<Client>> client =
+          Connect(cluster, r, shared_memory);
       ASSERT_TRUE(client.ok()) << client.status();
       SHARDPS_ASSERT_OK((*client)->Declare(layout, spec));
       for (int64_t step = 0; step < steps; ++step) {
@@ -244,6 +248,44 @@ TEST(ParameterServerE2ETest, DroppedRepliesAreRetriedAndAppliedOnce) {
     EXPECT_EQ(s.max_version(), kSteps);
     EXPECT_EQ(s.updates_total(), s.num_chunks() * kSteps);
   }
+}
+
+// A receive budget of two chunks at 32 workers over gRPC: the streams wait
+// for it (each read takes a chunk's bytes), the weights are still the
+// rank-ordered mean's bitwise, and what the shard held passed the budget
+// only by the read of the rank a sum needed next and, for a moment, reads
+// whose pushes gRPC's threads were still taking: a few chunks, not one per
+// worker (server/receive_budget.h).
+TEST(ParameterServerE2ETest, AReceiveBudgetBoundsWhatTheShardHolds) {
+  constexpr uint32_t kWorkers = 32;
+  constexpr int64_t kChunkBytes = 4096;  // TestLayout's chunk size (at most)
+  constexpr int64_t kBudget = 2 * kChunkBytes;
+  std::unique_ptr<TestCluster> cluster =
+      StartCluster(1, kWorkers, "sync",
+                   {absl::StrCat("--max_inflight_mib=", kBudget / 1048576.0)});
+  ASSERT_NE(cluster, nullptr);
+  constexpr int64_t kSteps = 30;
+  std::vector<Model> got = Train(*cluster, kWorkers, Sgd(), kSteps,
+                                 /*retries=*/nullptr, /*shared_memory=*/false);
+  Model want = Reference(TestLayout(), Sgd(), kWorkers, kSteps);
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    for (size_t t = 0; t < want.tensors.size(); ++t) {
+      ASSERT_EQ(got[r].tensors[t], want.tensors[t])
+          << "rank " << r << ", tensor " << t;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(*cluster, 0);
+  ASSERT_TRUE(client.ok());
+  SHARDPS_ASSERT_OK((*client)->Declare(TestLayout(), Sgd()));
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      (*client)->ShardStatus();
+  SHARDPS_ASSERT_OK(status);
+  ASSERT_EQ(status->size(), 1u);
+  const v1::GetStatusResponse& s = (*status)[0];
+  EXPECT_EQ(s.receive_budget_bytes(), kBudget);
+  EXPECT_GT(s.receive_budget_waits_total(), 0u);
+  EXPECT_GE(s.receive_budget_peak_bytes(), kBudget);
+  EXPECT_LE(s.receive_budget_peak_bytes(), kBudget + 4 * kChunkBytes);
 }
 
 TEST(ParameterServerE2ETest, SameRunTwiceIsBitwiseIdentical) {
