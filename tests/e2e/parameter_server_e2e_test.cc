@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
+#include "common/status.h"
 #include "common/status_matchers.h"
 #include "common/tensor_init.h"
 #include "grpcpp/create_channel.h"
@@ -161,6 +162,15 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(TestCluster& c, uint32_t rank,
   return Client::Create(o);
 }
 
+// Every shard's GetStatus, through a Client of rank 0 that declares
+// TestLayout with SGD (as the jobs here do).
+absl::StatusOr<std::vector<v1::GetStatusResponse>> ShardStatus(
+    TestCluster& cluster) {
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(cluster, 0));
+  SHARDPS_RETURN_IF_ERROR(client->Declare(TestLayout(), Sgd()));
+  return client->ShardStatus();
+}
+
 // Trains `steps` sync steps with one Client thread per worker; returns each
 // worker's final weights.
 std::vector<Model> Train(TestCluster& cluster, uint32_t workers,
@@ -237,11 +247,8 @@ TEST(ParameterServerE2ETest, DroppedRepliesAreRetriedAndAppliedOnce) {
     EXPECT_EQ(got[1].tensors[t], want.tensors[t]);
   }
   // Each chunk was updated exactly kSteps times despite the retries.
-  absl::StatusOr<std::unique_ptr<Client>> client = Connect(*cluster, 0);
-  ASSERT_TRUE(client.ok());
-  SHARDPS_ASSERT_OK((*client)->Declare(TestLayout(), Sgd()));
   absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
-      (*client)->ShardStatus();
+      ShardStatus(*cluster);
   SHARDPS_ASSERT_OK(status);
   for (const v1::GetStatusResponse& s : *status) {
     EXPECT_EQ(s.min_version(), kSteps);
@@ -274,11 +281,8 @@ TEST(ParameterServerE2ETest, AReceiveBudgetBoundsWhatTheShardHolds) {
           << "rank " << r << ", tensor " << t;
     }
   }
-  absl::StatusOr<std::unique_ptr<Client>> client = Connect(*cluster, 0);
-  ASSERT_TRUE(client.ok());
-  SHARDPS_ASSERT_OK((*client)->Declare(TestLayout(), Sgd()));
   absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
-      (*client)->ShardStatus();
+      ShardStatus(*cluster);
   SHARDPS_ASSERT_OK(status);
   ASSERT_EQ(status->size(), 1u);
   const v1::GetStatusResponse& s = (*status)[0];
