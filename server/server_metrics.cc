@@ -46,6 +46,19 @@ ServerMetrics::ServerMetrics(prometheus::Registry& r)
       live_workers_(AddGauge(r, "shardps_server_live_workers",
                              "Live workers: the coordinator's view, or "
                              "--num_workers in static mode.")),
+      receive_budget_(AddGauge(r, "shardps_server_receive_budget_bytes",
+                               "The receive budget (--max_inflight_mib; 0: "
+                               "none): bytes of pushes being read and early "
+                               "gradients the shard may hold.")),
+      receive_budget_peak_(
+          AddGauge(r, "shardps_server_receive_budget_peak_bytes",
+                   "The most the receive budget held at once since the "
+                   "shard started (past it only by reads of the rank a sum "
+                   "needs next).")),
+      receive_budget_waited_(
+          AddGauge(r, "shardps_server_receive_budget_waited_reads",
+                   "Reads the receive budget made wait since the shard "
+                   "started (their senders waited meanwhile).")),
       checkpoint_seconds_(
           AddHistogram(r, "shardps_checkpoint_duration_seconds",
                        "Writing this shard's checkpoint file, fsync included.",

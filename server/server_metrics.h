@@ -60,6 +60,10 @@ class ServerMetrics {
   prometheus::Gauge& step() { return step_; }
   prometheus::Gauge& generation() { return generation_; }
   prometheus::Gauge& live_workers() { return live_workers_; }
+  // The receive budget: its bytes, the most it held, the reads that waited.
+  prometheus::Gauge& receive_budget() { return receive_budget_; }
+  prometheus::Gauge& receive_budget_peak() { return receive_budget_peak_; }
+  prometheus::Gauge& receive_budget_waited() { return receive_budget_waited_; }
 
  private:
   prometheus::Family<prometheus::Counter>& rejected_;
@@ -75,6 +79,9 @@ class ServerMetrics {
   prometheus::Gauge& step_;
   prometheus::Gauge& generation_;
   prometheus::Gauge& live_workers_;
+  prometheus::Gauge& receive_budget_;
+  prometheus::Gauge& receive_budget_peak_;
+  prometheus::Gauge& receive_budget_waited_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_bytes_;
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;

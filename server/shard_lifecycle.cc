@@ -72,6 +72,12 @@ std::unique_ptr<ScrapeHook> WatchShard(
   return exporter->OnScrape([shard, server, client] {
     const v1::GetStatusResponse status = server->store()->Report();
     shard->step().Set(static_cast<double>(status.min_version()));
+    shard->receive_budget().Set(
+        static_cast<double>(status.receive_budget_bytes()));
+    shard->receive_budget_peak().Set(
+        static_cast<double>(status.receive_budget_peak_bytes()));
+    shard->receive_budget_waited().Set(
+        static_cast<double>(status.receive_budget_waits_total()));
     if (client == nullptr) {
       shard->generation().Set(static_cast<double>(status.generation()));
       shard->live_workers().Set(status.num_workers());

@@ -163,6 +163,7 @@ struct ScaleRow {
   absl::Duration join;       // first Join to every worker declared
   double shard_bytes_s = 0;  // in + out, mean of the shards
   int64_t peak_rss = 0;      // the largest shard's
+  int64_t budget_peak = 0;   // the most a shard's receive budget held
   int connections_min = 0, connections_max = 0;
   double coordinator_cpu = 0;       // seconds a measured step
   double coordinator_cpu_rate = 0;  // seconds a second of them
@@ -250,16 +251,23 @@ absl::Status Declare(const ScaleOptions& o,
   return absl::OkStatus();
 }
 
-// Bytes in + out of every shard so far, by shard index.
-absl::StatusOr<std::vector<int64_t>> ShardBytes(Client& client) {
+// Bytes in + out of every shard so far, by shard index, and the most any
+// shard's receive budget held.
+struct ShardCounters {
+  std::vector<int64_t> bytes;
+  int64_t budget_peak = 0;
+};
+absl::StatusOr<ShardCounters> ReadShards(Client& client) {
   SHARDPS_ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status,
                            client.ShardStatus());
-  std::vector<int64_t> bytes;
+  ShardCounters c;
   for (const v1::GetStatusResponse& s : status) {
-    bytes.push_back(
+    c.bytes.push_back(
         static_cast<int64_t>(s.bytes_in_total() + s.bytes_out_total()));
+    c.budget_peak = std::max(
+        c.budget_peak, static_cast<int64_t>(s.receive_budget_peak_bytes()));
   }
-  return bytes;
+  return c;
 }
 
 absl::StatusOr<ScaleRow> RunRow(const ScaleOptions& o, int64_t model_bytes,
@@ -317,8 +325,7 @@ absl::StatusOr<ScaleRow> RunRow(const ScaleOptions& o, int64_t model_bytes,
     SHARDPS_RETURN_IF_ERROR(Parallel(workers, one_step).status());
   }
 
-  SHARDPS_ASSIGN_OR_RETURN(std::vector<int64_t> bytes_before,
-                           ShardBytes(*w[0].client));
+  SHARDPS_ASSIGN_OR_RETURN(ShardCounters before, ReadShards(*w[0].client));
   std::vector<CpuReading> server_cpu_before;
   for (const auto& s : servers) server_cpu_before.push_back(ReadCpu(s->pid()));
   const CpuReading coordinator_cpu_before = ReadCpu(coordinator->pid());
@@ -344,8 +351,7 @@ absl::StatusOr<ScaleRow> RunRow(const ScaleOptions& o, int64_t model_bytes,
   for (size_t s = 0; s < servers.size(); ++s) {
     server_cpu += CpuBetween(server_cpu_before[s], ReadCpu(servers[s]->pid()));
   }
-  SHARDPS_ASSIGN_OR_RETURN(std::vector<int64_t> bytes_after,
-                           ShardBytes(*w[0].client));
+  SHARDPS_ASSIGN_OR_RETURN(ShardCounters after, ReadShards(*w[0].client));
 
   row.steps = static_cast<int>(times.size());
   row.step = Median(times);
@@ -355,8 +361,9 @@ absl::StatusOr<ScaleRow> RunRow(const ScaleOptions& o, int64_t model_bytes,
   row.servers_cpu = server_cpu / n;
   row.workers_cpu = self_cpu / n;
   double shard_bytes = 0;
-  for (size_t s = 0; s < bytes_after.size(); ++s) {
-    shard_bytes += bytes_after[s] - bytes_before[s];
+  row.budget_peak = after.budget_peak;
+  for (size_t s = 0; s < after.bytes.size(); ++s) {
+    shard_bytes += after.bytes[s] - before.bytes[s];
   }
   row.shard_bytes_s = shard_bytes / shards / absl::ToDoubleSeconds(elapsed);
   row.connections_min = 1 << 30;
@@ -386,13 +393,14 @@ void PrintHeader(const ScaleOptions& o, int64_t model) {
       Mib(model), o.chunks_per_model, Mib(ChunkBytes(o, model)),
       o.streams_per_shard);
   constexpr char kColumns[] =
-      "%-6s %-7s %5s %9s %7s %9s %8s %9s %7s %6s %8s %7s %8s %6s %7s\n";
+      "%-6s %-7s %5s %9s %7s %9s %8s %8s %9s %7s %6s %8s %7s %8s %6s %7s\n";
   absl::PrintF(kColumns, "shards", "workers", "steps", "step", "growth",
-               "per shard", "server", "conns", "coord", "coord", "servers",
-               "servers", "workers", "join", "coord");
-  absl::PrintF(kColumns, "", "", "", "ms", "", "MB/s", "RSS MiB", "per shard",
-               "CPU ms", "CPU", "CPU ms", "CPU", "CPU ms", "s", "join");
-  absl::PrintF(kColumns, "", "", "", "", "", "", "", "", "a step", "ms/s",
+               "per shard", "server", "held", "conns", "coord", "coord",
+               "servers", "servers", "workers", "join", "coord");
+  absl::PrintF(kColumns, "", "", "", "ms", "", "MB/s", "RSS MiB", "MiB",
+               "per shard", "CPU ms", "CPU", "CPU ms", "CPU", "CPU ms", "s",
+               "join");
+  absl::PrintF(kColumns, "", "", "", "", "", "", "", "", "", "a step", "ms/s",
                "a step", "growth", "a step", "", "CPU ms");
   std::fflush(stdout);
 }
@@ -408,10 +416,10 @@ void PrintRow(const ScaleRow& r, const ScaleRow& base) {
   const double cpu_growth =
       r.servers_cpu / base.servers_cpu * base.workers / r.workers;
   absl::PrintF(
-      "%-6d %-7d %5d %9.1f %7.2f %9.0f %8.0f %9s %7.2f %6.1f %8.1f %7.2f "
-      "%8.1f %6.2f %7.0f\n",
+      "%-6d %-7d %5d %9.1f %7.2f %9.0f %8.0f %8.1f %9s %7.2f %6.1f %8.1f "
+      "%7.2f %8.1f %6.2f %7.0f\n",
       r.shards, r.workers, r.steps, absl::ToDoubleMilliseconds(r.step), growth,
-      r.shard_bytes_s / 1e6, r.peak_rss / 1048576.0,
+      r.shard_bytes_s / 1e6, r.peak_rss / 1048576.0, r.budget_peak / 1048576.0,
       r.connections_min == r.connections_max
           ? absl::StrCat(r.connections_min)
           : absl::StrCat(r.connections_min, "-", r.connections_max),
@@ -474,7 +482,9 @@ absl::Status RunScaleBench(const ScaleOptions& o) {
       "step\n"
       "per shard MB/s: bytes in + out of each shard (GetStatus) over the "
       "measured time, mean of the shards; server RSS: the largest shard's "
-      "VmHWM; conns: ESTABLISHED sockets on each shard's port (a shard "
+      "VmHWM; held: the most a shard's receive budget held (pushes being "
+      "read and early gradients, GetStatus); conns: ESTABLISHED sockets on "
+      "each shard's port (a shard "
       "owning little gets one stream per worker); CPU: user + system time "
       "per measured step (ticks, or the live threads' schedstat where finer) "
       "of the coordinator (also per second: its heartbeats come per second, "

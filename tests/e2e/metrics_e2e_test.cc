@@ -171,6 +171,10 @@ TEST(MetricsE2eTest, CountersMoveAndGaugesMatchTheJob) {
   EXPECT_GT(SampleOr(s2, "shardps_server_step"),
             SampleOr(s1, "shardps_server_step"));
   EXPECT_EQ(SampleOr(s2, "shardps_server_live_workers"), 2);
+  // The default receive budget, 256 MiB, of which the job's reads took some.
+  EXPECT_EQ(SampleOr(s2, "shardps_server_receive_budget_bytes"), 256 << 20);
+  EXPECT_GT(SampleOr(s2, "shardps_server_receive_budget_peak_bytes"), 0);
+  EXPECT_GE(SampleOr(s2, "shardps_server_receive_budget_waited_reads"), 0);
   EXPECT_EQ(SampleOr(c2, "shardps_coordinator_members{role=\"worker\"}"), 2);
   EXPECT_EQ(SampleOr(c2, "shardps_coordinator_members{role=\"server\"}"), 1);
   EXPECT_GE(SampleOr(c2, "shardps_coordinator_generation"), 4);  // 3 joins
