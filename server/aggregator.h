@@ -62,6 +62,10 @@ struct PushArgs {
   bool second_phase = false;
   std::optional<float> loss_scale;
   std::optional<StepDecision> decision;
+  // Speculative weights (PushPullRequest.speculative_weights): on a
+  // two-phase push, the sealed reply also carries the weights of the
+  // update at clip coefficient 1; on a decision, the pusher holds them.
+  bool speculative_weights = false;
   // The gradient bytes, decoded once into the aggregation buffer when
   // accepted.
   const ByteSource* payload = nullptr;
@@ -97,6 +101,8 @@ struct Waiter {
   bool push_only = false;
   std::shared_ptr<ReplySink> sink;
   int64_t step = 0;  // ssp: the step whose reply waits
+  // Sync, two-phase: PushArgs::speculative_weights of the waiting push.
+  bool speculative = false;
 };
 
 class Aggregator {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -112,6 +113,44 @@ void ChunkUpdater::Apply(Chunk* chunk, const float* sum, int32_t count,
                              slots, chunk->spec.num_elements, step, scaling);
   if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
   if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
+  Advance(chunk);
+}
+
+void ChunkUpdater::Speculate(const Chunk& chunk, const float* sum,
+                             int32_t count, const StepHyperparameters& step,
+                             GradientScaling scaling,
+                             std::shared_ptr<std::vector<float>>* weights,
+                             std::vector<std::vector<float>>* slots) const {
+  // As in Apply: order the senders' reads of the buffer before the writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (*weights == nullptr || weights->use_count() > 1) {
+    *weights = std::make_shared<std::vector<float>>(*chunk.weights);
+  } else {
+    // Kept from an earlier step: no allocation, no page faults.
+    (*weights)->assign(chunk.weights->begin(), chunk.weights->end());
+  }
+  slots->resize(chunk.slots.size());
+  float* slot_ptrs[2] = {};
+  for (size_t i = 0; i < chunk.slots.size(); ++i) {
+    (*slots)[i].assign(chunk.slots[i].begin(), chunk.slots[i].end());
+    slot_ptrs[i] = (*slots)[i].data();
+  }
+  const absl::Time start = absl::Now();
+  scaling.skipped_updates = chunk.skipped_updates;
+  chunk.optimizer->ApplySum(chunk.version, sum, count, (*weights)->data(),
+                            absl::Span<float* const>(slot_ptrs, slots->size()),
+                            chunk.spec.num_elements, step, scaling);
+  if (metrics_ != nullptr) metrics_->Aggregated(absl::Now() - start);
+}
+
+void ChunkUpdater::Commit(Chunk* chunk,
+                          std::shared_ptr<std::vector<float>>* weights,
+                          std::vector<std::vector<float>>* slots) const {
+  // Swapped, not written: replies still holding the old weights keep them.
+  std::swap(chunk->weights, *weights);
+  std::swap(chunk->slots, *slots);
+  if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
+  counters_->speculations_kept.fetch_add(1, std::memory_order_relaxed);
   Advance(chunk);
 }
 

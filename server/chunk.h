@@ -57,6 +57,10 @@ struct ChunkReply {
   std::optional<double> sum_of_squares;
   // The reply of a two-phase step's update: the decision it applied.
   std::optional<StepDecision> decision;
+  // A sealed step: `weights` are those of its update at clip coefficient
+  // 1 (PushPullResponse.speculative). A decision's: the pusher's copy of
+  // those is the chunk's now, and `weights` is null.
+  bool speculative = false;
 };
 
 // Receives the reply of each accepted push exactly once, from any thread,
@@ -147,6 +151,9 @@ struct ShardCounters {
   std::atomic<uint64_t> bytes_out_fp32{0};
   // Updates that had to copy the weights because a reply still held them.
   std::atomic<uint64_t> weight_copies{0};
+  // Two-phase steps' speculative updates kept, and recomputed.
+  std::atomic<uint64_t> speculations_kept{0};
+  std::atomic<uint64_t> speculations_recomputed{0};
 };
 
 // Applies optimizer updates to chunks, each with its chunk's optimizer.
@@ -179,6 +186,26 @@ class ChunkUpdater {
   // would make), leaves the weights and optimizer slots as they are, and
   // the optimizer's own step count (chunk->skipped_updates) stays behind.
   void Skip(Chunk* chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+
+  // A two-phase step's speculative update (PushArgs::speculative_weights):
+  // what Apply(chunk, sum, count, step, scaling) would compute, into
+  // copies of the chunk's weights and slots in `*weights` and `*slots`
+  // (buffers kept from step to step: `*weights` is replaced when a reply
+  // still holds it); the chunk is left as it is.
+  void Speculate(const Chunk& chunk, const float* sum, int32_t count,
+                 const StepHyperparameters& step, GradientScaling scaling,
+                 std::shared_ptr<std::vector<float>>* weights,
+                 std::vector<std::vector<float>>* slots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Makes the speculative update in `*weights` and `*slots` the chunk's
+  // (they get the chunk's old buffers) and advances as Apply does.
+  void Commit(Chunk* chunk, std::shared_ptr<std::vector<float>>* weights,
+              std::vector<std::vector<float>>* slots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
+  // A speculative update the decision made useless.
+  void CountRecomputed() const {
+    counters_->speculations_recomputed.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.

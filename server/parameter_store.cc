@@ -268,7 +268,7 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
   };
   if (args.initial_values) {
     if (args.no_gradient || args.second_phase || args.loss_scale.has_value() ||
-        args.decision.has_value()) {
+        args.decision.has_value() || args.speculative_weights) {
       return absl::InvalidArgumentError(
           what() + " sets initial_values with " +
           (args.no_gradient ? "no_gradient" : "a two-phase step's fields"));
@@ -294,6 +294,22 @@ absl::Status ParameterStore::CheckPush(const PushArgs& args,
         args.second_phase ? ": it must be finite and > 0"
                           : " without second_phase (a loss-scaled step is a "
                             "two-phase step)"));
+  }
+  if (args.speculative_weights) {
+    if (chunk.sparse_ratio > 0) {
+      return absl::InvalidArgumentError(
+          what() +
+          " asks for speculative weights, but the chunk's weights are sparse "
+          "(Layout.sparse_weights_ratio): its replies depend on what the "
+          "worker holds");
+    }
+    if (!args.decision.has_value() && (!args.second_phase || args.push_only)) {
+      return absl::InvalidArgumentError(
+          what() + " asks for speculative weights " +
+          (args.push_only ? "with push_only (it takes no weights)"
+                          : "without second_phase (only a two-phase step's "
+                            "update waits for a decision)"));
+    }
   }
   if (args.decision.has_value()) {
     const float c = args.decision->clip_coefficient;
@@ -542,6 +558,9 @@ v1::GetStatusResponse ParameterStore::Report() const {
   resp.set_receive_budget_bytes(budget_.limit());
   resp.set_receive_budget_peak_bytes(budget.peak);
   resp.set_receive_budget_waits_total(budget.waited);
+  resp.set_speculative_updates_kept_total(counters_.speculations_kept.load());
+  resp.set_speculative_updates_recomputed_total(
+      counters_.speculations_recomputed.load());
   const State* st = state();
   if (st == nullptr) return resp;
   resp.set_declared(true);

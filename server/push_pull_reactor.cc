@@ -262,6 +262,7 @@ bool PushPullReactor::Take(const v1::PushPullRequest& request,
     args.initial_values = request.initial_values();
     args.second_phase = request.second_phase();
     if (request.has_loss_scale()) args.loss_scale = request.loss_scale();
+    args.speculative_weights = request.speculative_weights();
     if (request.has_decision()) {
       args.decision = StepDecision{request.decision().clip_coefficient(),
                                    request.decision().skip()};

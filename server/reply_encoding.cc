@@ -58,6 +58,7 @@ void EncodeReply(ChunkReply reply, v1::Encoding encoding, ParameterStore* store,
         reply.decision->clip_coefficient);
     header->mutable_decision()->set_skip(reply.decision->skip);
   }
+  header->set_speculative(reply.speculative);
   *payload_out = grpc::Slice();
   if (reply.weights == nullptr) return;
   const std::vector<float>& w = *reply.weights;

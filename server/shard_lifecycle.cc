@@ -121,6 +121,13 @@ void Stop(const Logger& log, ShardServer* server) {
                          budget.usage().peak / 1048576.0,
                          budget.usage().waited));
   }
+  const uint64_t kept = status.speculative_updates_kept_total();
+  const uint64_t recomputed = status.speculative_updates_recomputed_total();
+  if (kept + recomputed > 0) {
+    Emit(log, LogLevel::kInfo,
+         absl::StrCat("speculative weights: ", kept, " chunk updates kept, ",
+                      recomputed, " recomputed (the step clipped or skipped)"));
+  }
 }
 
 std::unique_ptr<ServerMetrics> MakeMetrics(MetricsExporter* exporter) {

@@ -159,12 +159,26 @@ float SyncAggregator::InverseLossScale(const Step& step) {
              : 1.0f;
 }
 
-ChunkReply SyncAggregator::SealedReply(const Step& step) {
+ChunkReply SyncAggregator::SealedReply(const Step& step, bool speculative) {
   ChunkReply reply;
   reply.chunk_id = step.chunk->spec.id;
   reply.version = step.chunk->version;
   reply.sum_of_squares = step.sum_of_squares;
+  if (speculative && step.speculated) {
+    // Shared with the step: the decision commits this buffer, never
+    // writes it.
+    reply.weights = step.speculative_weights;
+    reply.speculative = true;
+  }
   return reply;
+}
+
+GradientScaling SyncAggregator::Scaling(const Step& step,
+                                        const StepDecision& decision) {
+  GradientScaling scaling;
+  scaling.inv_loss_scale = InverseLossScale(step);
+  scaling.clip_coefficient = decision.clip_coefficient;
+  return scaling;
 }
 
 void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
@@ -177,8 +191,21 @@ void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
                                static_cast<int32_t>(step->num_summed), inv,
                                chunk->spec.num_elements);
   step->sealed = true;
+  // Speculative weights: the update the decision makes when it neither
+  // clips nor skips (most steps of a long run), computed now so that the
+  // weights travel while other chunks are still pushed. Not for a step
+  // that must be skipped, nor one without gradients (its update is a
+  // skip, whatever the decision).
+  step->speculated = step->speculate && step->num_with_gradient > 0 &&
+                     std::isfinite(step->sum_of_squares);
+  if (step->speculated) {
+    updater_->Speculate(*step->chunk, step->sum.data(),
+                        static_cast<int32_t>(step->num_summed),
+                        step->hyperparameters, Scaling(*step, StepDecision{}),
+                        &step->speculative_weights, &step->speculative_slots);
+  }
   for (Waiter& w : step->waiters) {
-    replies->emplace_back(std::move(w.sink), SealedReply(*step));
+    replies->emplace_back(std::move(w.sink), SealedReply(*step, w.speculative));
   }
   step->waiters.clear();
 }
@@ -204,8 +231,9 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
     absl::ReleasableMutexLock lock(&step->chunk->mu);
     const int64_t version = step->chunk->version;
     if (args.step == version - 1) {
-      // The reply to a decision was lost: answer with the weights, if it is
-      // the decision that was applied.
+      // A decision of the step just applied (a rank behind the first, or
+      // one whose reply was lost): answer with the weights, if it is the
+      // decision that was applied.
       if (!step->applied.has_value()) {
         return absl::FailedPreconditionError(
             absl::StrCat("rank ", args.rank, " decides step ", args.step,
@@ -213,7 +241,11 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
                          "), whose update was not a two-phase step's"));
       }
       if (*step->applied != d) return disagree(*step->applied);
-      ChunkReply reply = RetryReply(*step, args.push_only);
+      // Most often no loss: the decision of a rank behind the first. One
+      // that holds the kept speculative weights needs none.
+      const bool held = args.speculative_weights && step->applied_speculation;
+      ChunkReply reply = RetryReply(*step, args.push_only || held);
+      reply.speculative = held;
       lock.Release();
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
@@ -246,7 +278,8 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
       step->decided = d;
       schedule = true;
     }
-    step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+    step->waiters.push_back({args.rank, args.push_only, std::move(sink), 0,
+                             args.speculative_weights});
   }
   if (schedule) ScheduleApply(step);
   return absl::OkStatus();
@@ -266,6 +299,8 @@ void SyncAggregator::Clear(Step* step) const {
   step->loss_scale.reset();
   step->sealed = false;
   step->decided.reset();
+  step->speculate = false;
+  step->speculated = false;
 }
 
 absl::Status SyncAggregator::Contribute(
@@ -328,6 +363,7 @@ absl::Status SyncAggregator::Contribute(
     step->loss_scale = args.loss_scale;
   }
   ++step->num_contributed;
+  if (args.speculative_weights) step->speculate = true;
   return absl::OkStatus();
 }
 
@@ -359,7 +395,7 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     if (step->sealed && step->contributed[args.rank]) {
       // The reply to this push of a sealed step was lost: its sum of
       // squares again.
-      ChunkReply reply = SealedReply(*step);
+      ChunkReply reply = SealedReply(*step, args.speculative_weights);
       lock.Release();
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
@@ -375,7 +411,8 @@ absl::Status SyncAggregator::Push(const PushArgs& args, Chunk* chunk,
     // A duplicate of a pending push (a retry while the step is still open)
     // only adds a waiter.
     if (status.ok()) {
-      step->waiters.push_back({args.rank, args.push_only, std::move(sink)});
+      step->waiters.push_back({args.rank, args.push_only, std::move(sink), 0,
+                               args.speculative_weights});
     }
   }
   // Outside the lock: a released stream may read (and push) at once.
@@ -422,7 +459,15 @@ void SyncAggregator::Apply(Step* step) {
 void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
   // A copy: the thread-safety analysis cannot follow a reference to it.
   const std::optional<StepDecision> decided = step->decided;
-  if (decided.has_value() && decided->skip) {
+  // The speculative update is this decision's, bitwise: the same sum,
+  // optimizer state and version, and a coefficient of exactly 1.
+  const bool keep =
+      step->speculated && decided.has_value() && *decided == StepDecision{};
+  if (step->speculated && !keep) updater_->CountRecomputed();
+  if (keep) {
+    updater_->Commit(step->chunk, &step->speculative_weights,
+                     &step->speculative_slots);
+  } else if (decided.has_value() && decided->skip) {
     // Every shard skips the whole step (a non-finite norm under loss
     // scaling), as torch's GradScaler skips optimizer.step().
     updater_->Skip(step->chunk);
@@ -436,20 +481,21 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
     // The mean is over the contributions that arrived (zeros for
     // no_gradient pushes): a rank that left the job mid-step is not
     // waited for.
-    GradientScaling scaling;
-    scaling.inv_loss_scale = InverseLossScale(*step);
-    if (decided.has_value()) {
-      scaling.clip_coefficient = decided->clip_coefficient;
-    }
     updater_->Apply(step->chunk, step->sum.data(),
                     static_cast<int32_t>(step->num_summed),
-                    step->hyperparameters, scaling);
+                    step->hyperparameters,
+                    Scaling(*step, decided.value_or(StepDecision{})));
   }
   step->applied = decided;
   step->applied_sum_of_squares = step->sum_of_squares;
+  step->applied_speculation = keep;
   replies->reserve(step->waiters.size());
   for (Waiter& w : step->waiters) {
-    replies->emplace_back(std::move(w.sink), RetryReply(*step, w.push_only));
+    // A decider that holds the kept weights gets none again.
+    const bool held = keep && w.speculative;
+    ChunkReply reply = RetryReply(*step, w.push_only || held);
+    reply.speculative = held;
+    replies->emplace_back(std::move(w.sink), std::move(reply));
   }
   step->waiters.clear();
   if (options_.metrics != nullptr) {
@@ -511,6 +557,7 @@ void SyncAggregator::Reset(Chunk* chunk,
   // fails: they end, so their reads need no release.
   Clear(step);
   step->applied.reset();
+  step->applied_speculation = false;
   for (Waiter& w : step->waiters) failed->push_back(std::move(w.sink));
   step->waiters.clear();
 }

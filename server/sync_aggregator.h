@@ -81,6 +81,16 @@ class SyncAggregator final : public Aggregator {
     // the step's decision.
     bool sealed ABSL_GUARDED_BY(chunk->mu) = false;
     double sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
+    // Speculative weights (PushArgs::speculative_weights): a push of the
+    // step asked for them; the seal computed the update at clip
+    // coefficient 1 into the buffers below (kept from step to step), which
+    // the decision commits or drops.
+    bool speculate ABSL_GUARDED_BY(chunk->mu) = false;
+    bool speculated ABSL_GUARDED_BY(chunk->mu) = false;
+    std::shared_ptr<std::vector<float>> speculative_weights
+        ABSL_GUARDED_BY(chunk->mu);
+    std::vector<std::vector<float>> speculative_slots
+        ABSL_GUARDED_BY(chunk->mu);
     // The sealed step's decision, once one came (its update is then
     // scheduled).
     std::optional<StepDecision> decided ABSL_GUARDED_BY(chunk->mu);
@@ -88,6 +98,9 @@ class SyncAggregator final : public Aggregator {
     // update was not a two-phase step's), for the retries of that step.
     std::optional<StepDecision> applied ABSL_GUARDED_BY(chunk->mu);
     double applied_sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
+    // That update kept the step's speculative weights: a later decider
+    // that holds them needs none.
+    bool applied_speculation ABSL_GUARDED_BY(chunk->mu) = false;
     // Where the receive budget counts the step (FoldMoved).
     std::optional<ReceiveBudget::Fold> counted_at ABSL_GUARDED_BY(chunk->mu);
   };
@@ -116,11 +129,16 @@ class SyncAggregator final : public Aggregator {
   // without a loss scale).
   static float InverseLossScale(const Step& step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
-  // The reply to a push of a sealed step: its sum of squares, no weights.
-  static ChunkReply SealedReply(const Step& step)
+  // The reply to a push of a sealed step: its sum of squares, and its
+  // speculative weights if `speculative` and the seal computed them.
+  static ChunkReply SealedReply(const Step& step, bool speculative)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
-  // Seals a complete two-phase step: computes its sum of squares and
-  // answers every waiter with it.
+  // How the step's averaged gradient is scaled before the optimizer, with
+  // `decision`'s clip coefficient.
+  static GradientScaling Scaling(const Step& step, const StepDecision& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
+  // Seals a complete two-phase step: computes its sum of squares (and,
+  // when asked, its speculative update) and answers every waiter with it.
   void Seal(Step* step, PendingReplies* replies) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Clears the step's contributions (after Apply or a reset).

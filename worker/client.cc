@@ -204,8 +204,12 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   model.plan = &plan_;
   model.compressor = compressor_.get();
   model.reader = &reader_;
-  open_ =
-      std::make_unique<OpenStep>(model, step, weights, initial_values, options);
+  const bool speculate = options.second_phase && weights != nullptr &&
+                         !initial_values && options_.speculative_weights &&
+                         !last_step_clipped_ &&
+                         options_.compression.weights != v1::ENCODING_TOPK;
+  open_ = std::make_unique<OpenStep>(model, step, weights, initial_values,
+                                     options, speculate);
   for (auto& lane : lanes_) {
     if (lane->chunk_ids.empty()) continue;
     lane->BeginStep(this, NamesFor(*lane), lane->chunk_ids, chunks_.size(),

@@ -100,6 +100,14 @@ struct ClientOptions {
   // regions too (common/message_ring.h), and gRPC carries only the
   // streams' ends: no gRPC thread wakes up per chunk on either side.
   bool shared_memory_rings = true;
+  // Two-phase steps: each chunk's sealed reply also carries the weights of
+  // the update at clip coefficient 1 (PushPullRequest.speculative_weights),
+  // kept by the shards when the step neither clips nor skips, so that the
+  // weights flow while later chunks are still pushed, as in a one-phase
+  // step, and the decision's replies are empty. Asked while this client's
+  // last two-phase step did not clip or skip (a run that clips every step
+  // costs the shards no wasted updates); never with sparse (TOPK) weights.
+  bool speculative_weights = true;
 };
 
 // How one step is taken (Client::BeginStep).
@@ -452,6 +460,9 @@ class Client : private LaneOwner {
   double last_grad_norm_ = 0;
   bool any_failed_ = false;  // a stream of the open step failed
   bool last_step_skipped_ = false;
+  // The last two-phase step's decision clipped or skipped: the next one
+  // does not ask for speculative weights.
+  bool last_step_clipped_ = false;
   LanePlan plan_;                   // of the declared chunk map
   std::unique_ptr<OpenStep> open_;  // the step between BeginStep and FinishStep
   // Lossy gradient encodings: each chunk's payload and residual.

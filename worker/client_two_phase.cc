@@ -101,6 +101,7 @@ absl::Status Client::SendDecision(double norm) {
   }
   last_grad_norm_ = norm;
   last_step_skipped_ = decision.skip;
+  last_step_clipped_ = decision.skip || decision.clip_coefficient != 1.0f;
   StartPhase2(decision);
   return absl::OkStatus();
 }

@@ -13,10 +13,12 @@
 namespace shardps {
 
 OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
-                   bool initial_values, const StepOptions& options)
+                   bool initial_values, const StepOptions& options,
+                   bool speculate)
     : model_(model),
       step_(step),
       options_(options),
+      speculate_(speculate),
       initial_values_(initial_values),
       push_only_(weights == nullptr),
       weights_(weights != nullptr ? *weights : Tensors()),
@@ -33,6 +35,7 @@ OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
   if (options.second_phase) {
     sum_of_squares_.assign(model.chunks->size(), std::nullopt);
     updated_.assign(model.chunks->size(), false);
+    speculated_.assign(model.chunks->size(), false);
   }
 }
 
@@ -186,10 +189,13 @@ bool OpenStep::HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
     header->mutable_decision()->set_clip_coefficient(
         decision_->clip_coefficient);
     header->mutable_decision()->set_skip(decision_->skip);
+    // The shard then answers a decision it keeps them for without weights.
+    header->set_speculative_weights(speculated_[id]);
     PlaceReply(c, regions, header);
     return true;
   }
   header->set_second_phase(options_.second_phase);
+  header->set_speculative_weights(speculate_);
   if (options_.loss_scale.has_value()) {
     header->set_loss_scale(*options_.loss_scale);
   }
@@ -253,13 +259,30 @@ absl::Status OpenStep::TakeReply(Lane* lane, std::vector<bool>* expected,
       applied_ =
           StepDecision{r.decision().clip_coefficient(), r.decision().skip()};
       updated_[id] = true;
+      if (r.speculative()) {
+        // The shard kept the weights its sealed reply brought.
+        if (!speculated_[id]) {
+          return absl::InternalError(absl::StrCat(
+              "bad reply: chunk ", id, " of two-phase step ", step_,
+              " kept speculative weights this worker did not take"));
+        }
+        return absl::OkStatus();
+      }
     } else if (phase_ == 2 || !r.has_sum_of_squares()) {
       return absl::InternalError(
           absl::StrCat("bad reply: chunk ", id, " of two-phase step ", step_,
                        phase_ == 1 ? " came without its sum of squares"
                                    : " came without the decision it applied"));
-    } else {
+    } else if (!r.speculative()) {
       return absl::OkStatus();  // sealed: the weights come in phase 2
+    } else if (!speculate_) {
+      return absl::InternalError(
+          absl::StrCat("bad reply: chunk ", id, " of two-phase step ", step_,
+                       " came with speculative weights, which were not asked"));
+    } else {
+      // Sealed, with the weights of the update at clip coefficient 1: read
+      // now, overwritten in phase 2 unless the shard keeps them.
+      speculated_[id] = true;
     }
   }
   if (push_only_) {

@@ -42,9 +42,11 @@ struct StepModel {
 class OpenStep {
  public:
   // `weights`: where replies go (null: a push-only step; else copied, the
-  // spans must outlive the step). Starts now.
+  // spans must outlive the step). `speculate`: a two-phase step asks for
+  // speculative weights (ClientOptions::speculative_weights). Starts now.
   OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
-           bool initial_values, const StepOptions& options = {});
+           bool initial_values, const StepOptions& options = {},
+           bool speculate = false);
 
   const StepOptions& options() const { return options_; }
   void set_max_grad_norm(float max_norm) { options_.max_grad_norm = max_norm; }
@@ -115,6 +117,10 @@ class OpenStep {
   // it; its weights came (a shard had applied the decision already).
   std::vector<std::optional<double>> sum_of_squares_;
   std::vector<bool> updated_;
+  // Asked for speculative weights; by chunk id, they came (into the
+  // caller's buffers, with the sum of squares).
+  const bool speculate_;
+  std::vector<bool> speculated_;
   std::optional<StepDecision> decision_;  // phase 2's
   std::optional<StepDecision> applied_;   // a reply's
   std::optional<double> norm_;

@@ -35,8 +35,9 @@ struct SessionOptions {
   std::optional<uint32_t> num_workers;
   SecurityOptions security;
   int streams_per_shard = 2;
-  bool shared_memory = true;  // ClientOptions::shared_memory
-  Compression compression;    // on the wire (ClientOptions)
+  bool shared_memory = true;        // ClientOptions::shared_memory
+  bool speculative_weights = true;  // ClientOptions::speculative_weights
+  Compression compression;          // on the wire (ClientOptions)
   // How long to wait for the coordinator, the other members and the
   // servers to come up; and how long one step may take.
   absl::Duration connect_timeout = absl::Seconds(120);

@@ -50,6 +50,12 @@ ABSL_FLAG(bool, shared_memory, true,
           "With a server on this machine, move gradients and weights through "
           "shared memory (only headers over gRPC); false: everything over "
           "gRPC.");
+ABSL_FLAG(bool, speculative_weights, true,
+          "Clipped steps (--clip_grad_norm): the servers also send, with "
+          "each chunk's part of the norm, the weights of the update that does "
+          "not clip, and keep them when the step does not clip, so that the "
+          "weights travel while later gradients are still pushed. Asked "
+          "while the last step did not clip.");
 ABSL_FLAG(std::string, compression, "none",
           "Gradient encoding on the wire: none (fp32), bf16, fp16, int8 or "
           "topk:RATIO (the RATIO largest of each chunk, e.g. topk:0.01).");
@@ -93,6 +99,7 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "chunk_kib",
                                        "streams_per_shard",
                                        "shared_memory",
+                                       "speculative_weights",
                                        "compression",
                                        "error_feedback",
                                        "topk_warmup_steps",

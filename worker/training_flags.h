@@ -36,6 +36,7 @@ ABSL_DECLARE_FLAG(int64_t, test_limit);
 ABSL_DECLARE_FLAG(int64_t, chunk_kib);
 ABSL_DECLARE_FLAG(int32_t, streams_per_shard);
 ABSL_DECLARE_FLAG(bool, shared_memory);
+ABSL_DECLARE_FLAG(bool, speculative_weights);
 ABSL_DECLARE_FLAG(std::string, compression);
 ABSL_DECLARE_FLAG(bool, error_feedback);
 ABSL_DECLARE_FLAG(int64_t, topk_warmup_steps);

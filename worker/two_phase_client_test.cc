@@ -34,7 +34,7 @@ using Grads = std::vector<std::vector<float>>;  // by tensor
 class TwoPhase {
  public:
   TwoPhase(uint32_t num_shards, uint32_t num_ranks, bool shared_memory,
-           v1::OptimizerSpec optimizer)
+           v1::OptimizerSpec optimizer, bool speculative_weights = true)
       : shards_(num_shards, num_ranks) {
     CheckOk(shards_.status());
     layout_.set_chunk_bytes(64);
@@ -53,6 +53,7 @@ class TwoPhase {
       co.servers = shards_.addresses();
       co.rank = r;
       co.shared_memory = shared_memory;
+      co.speculative_weights = speculative_weights;
       co.connect_timeout = absl::Seconds(30);
       absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
       CheckOk(client.status());
@@ -213,6 +214,64 @@ TEST_P(TwoPhaseTest, OneAndThreeShardsGiveTheSameWeightsBitwise) {
   }
   EXPECT_EQ(all_norms[0], all_norms[1]);
   EXPECT_EQ(final_weights[0], final_weights[1]);
+}
+
+// Speculative weights (ClientOptions::speculative_weights) change nothing:
+// with Adam, through steps that clip and steps that do not, the weights
+// equal a run without them at every step, bitwise. The shards keep the
+// speculation of every step that does not clip and recompute one only
+// where a step clips after one that did not; after a clip the client does
+// not ask until a step that does not clip.
+TEST_P(TwoPhaseTest, SpeculativeWeightsAreKeptWhenAStepDoesNotClip) {
+  TwoPhase speculating(2, 2, GetParam(), Adam());
+  TwoPhase plain(2, 2, GetParam(), Adam(), /*speculative_weights=*/false);
+  // GradsOf's norm is about 0.15: bounds above it do not clip.
+  const float bounds[] = {10, 10, 0.01f, 0.01f, 10, 10, 0.01f};
+  for (int64_t step = 0; step < 7; ++step) {
+    StepOptions options;
+    options.second_phase = true;
+    options.max_grad_norm = bounds[step];
+    const std::vector<Grads> grads = {GradsOf(0, step), GradsOf(1, step)};
+    std::vector<double> a, b;
+    ExpectAllOk(speculating.Step(step, grads, options, &a));
+    ExpectAllOk(plain.Step(step, grads, options, &b));
+    EXPECT_EQ(a, b) << "step " << step;
+    EXPECT_EQ(DecideStep(a[0], bounds[step]).clip_coefficient == 1.0f,
+              bounds[step] == 10)
+        << "step " << step << ": norm " << a[0];
+    ASSERT_EQ(speculating.weights(0), plain.weights(0)) << "step " << step;
+    ASSERT_EQ(speculating.weights(1), plain.weights(0)) << "step " << step;
+  }
+  // Asked at steps 0, 1, 2 (after 1, which did not clip), 5 (after 4)
+  // and 6: kept at 0, 1, 5; recomputed at 2 and 6 (step 3 follows a clip,
+  // step 4 too). Every chunk counts once per step.
+  struct Counts {
+    uint64_t kept = 0, recomputed = 0, bytes_out = 0;
+    uint32_t chunks = 0;
+  };
+  auto counts = [](Client& c) {
+    absl::StatusOr<std::vector<v1::GetStatusResponse>> st = c.ShardStatus();
+    EXPECT_TRUE(st.ok()) << st.status();
+    Counts n;
+    for (const v1::GetStatusResponse& s : *st) {
+      n.kept += s.speculative_updates_kept_total();
+      n.recomputed += s.speculative_updates_recomputed_total();
+      n.bytes_out += s.bytes_out_total();
+      n.chunks += s.num_chunks();
+    }
+    return n;
+  };
+  const Counts spec = counts(speculating.client(0));
+  EXPECT_EQ(spec.kept, 3u * spec.chunks);
+  EXPECT_EQ(spec.recomputed, 2u * spec.chunks);
+  const Counts none = counts(plain.client(0));
+  EXPECT_EQ(none.kept, 0u);
+  EXPECT_EQ(none.recomputed, 0u);
+  // The weights crossed once a rank and step, as without speculation, but
+  // twice at the two steps recomputed: a decision behind the first one
+  // that holds the kept weights gets none again.
+  constexpr uint64_t kModelBytes = (70 + 33 + 5) * 4;
+  EXPECT_EQ(spec.bytes_out, none.bytes_out + 2 * 2 * kModelBytes);
 }
 
 // Under loss scaling an inf in one rank's gradient skips the step on every

@@ -85,8 +85,9 @@ struct WorkerJobOptions {
   std::string backend = "auto";  // auto | cpu | cuda
   int threads = 0;               // CPU backend threads (0: its default)
   int streams_per_shard = 2;
-  bool shared_memory = true;  // ClientOptions::shared_memory
-  Compression compression;    // on the wire (ClientOptions)
+  bool shared_memory = true;        // ClientOptions::shared_memory
+  bool speculative_weights = true;  // ClientOptions::speculative_weights
+  Compression compression;          // on the wire (ClientOptions)
   // How long to wait for the servers to come up and, with a coordinator,
   // to join and for every member to join.
   absl::Duration connect_timeout = absl::Seconds(120);
@@ -124,6 +125,7 @@ ClientOptions MemberClientOptions(const MemberOptions& options,
   co.security = options.security;
   co.streams_per_shard = options.streams_per_shard;
   co.shared_memory = options.shared_memory;
+  co.speculative_weights = options.speculative_weights;
   co.connect_timeout = options.connect_timeout;
   co.rpc_timeout = options.rpc_timeout;
   co.compression = options.compression;

@@ -111,6 +111,7 @@ absl::Status Run() {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.streams_per_shard = absl::GetFlag(FLAGS_streams_per_shard);
   o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  o.speculative_weights = absl::GetFlag(FLAGS_speculative_weights);
   SHARDPS_ASSIGN_OR_RETURN(o.compression, CompressionFromFlags());
   o.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   SHARDPS_ASSIGN_OR_RETURN(o.trainer, TrainerOptionsFromFlags());

@@ -65,6 +65,10 @@ ABSL_FLAG(int32_t, wide_steps, 20,
           "torch --emulate_hosts: measured steps of the wide GPT (12.8 M "
           "parameters for 256 tokens a step: the link dominates); the first "
           "is not timed; under 2: not run.");
+ABSL_FLAG(std::vector<std::string>, workloads, {},
+          "torch --emulate_hosts: the workloads to run, comma-separated "
+          "(gpt, gpt-wide, gpt-wide-noclip, gpt-wide-clip5, "
+          "gpt-wide-clip5-nospec); empty: all.");
 ABSL_FLAG(int32_t, torch_rounds, 2,
           "torch: runs of each side, alternating; the fastest of each counts "
           "(a noisy machine only ever slows a run down).");
@@ -207,10 +211,10 @@ absl::Status CheckEmulatedHostFlags(const std::string& command) {
   if (emulated) return absl::OkStatus();
   if (command == "torch" &&
       (Given(FLAGS_link) || Given(FLAGS_rows) || Given(FLAGS_compressions) ||
-       Given(FLAGS_wide_steps))) {
+       Given(FLAGS_wide_steps) || Given(FLAGS_workloads))) {
     return absl::InvalidArgumentError(
-        "torch: --link, --rows, --compressions and --wide_steps go with "
-        "--emulate_hosts");
+        "torch: --link, --rows, --compressions, --wide_steps and --workloads "
+        "go with --emulate_hosts");
   }
   if (command == "train" &&
       (Given(FLAGS_link) || Given(FLAGS_rows) || Given(FLAGS_compressions))) {
@@ -360,6 +364,7 @@ absl::Status Run(const std::string& command) {
     o.source_dir = SHARDPS_SOURCE_DIR;
     o.gpt_steps = absl::GetFlag(FLAGS_gpt_steps);
     o.wide_steps = absl::GetFlag(FLAGS_wide_steps);
+    o.workloads = absl::GetFlag(FLAGS_workloads);
     SHARDPS_RETURN_IF_ERROR(HostsFlags(command, &o.link, &o.rows));
     return RunTorchHostsBench(o);
   }

@@ -8,6 +8,7 @@
 // start-up or evaluation.
 #include "tests/bench/torch_hosts_bench.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "deploy/local/emulated_hosts.h"
@@ -32,6 +34,7 @@ struct Workload {
   const char* args;  // gpt_kjv.py's, on both sides
   int steps;
   const char* about;
+  const char* env = "";  // the shardps side's environment
 };
 
 struct SideRun {
@@ -60,9 +63,10 @@ absl::StatusOr<SideRun> RunShardps(const TorchHostsOptions& o,
                                    const TrainHostsRow& row) {
   const std::string dir = testing::MakeTempDir("shardps-bench-torch-hosts");
   const std::string command = absl::StrCat(
-      EncodingEnv(row), o.local_binary, " --emulate_hosts --link=", o.link,
-      " --run_dir=", dir, " --servers=", row.servers,
-      " --workers=", row.workers, " -- /usr/bin/python3 ", o.source_dir,
+      w.env, EncodingEnv(row), o.local_binary,
+      " --emulate_hosts --link=", o.link, " --run_dir=", dir,
+      " --servers=", row.servers, " --workers=", row.workers,
+      " -- /usr/bin/python3 ", o.source_dir,
       "/worker/python/examples/gpt_kjv.py --log_every=1 --max_steps=", w.steps,
       " ", w.args, " 2>&1");
   SHARDPS_ASSIGN_OR_RETURN(std::string out, RunCommand(command));
@@ -214,8 +218,11 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
   }
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
   // The example's recipe clips the global norm at 1.0 (two-phase steps: no
-  // weight can come back before every gradient is in); the wide GPT also
-  // runs without clipping, to show what that barrier costs.
+  // weight can come back before every gradient is in, unless it is a
+  // speculative one the step does not clip); the wide GPT also runs
+  // without clipping, to show what that barrier costs, and clipped at a
+  // bound its norm falls under after a few steps, as a long run's does at
+  // 1.0, where the speculative weights are kept.
   const Workload workloads[] = {
       {"gpt", "", o.gpt_steps,
        "gpt_kjv.py as it is: 5 layers of width 128 (1.1 M parameters, "
@@ -230,7 +237,34 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
        "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
        "--max_grad_norm=0",
        o.wide_steps, "the wide GPT without clipping (--max_grad_norm=0)"},
+      {"gpt-wide-clip5",
+       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
+       "--max_grad_norm=5",
+       o.wide_steps,
+       "the wide GPT clipped at 5.0: its norm (18.8, 13.1, 6.8, 5.5 at "
+       "steps 1-4, then 1.4-4.2) is clipped at the first 4 steps only, as "
+       "a long run's norm at 1.0 is in most of its steps after the first "
+       "thousands; the servers' speculative weights are kept from step 6 "
+       "on"},
+      {"gpt-wide-clip5-nospec",
+       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
+       "--max_grad_norm=5",
+       o.wide_steps,
+       "gpt-wide-clip5 with the workers' speculative weights off "
+       "(SHARDPS_SPECULATIVE_WEIGHTS=0): the weights come after the "
+       "decision",
+       "SHARDPS_SPECULATIVE_WEIGHTS=0 "},
   };
+  for (const std::string& name : o.workloads) {
+    if (std::none_of(std::begin(workloads), std::end(workloads),
+                     [&](const Workload& w) { return name == w.name; })) {
+      std::vector<std::string> names;
+      for (const Workload& w : workloads) names.push_back(w.name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown workload \"", name,
+          "\" (--workloads); one of: ", absl::StrJoin(names, ", ")));
+    }
+  }
   absl::PrintF(
       "torch on emulated hosts: each host's link %s each way; shardps: "
       "shardps-local --emulate_hosts -- python3 gpt_kjv.py (a host per "
@@ -239,6 +273,11 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
       local::FormatLinkRate(rate));
   std::vector<std::pair<const Workload*, RowResult>> all;
   for (const Workload& w : workloads) {
+    if (!o.workloads.empty() &&
+        std::find(o.workloads.begin(), o.workloads.end(), w.name) ==
+            o.workloads.end()) {
+      continue;
+    }
     if (w.steps < 2) {
       absl::PrintF("%s: skipped (%d steps; the first is not timed)\n", w.name,
                    w.steps);

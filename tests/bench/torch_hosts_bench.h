@@ -23,6 +23,8 @@ struct TorchHostsOptions {
   std::vector<TrainHostsRow> rows;
   int gpt_steps = 60;   // the example's GPT (0: skipped)
   int wide_steps = 20;  // the wide GPT (0: skipped)
+  // Names of the workloads to run (empty: all).
+  std::vector<std::string> workloads;
 };
 
 // Checks the build, root, ip and tc, python3-torch and shardps-local, then

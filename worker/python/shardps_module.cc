@@ -274,7 +274,7 @@ void DefineModule(py::module_& m) {
                  bool shared_memory, const std::string& compression,
                  bool error_feedback, int64_t topk_warmup_steps,
                  int64_t compression_min_elements,
-                 const std::string& weight_encoding) {
+                 const std::string& weight_encoding, bool speculative_weights) {
                 worker::SessionOptions o;
                 o.coordinator = coordinator;
                 o.servers = servers;
@@ -289,6 +289,7 @@ void DefineModule(py::module_& m) {
                     std::max(o.recovery.rollback_timeout, o.connect_timeout);
                 o.streams_per_shard = streams_per_shard;
                 o.shared_memory = shared_memory;
+                o.speculative_weights = speculative_weights;
                 o.compression.gradients = Check(ParseGradientCompression(
                     compression, &o.compression.topk_ratio));
                 o.compression.error_feedback = error_feedback;
@@ -314,6 +315,7 @@ void DefineModule(py::module_& m) {
           py::arg("error_feedback") = true, py::arg("topk_warmup_steps") = 0,
           py::arg("compression_min_elements") = 0,
           py::arg("weight_encoding") = "fp32",
+          py::arg("speculative_weights") = true,
           "Joins the job (coordinator) or connects to `servers` (static) and "
           "waits until the job can take this worker. `compression` is the "
           "gradients' encoding on the wire (none, bf16, fp16, int8, "

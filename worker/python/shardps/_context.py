@@ -78,7 +78,7 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
          job_id=None, connect_timeout_s=None, rpc_timeout_s=None,
          compression=None, error_feedback=None, topk_warmup_steps=None,
          compression_min_elements=None, weight_encoding=None,
-         shared_memory=None):
+         shared_memory=None, speculative_weights=None):
     """Joins the shardps job this process is a worker of.
 
     Arguments default to the environment that shardps-local, Compose and
@@ -93,12 +93,20 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     SHARDPS_COMPRESSION (default "none"), SHARDPS_ERROR_FEEDBACK (default
     1), SHARDPS_TOPK_WARMUP_STEPS (default 0),
     SHARDPS_COMPRESSION_MIN_ELEMENTS (default 0),
-    SHARDPS_WEIGHT_ENCODING (default "fp32") and SHARDPS_SHARED_MEMORY
-    (default 1).
+    SHARDPS_WEIGHT_ENCODING (default "fp32"), SHARDPS_SHARED_MEMORY
+    (default 1) and SHARDPS_SPECULATIVE_WEIGHTS (default 1).
 
     With `shared_memory` (the default), payloads to a server on this
     machine go through shared memory and only their headers over gRPC;
     servers elsewhere get everything over gRPC.
+
+    With `speculative_weights` (the default), a clipped or loss-scaled step
+    (a two-phase step) has the servers send, with each chunk's part of the
+    gradient norm, the weights of the update that neither clips nor skips,
+    and keep them when the step turns out so: the weights then travel while
+    later gradients are still pushed, as in a step without clipping. The
+    result is bitwise the same either way; it is asked while the last step
+    did not clip (a run that clips every step costs the servers nothing).
 
     `compression` is how gradients cross the wire: "none" (fp32, exact),
     "bf16", "fp16", "int8" (a scale per chunk) or "topk:RATIO" (the RATIO
@@ -164,7 +172,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
         weight_encoding=weight_encoding or _env("SHARDPS_WEIGHT_ENCODING",
                                                 "fp32"),
         shared_memory=_env_flag("SHARDPS_SHARED_MEMORY", True)
-        if shared_memory is None else bool(shared_memory))
+        if shared_memory is None else bool(shared_memory),
+        speculative_weights=_env_flag("SHARDPS_SPECULATIVE_WEIGHTS", True)
+        if speculative_weights is None else bool(speculative_weights))
     _context = Context(session)
     # An encoding the caller chose is kept; otherwise DistributedOptimizer
     # may pick bf16 for a bf16 model (exact).
