@@ -151,7 +151,13 @@ void ChunkUpdater::Commit(Chunk* chunk,
   std::swap(chunk->slots, *slots);
   if (chunk->copy != nullptr) MoveWorkerCopy(chunk, counters_);
   counters_->speculations_kept.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ != nullptr) metrics_->Speculated(true);
   Advance(chunk);
+}
+
+void ChunkUpdater::CountRecomputed() const {
+  counters_->speculations_recomputed.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ != nullptr) metrics_->Speculated(false);
 }
 
 void ChunkUpdater::Skip(Chunk* chunk) const {

@@ -203,9 +203,7 @@ class ChunkUpdater {
               std::vector<std::vector<float>>* slots) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk->mu);
   // A speculative update the decision made useless.
-  void CountRecomputed() const {
-    counters_->speculations_recomputed.fetch_add(1, std::memory_order_relaxed);
-  }
+  void CountRecomputed() const;
 
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.

@@ -26,6 +26,14 @@ ServerMetrics::ServerMetrics(prometheus::Registry& r)
                              "Pull, as encoded).")),
       sent_fp32_bytes_(AddCounter(r, "shardps_server_sent_fp32_bytes_total",
                                   "The sent weights' bytes as fp32.")),
+      speculative_(prometheus::BuildCounter()
+                       .Name("shardps_server_speculative_updates_total")
+                       .Help("Two-phase steps' speculative chunk updates "
+                             "(speculative weights): kept (the step did not "
+                             "clip or skip) or recomputed.")
+                       .Register(r)),
+      speculation_kept_(speculative_.Add({{"outcome", "kept"}})),
+      speculation_recomputed_(speculative_.Add({{"outcome", "recomputed"}})),
       step_seconds_(AddHistogram(r, "shardps_server_step_seconds",
                                  "Sync mode: from the first push of a chunk's "
                                  "step to its update being applied.",

@@ -42,6 +42,11 @@ class ServerMetrics {
   void StepDone(absl::Duration waited) {
     step_seconds_.Observe(Seconds(waited));
   }
+  // A two-phase step's speculative update of a chunk, kept or (the step
+  // clipped or skipped) recomputed.
+  void Speculated(bool kept) {
+    (kept ? speculation_kept_ : speculation_recomputed_).Increment();
+  }
   // One reduce plus optimizer update of a chunk.
   void Aggregated(absl::Duration took) {
     aggregation_seconds_.Observe(Seconds(took));
@@ -73,6 +78,9 @@ class ServerMetrics {
   prometheus::Counter& received_fp32_bytes_;
   prometheus::Counter& sent_bytes_;
   prometheus::Counter& sent_fp32_bytes_;
+  prometheus::Family<prometheus::Counter>& speculative_;
+  prometheus::Counter& speculation_kept_;
+  prometheus::Counter& speculation_recomputed_;
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& aggregation_seconds_;
   prometheus::Histogram& staleness_steps_;

@@ -106,10 +106,13 @@ TEST(MetricsE2eTest, CountersMoveAndGaugesMatchTheJob) {
   o.checkpoint_dir = dir + "/ckpt";
   o.checkpoint_every_steps = 5;
   // Slow steps keep the job running while the test scrapes it.
-  o.worker_flags = {"--dataset=fashion-mnist",  "--model=mlp:784-32-10",
-                    "--train_limit=4096",       "--test_limit=100",
-                    "--batch_size=32",          "--max_steps=120",
-                    "--fault_step_delay_ms=25", "--backend=cpu"};
+  o.worker_flags = {"--dataset=fashion-mnist", "--model=mlp:784-32-10",
+                    "--train_limit=4096", "--test_limit=100", "--batch_size=32",
+                    "--max_steps=120", "--fault_step_delay_ms=25",
+                    "--backend=cpu",
+                    // Two-phase steps under a bound no norm reaches: every
+                    // speculative update is kept.
+                    "--clip_grad_norm=1000"};
   TestCluster job(std::move(o));
   ASSERT_NE(job.StartCoordinator(MetricsArgs(dir + "/coordinator.mport")),
             nullptr);
@@ -175,6 +178,13 @@ TEST(MetricsE2eTest, CountersMoveAndGaugesMatchTheJob) {
   EXPECT_EQ(SampleOr(s2, "shardps_server_receive_budget_bytes"), 256 << 20);
   EXPECT_GT(SampleOr(s2, "shardps_server_receive_budget_peak_bytes"), 0);
   EXPECT_GE(SampleOr(s2, "shardps_server_receive_budget_waited_reads"), 0);
+  const std::string kept =
+      "shardps_server_speculative_updates_total{outcome=\"kept\"}";
+  EXPECT_GT(SampleOr(s2, kept), SampleOr(s1, kept));
+  EXPECT_EQ(SampleOr(s2,
+                     "shardps_server_speculative_updates_total{outcome="
+                     "\"recomputed\"}"),
+            0);
   EXPECT_EQ(SampleOr(c2, "shardps_coordinator_members{role=\"worker\"}"), 2);
   EXPECT_EQ(SampleOr(c2, "shardps_coordinator_members{role=\"server\"}"), 1);
   EXPECT_GE(SampleOr(c2, "shardps_coordinator_generation"), 4);  // 3 joins
