@@ -203,6 +203,10 @@ void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
                         static_cast<int32_t>(step->num_summed),
                         step->hyperparameters, Scaling(*step, StepDecision{}),
                         &step->speculative_weights, &step->speculative_slots);
+  } else if (!step->speculate) {
+    // Not asked (the workers' last step clipped): no copy held meanwhile.
+    step->speculative_weights.reset();
+    step->speculative_slots.clear();
   }
   for (Waiter& w : step->waiters) {
     replies->emplace_back(std::move(w.sink), SealedReply(*step, w.speculative));

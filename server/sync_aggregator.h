@@ -83,8 +83,9 @@ class SyncAggregator final : public Aggregator {
     double sum_of_squares ABSL_GUARDED_BY(chunk->mu) = 0;
     // Speculative weights (PushArgs::speculative_weights): a push of the
     // step asked for them; the seal computed the update at clip
-    // coefficient 1 into the buffers below (kept from step to step), which
-    // the decision commits or drops.
+    // coefficient 1 into the buffers below (kept from step to step while
+    // asked, freed at a seal that was not), which the decision commits or
+    // drops.
     bool speculate ABSL_GUARDED_BY(chunk->mu) = false;
     bool speculated ABSL_GUARDED_BY(chunk->mu) = false;
     std::shared_ptr<std::vector<float>> speculative_weights
