@@ -77,6 +77,14 @@ class SpeculationTest : public ::testing::Test {
     }
   }
 
+  // The speculating shard kept `kept` speculative updates and recomputed
+  // `recomputed`.
+  void ExpectSpeculations(uint64_t kept, uint64_t recomputed) const {
+    const v1::GetStatusResponse st = speculating_.Status();
+    EXPECT_EQ(st.speculative_updates_kept_total(), kept);
+    EXPECT_EQ(st.speculative_updates_recomputed_total(), recomputed);
+  }
+
   TwoPhaseShard speculating_, plain_;
 };
 
@@ -92,10 +100,8 @@ TEST_F(SpeculationTest, ACoefficientOfOneKeepsTheSealedRepliesWeights) {
     EXPECT_TRUE(decided.payload().empty());
     EXPECT_FALSE(decided.decision().skip());
   }
-  v1::GetStatusResponse st = speculating_.Status();
-  EXPECT_EQ(st.speculative_updates_kept_total(), 3u);
-  EXPECT_EQ(st.speculative_updates_recomputed_total(), 0u);
-  EXPECT_EQ(st.updates_total(), 3u);
+  ExpectSpeculations(3, 0);
+  EXPECT_EQ(speculating_.Status().updates_total(), 3u);
   EXPECT_EQ(plain_.Status().speculative_updates_kept_total(), 0u);
 
   // Rank 1's decision, after the update: it holds the kept weights, so
@@ -126,9 +132,7 @@ TEST_F(SpeculationTest, AnyOtherDecisionRecomputesFromTheStateBeforeIt) {
     EXPECT_EQ(decided.speculative(), coefficients[step] == 1.0f);
     EXPECT_EQ(decided.payload().empty(), coefficients[step] == 1.0f);
   }
-  const v1::GetStatusResponse st = speculating_.Status();
-  EXPECT_EQ(st.speculative_updates_kept_total(), 1u);
-  EXPECT_EQ(st.speculative_updates_recomputed_total(), 2u);
+  ExpectSpeculations(1, 2);
 }
 
 TEST_F(SpeculationTest, AStepToSkipIsNotSpeculatedOn) {
@@ -148,9 +152,7 @@ TEST_F(SpeculationTest, AStepToSkipIsNotSpeculatedOn) {
       Step(1, Decided(1), 1024.0f, GradientOf(0, 0, 1), &sealed, &decided));
   EXPECT_TRUE(sealed.speculative());
   EXPECT_TRUE(decided.speculative());
-  const v1::GetStatusResponse st = speculating_.Status();
-  EXPECT_EQ(st.speculative_updates_kept_total(), 1u);
-  EXPECT_EQ(st.speculative_updates_recomputed_total(), 0u);
+  ExpectSpeculations(1, 0);
 }
 
 TEST(SpeculationRefusalTest, WithoutASecondPhaseOrWithPushOnlyItIsRefused) {
