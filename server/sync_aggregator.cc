@@ -204,7 +204,7 @@ void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
                         step->hyperparameters, Scaling(*step, StepDecision{}),
                         &step->speculative_weights, &step->speculative_slots);
   } else if (!step->speculate) {
-    // Not asked (the workers' last step clipped): no copy held meanwhile.
+    // Not asked (the workers' last steps clipped): no copy held meanwhile.
     step->speculative_weights.reset();
     step->speculative_slots.clear();
   }

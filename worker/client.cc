@@ -206,7 +206,7 @@ absl::Status Client::Open(int64_t step, const Tensors* weights,
   model.reader = &reader_;
   const bool speculate = options.second_phase && weights != nullptr &&
                          !initial_values && options_.speculative_weights &&
-                         !last_step_clipped_ &&
+                         clipped_in_a_row_ < 2 &&
                          options_.compression.weights != v1::ENCODING_TOPK;
   open_ = std::make_unique<OpenStep>(model, step, weights, initial_values,
                                      options, speculate);

@@ -104,9 +104,14 @@ struct ClientOptions {
   // the update at clip coefficient 1 (PushPullRequest.speculative_weights),
   // kept by the shards when the step neither clips nor skips, so that the
   // weights flow while later chunks are still pushed, as in a one-phase
-  // step, and the decision's replies are empty. Asked while this client's
-  // last two-phase step did not clip or skip (a run that clips every step
-  // costs the shards no wasted updates); never with sparse (TOPK) weights.
+  // step, and the decision's replies are empty. A step that clips after
+  // all costs about what it would without: the speculative weights took a
+  // direction of the link the first phase leaves idle, and the shards one
+  // more update. Asked of shards this client does not reach through
+  // shared memory (there the weights cost no link time, the copy only
+  // CPU), unless its last two two-phase steps both clipped or skipped (a
+  // run that clips every step costs the shards no wasted updates); never
+  // with sparse (TOPK) weights.
   bool speculative_weights = true;
 };
 
@@ -460,9 +465,9 @@ class Client : private LaneOwner {
   double last_grad_norm_ = 0;
   bool any_failed_ = false;  // a stream of the open step failed
   bool last_step_skipped_ = false;
-  // The last two-phase step's decision clipped or skipped: the next one
-  // does not ask for speculative weights.
-  bool last_step_clipped_ = false;
+  // How many of the last two-phase steps clipped or skipped, in a row: from
+  // two on, the next one does not ask for speculative weights.
+  int clipped_in_a_row_ = 0;
   LanePlan plan_;                   // of the declared chunk map
   std::unique_ptr<OpenStep> open_;  // the step between BeginStep and FinishStep
   // Lossy gradient encodings: each chunk's payload and residual.

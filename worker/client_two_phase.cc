@@ -101,7 +101,8 @@ absl::Status Client::SendDecision(double norm) {
   }
   last_grad_norm_ = norm;
   last_step_skipped_ = decision.skip;
-  last_step_clipped_ = decision.skip || decision.clip_coefficient != 1.0f;
+  const bool clipped = decision.skip || decision.clip_coefficient != 1.0f;
+  clipped_in_a_row_ = clipped ? clipped_in_a_row_ + 1 : 0;
   StartPhase2(decision);
   return absl::OkStatus();
 }

@@ -195,7 +195,9 @@ bool OpenStep::HeaderFor(uint32_t id, bool last, v1::PushPullRequest* header,
     return true;
   }
   header->set_second_phase(options_.second_phase);
-  header->set_speculative_weights(speculate_);
+  // Over the network only: through shared memory the weights cost no link
+  // time, and the shard's copy only CPU.
+  header->set_speculative_weights(speculate_ && regions.stream == nullptr);
   if (options_.loss_scale.has_value()) {
     header->set_loss_scale(*options_.loss_scale);
   }

@@ -55,7 +55,7 @@ ABSL_FLAG(bool, speculative_weights, true,
           "each chunk's part of the norm, the weights of the update that does "
           "not clip, and keep them when the step does not clip, so that the "
           "weights travel while later gradients are still pushed. Asked "
-          "while the last step did not clip.");
+          "unless the last two steps both clipped.");
 ABSL_FLAG(std::string, compression, "none",
           "Gradient encoding on the wire: none (fp32), bf16, fp16, int8 or "
           "topk:RATIO (the RATIO largest of each chunk, e.g. topk:0.01).");
