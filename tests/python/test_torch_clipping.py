@@ -144,3 +144,45 @@ print("ok", ctx.step)
     assert c.wait_workers(procs, timeout=120) == [0], c.logs()
     log = c.worker_log(0)
     assert log.count("refused:") == 9 and "ok 1" in log, log
+
+
+def test_speculative_weights_over_the_network_change_nothing(make_cluster,
+                                                              tmp_path):
+    """Over gRPC alone (as between machines) the servers send, with each
+    chunk's sum of squares, the weights of the update that does not clip,
+    and keep them at the steps that do not clip: the weights equal a run
+    without speculative weights bitwise, at a bound about half the steps
+    pass, and the servers say how many they kept and recomputed."""
+    base = ["--model=gpt", "--optimizer=adamw", "--lr=0.01", "--steps=12"]
+    unclipped = sorted(norms(plain_log(
+        tmp_path, base + ["--max_grad_norm=1e9"])).values())
+    bound = unclipped[len(unclipped) // 2]
+    args = base + [f"--max_grad_norm={bound:.6g}"]
+    results = {}
+    for speculative in ("1", "0"):
+        c = make_cluster(num_servers=2, num_workers=2)
+        out = str(tmp_path / f"speculative{speculative}.safetensors")
+        procs = c.run_workers(JOB, [f"--out={out}"] + args, extra_env={
+            "SHARDPS_SHARED_MEMORY": "0",
+            "SHARDPS_SPECULATIVE_WEIGHTS": speculative})
+        assert c.wait_workers(procs, timeout=300) == [0, 0], c.logs()
+        for s in c.servers:
+            s.stop()  # graceful: the servers log their counters
+        counts = [re.search(r"speculative weights: (\d+) chunk updates kept, "
+                            r"(\d+) recomputed", s.log()) for s in c.servers]
+        results[speculative] = (safetensors_read.read(out)[0],
+                                norms(c.worker_log(0)), counts)
+    spec, plain = results["1"], results["0"]
+    assert spec[0].keys() == plain[0].keys()
+    for k in spec[0]:
+        assert np.array_equal(spec[0][k], plain[0][k]), k
+    assert spec[1] == plain[1]
+    clipped = sum(n > bound for n in spec[1].values())
+    print(f"bound {bound:.4g}: {clipped} of {len(spec[1])} steps clipped; "
+          f"servers kept / recomputed: "
+          f"{[m.groups() for m in spec[2] if m]}")
+    assert 0 < clipped < len(spec[1])
+    assert all(m is not None for m in spec[2]), [s for s in spec[2]]
+    assert sum(int(m.group(1)) for m in spec[2]) > 0
+    assert sum(int(m.group(2)) for m in spec[2]) > 0
+    assert all(m is None for m in plain[2])
