@@ -54,8 +54,10 @@ ABSL_FLAG(bool, speculative_weights, true,
           "Clipped steps (--clip_grad_norm): the servers also send, with "
           "each chunk's part of the norm, the weights of the update that does "
           "not clip, and keep them when the step does not clip, so that the "
-          "weights travel while later gradients are still pushed. Asked "
-          "unless the last two steps both clipped.");
+          "weights travel while later gradients are still pushed. Asked of "
+          "servers reached over the network (not through shared memory), "
+          "unless the last two steps both clipped; never with "
+          "--weight_encoding=topk:RATIO (sparse weights).");
 ABSL_FLAG(std::string, compression, "none",
           "Gradient encoding on the wire: none (fp32), bf16, fp16, int8 or "
           "topk:RATIO (the RATIO largest of each chunk, e.g. topk:0.01).");

@@ -106,8 +106,10 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     and keep them when the step turns out so: the weights then travel while
     later gradients are still pushed, as in a step without clipping. The
     result is bitwise the same either way, and a step that clips costs
-    about what it would without. It is asked unless the last two steps
-    both clipped (a run that clips every step costs the servers nothing).
+    about what it would without. It is asked of servers reached over the
+    network (not through shared memory), unless the last two steps both
+    clipped (a run that clips every step costs the servers nothing), and
+    never with weight_encoding="topk:RATIO".
 
     `compression` is how gradients cross the wire: "none" (fp32, exact),
     "bf16", "fp16", "int8" (a scale per chunk) or "topk:RATIO" (the RATIO
