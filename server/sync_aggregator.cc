@@ -141,8 +141,11 @@ absl::Status SyncAggregator::CheckPhases(const Step& step,
       ": every worker of a step must clip and scale the loss alike"));
 }
 
-ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only) const {
-  ChunkReply reply = CurrentReply(*step.chunk, push_only);
+ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only,
+                                      bool holds) const {
+  const bool held = holds && step.applied_speculation;
+  ChunkReply reply = CurrentReply(*step.chunk, push_only || held);
+  reply.speculative = held;
   reply.decision = step.applied;
   // A worker that lost the sealed step's reply needs the chunk's part of
   // the norm too.
@@ -245,11 +248,9 @@ absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
                          "), whose update was not a two-phase step's"));
       }
       if (*step->applied != d) return disagree(*step->applied);
-      // Most often no loss: the decision of a rank behind the first. One
-      // that holds the kept speculative weights needs none.
-      const bool held = args.speculative_weights && step->applied_speculation;
-      ChunkReply reply = RetryReply(*step, args.push_only || held);
-      reply.speculative = held;
+      // Most often no loss: the decision of a rank behind the first.
+      ChunkReply reply =
+          RetryReply(*step, args.push_only, args.speculative_weights);
       lock.Release();
       updater_->Deliver(sink.get(), std::move(reply));
       return absl::OkStatus();
@@ -496,10 +497,8 @@ void SyncAggregator::Update(Step* step, PendingReplies* replies) const {
   replies->reserve(step->waiters.size());
   for (Waiter& w : step->waiters) {
     // A decider that holds the kept weights gets none again.
-    const bool held = keep && w.speculative;
-    ChunkReply reply = RetryReply(*step, w.push_only || held);
-    reply.speculative = held;
-    replies->emplace_back(std::move(w.sink), std::move(reply));
+    replies->emplace_back(std::move(w.sink),
+                          RetryReply(*step, w.push_only, w.speculative));
   }
   step->waiters.clear();
   if (options_.metrics != nullptr) {

@@ -123,8 +123,11 @@ class SyncAggregator final : public Aggregator {
   absl::Status Decide(const PushArgs& args, Step* step,
                       std::shared_ptr<ReplySink> sink);
   // The reply to a push of the step before the chunk's (a retry whose reply
-  // was lost): the current weights, with the decision they applied.
-  ChunkReply RetryReply(const Step& step, bool push_only) const
+  // was lost, or a decision): the current weights, with the decision they
+  // applied. None for a push-only one, nor for a decider that `holds` the
+  // speculative weights the update kept (the reply then says speculative).
+  ChunkReply RetryReply(const Step& step, bool push_only,
+                        bool holds = false) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step.chunk->mu);
   // What the step's averaged gradient is multiplied by to unscale it (1
   // without a loss scale).

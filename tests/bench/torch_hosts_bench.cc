@@ -31,7 +31,7 @@ namespace {
 
 struct Workload {
   const char* name;
-  const char* args;  // gpt_kjv.py's, on both sides
+  std::string args;  // gpt_kjv.py's, on both sides
   int steps;
   const char* about;
   const char* env = "";  // the shardps side's environment
@@ -223,33 +223,26 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
   // without clipping, to show what that barrier costs, and clipped at a
   // bound its norm falls under after a few steps, as a long run's does at
   // 1.0, where the speculative weights are kept.
+  const std::string wide =
+      "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8";
   const Workload workloads[] = {
       {"gpt", "", o.gpt_steps,
        "gpt_kjv.py as it is: 5 layers of width 128 (1.1 M parameters, "
        "4.2 MB of fp32 gradients a step), global batch 16 x 64 bytes, "
        "clipped at 1.0"},
-      {"gpt-wide", "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8",
-       o.wide_steps,
+      {"gpt-wide", wide, o.wide_steps,
        "gpt_kjv.py --dim=512 --layers=4 --heads=8 --seq_len=32 "
        "--batch_size=8: 12.8 M parameters (51 MB of fp32 gradients a step) "
        "for 256 tokens a step, so that the link dominates; clipped at 1.0"},
-      {"gpt-wide-noclip",
-       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
-       "--max_grad_norm=0",
-       o.wide_steps, "the wide GPT without clipping (--max_grad_norm=0)"},
-      {"gpt-wide-clip5",
-       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
-       "--max_grad_norm=5",
-       o.wide_steps,
+      {"gpt-wide-noclip", wide + " --max_grad_norm=0", o.wide_steps,
+       "the wide GPT without clipping (--max_grad_norm=0)"},
+      {"gpt-wide-clip5", wide + " --max_grad_norm=5", o.wide_steps,
        "the wide GPT clipped at 5.0: its norm (18.8, 13.1, 6.8, 5.5 at "
        "steps 1-4, then 1.4-4.2) is clipped at the first 4 steps only, as "
        "a long run's norm at 1.0 is in most of its steps after the first "
        "thousands; the servers' speculative weights are kept from step 6 "
        "on"},
-      {"gpt-wide-clip5-nospec",
-       "--dim=512 --layers=4 --heads=8 --seq_len=32 --batch_size=8 "
-       "--max_grad_norm=5",
-       o.wide_steps,
+      {"gpt-wide-clip5-nospec", wide + " --max_grad_norm=5", o.wide_steps,
        "gpt-wide-clip5 with the workers' speculative weights off "
        "(SHARDPS_SPECULATIVE_WEIGHTS=0): the weights come after the "
        "decision",
