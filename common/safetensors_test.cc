@@ -11,12 +11,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
 
 namespace shardps {
 namespace {
 
+// A path in this process's own directory: ctest runs tests of this binary in
+// parallel processes, which must not share a file.
 std::string TempPath(const std::string& name) {
-  return absl::StrCat(::testing::TempDir(), "/safetensors_test_", name);
+  static const std::string* const dir =
+      new std::string(testing::MakeTempDir("safetensors_test"));
+  return absl::StrCat(*dir, "/", name);
 }
 
 std::string ReadBytes(const std::string& path) {

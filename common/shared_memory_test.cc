@@ -13,6 +13,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
 
 namespace shardps {
 namespace {
@@ -98,7 +99,8 @@ TEST(SharedRegionTest, OpenRefusesWhatIsNotASealedRegionOfThatSize) {
       absl::StatusCode::kFailedPrecondition, "not a memfd sealed at its size");
   close(fd);
   // A regular file is no memfd.
-  const std::string file = ::testing::TempDir() + "/plain";
+  const std::string file =
+      testing::MakeTempDir("shared_memory_test") + "/plain";
   const int ffd = open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(ffd, 0);
   ASSERT_EQ(ftruncate(ffd, 4096), 0);

@@ -22,6 +22,7 @@
 #include "common/partitioner.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
 
 namespace shardps::server {
 namespace {
@@ -31,14 +32,8 @@ namespace fs = std::filesystem;
 // A fresh directory under $TEST_TMPDIR (or /tmp), removed with its contents.
 class TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string templ =
-        absl::StrCat(base != nullptr ? base : "/tmp", "/ckpt_test.XXXXXX");
-    path_ = mkdtemp(templ.data()) != nullptr ? templ : "";
-  }
+  TempDir() : path_(shardps::testing::MakeTempDir("ckpt_test")) {}
   ~TempDir() {
-    if (path_.empty()) return;
     std::error_code ec;
     fs::permissions(path_, fs::perms::owner_all, ec);
     fs::remove_all(path_, ec);

@@ -9,15 +9,12 @@
 #include "common/partitioner.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
 
 namespace shardps::server {
 namespace {
 
-std::string TempDir() {
-  const char* base = getenv("TEST_TMPDIR");
-  std::string t = std::string(base ? base : "/tmp") + "/ckptr.XXXXXX";
-  return mkdtemp(t.data());
-}
+std::string TempDir() { return shardps::testing::MakeTempDir("ckptr"); }
 
 v1::DeclareRequest Declaration() {
   v1::DeclareRequest req;

@@ -13,16 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
 
 namespace shardps::worker {
 namespace {
 
 std::string TempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/dataset_test_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return shardps::testing::MakeTempDir(absl::StrCat("dataset_test_", name));
 }
 
 void WriteFile(const std::string& path, const std::string& bytes, bool gzip) {

@@ -10,6 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -57,8 +61,13 @@ std::string MakeTempDir(const std::string& prefix) {
   const char* base = getenv("TEST_TMPDIR");
   std::string templ =
       absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, ".XXXXXX");
-  char* dir = mkdtemp(templ.data());
-  return dir != nullptr ? std::string(dir) : std::string("/tmp");
+  if (mkdtemp(templ.data()) == nullptr) {
+    // A test that went on would share or delete files it does not own.
+    std::fprintf(stderr, "mkdtemp(%s): %s\n", templ.c_str(),
+                 std::strerror(errno));
+    std::abort();
+  }
+  return templ;
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartProcess(

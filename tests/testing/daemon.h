@@ -52,7 +52,8 @@ class Daemon {
   std::string log_path_;
 };
 
-// A fresh directory under $TEST_TMPDIR or /tmp.
+// A fresh directory under $TEST_TMPDIR or /tmp, of this call alone; aborts
+// the test when none can be made.
 std::string MakeTempDir(const std::string& prefix);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed).
