@@ -92,6 +92,9 @@ class EmulatedHosts {
   // "shardps-<pid>-": what every namespace of these hosts starts with.
   const std::string& prefix() const { return prefix_; }
   const TbfShape& shape() const { return shape_; }
+  // TCP's congestion control on every host: "cubic", or "reno" where
+  // net.ipv4.tcp_allowed_congestion_control does not list cubic.
+  const std::string& congestion_control() const { return congestion_control_; }
 
   // Bytes each host's link has carried so far, and its TCP segments, in
   // the order of `hosts`. Internal when the switch's counters cannot be
@@ -103,9 +106,11 @@ class EmulatedHosts {
   absl::Status MakeSwitch();
   absl::Status MakeHost(const EmulatedHost& host);
   // Sets TCP's congestion control in the namespace `ns_fd` (named `ns`)
-  // to CUBIC and opens its /proc/net/snmp into *snmp_fd (from a thread
-  // that enters it).
+  // to CUBIC, or to Reno where this machine does not allow namespaces
+  // CUBIC, into *congestion_control, and opens its /proc/net/snmp into
+  // *snmp_fd (from a thread that enters it).
   static absl::Status SetUpHostStack(int ns_fd, const std::string& ns,
+                                     std::string* congestion_control,
                                      int* snmp_fd);
   // Opens the switch namespace's /proc/net/dev (from a thread that enters
   // it, as setns(2) changes only the calling thread).
@@ -114,6 +119,7 @@ class EmulatedHosts {
 
   NetworkTools tools_;
   TbfShape shape_;
+  std::string congestion_control_;
   std::string prefix_;
   std::string switch_ns_;
   bool made_switch_ = false;

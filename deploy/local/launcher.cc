@@ -440,9 +440,19 @@ absl::Status Launcher::MakeHosts() {
   LogInfo(
       "emulated hosts: each process in a network namespace %s<name> with "
       "its address in 10.213.0.0/24 and a link of %s each way to a bridge "
-      "in %sswitch (tc tbf: burst %d bytes, %d ms queue); shared memory off",
+      "in %sswitch (tc tbf: burst %d bytes, %d ms queue); TCP congestion "
+      "control %s; shared memory off",
       hosts_->prefix(), FormatLinkRate(shape.bits_per_second), hosts_->prefix(),
-      shape.burst_bytes, shape.latency_ms);
+      shape.burst_bytes, shape.latency_ms, hosts_->congestion_control());
+  if (hosts_->congestion_control() != "cubic") {
+    LogWarning(
+        "emulated hosts: TCP congestion control %s, not cubic: this machine "
+        "lets network namespaces choose only what "
+        "net.ipv4.tcp_allowed_congestion_control lists; for cubic: sysctl -w "
+        "net.ipv4.tcp_allowed_congestion_control=\"$(sysctl -n "
+        "net.ipv4.tcp_allowed_congestion_control) cubic\"",
+        hosts_->congestion_control());
+  }
   return absl::OkStatus();
 }
 

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -94,6 +97,20 @@ TEST(EmulatedHostsE2eTest, EveryProcessTrainsOverItsOwnLink) {
   ASSERT_EQ(done.code, 0) << output;
   EXPECT_TRUE(absl::StrContains(output, "\nfinal: epoch=1 step=16 ")) << output;
   EXPECT_TRUE(absl::StrContains(output, "(1 Gbit/s each way):")) << output;
+  // CUBIC where this machine lets namespaces choose it, else Reno, said.
+  std::ifstream allowed_file(
+      "/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+  const std::string allowed(std::istreambuf_iterator<char>(allowed_file), {});
+  const bool cubic_allowed = absl::c_linear_search(
+      absl::StrSplit(allowed, absl::ByAnyChar(" \n")), "cubic");
+  EXPECT_TRUE(absl::StrContains(output, cubic_allowed
+                                            ? "TCP congestion control cubic;"
+                                            : "TCP congestion control reno;"))
+      << allowed << output;
+  EXPECT_EQ(
+      absl::StrContains(output, "net.ipv4.tcp_allowed_congestion_control"),
+      !cubic_allowed)
+      << output;
 
   // 16 steps of 25450 fp32 gradients out and weights back per worker: 1.6
   // MB each way; each server holds part of the model. The coordinator's
