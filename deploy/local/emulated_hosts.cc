@@ -229,9 +229,9 @@ absl::Status EmulatedHosts::MakeSwitch() {
 // takes 246 ms (the link-bound ideal: 171 ms): several flows converging on
 // a shaped port lose 1-2 % of their segments and BBR keeps its rate.
 // A namespace other than the machine's may choose only what
-// net.ipv4.tcp_allowed_congestion_control lists (EPERM otherwise); Reno,
-// always allowed, is the loss-based algorithm CUBIC behaves as at these
-// sub-millisecond round trips.
+// net.ipv4.tcp_allowed_congestion_control lists (EPERM otherwise); Reno is
+// always allowed and loss-based as CUBIC (the same 4 x 4 at 100 Mbit/s on
+// kernel 6.18: 267 ms an exchange with Reno, 249 ms with CUBIC).
 absl::Status EmulatedHosts::SetUpHostStack(int ns_fd, const std::string& ns,
                                            std::string* congestion_control,
                                            int* snmp_fd) {
@@ -244,17 +244,15 @@ absl::Status EmulatedHosts::SetUpHostStack(int ns_fd, const std::string& ns,
     }
     const char* path = "/proc/sys/net/ipv4/tcp_congestion_control";
     const int fd = open(path, O_WRONLY | O_CLOEXEC);
-    int error = fd < 0 ? errno : 0;
+    int error = fd < 0 ? errno : EPERM;
     for (const char* algorithm : {"cubic", "reno"}) {
-      if (fd < 0) break;
-      const ssize_t n = strlen(algorithm);
-      if (write(fd, algorithm, n) == n) {
+      if (fd < 0 || error != EPERM) break;
+      if (write(fd, algorithm, strlen(algorithm)) >= 0) {
         *congestion_control = algorithm;
         error = 0;
-        break;
+      } else {
+        error = errno;
       }
-      error = errno;
-      if (error != EPERM) break;
     }
     if (error != 0) {
       status =
