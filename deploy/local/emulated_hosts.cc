@@ -32,6 +32,9 @@ constexpr char kNamespacePrefix[] = "shardps-";
 constexpr char kBridge[] = "br0";
 // The host's end of its veth: its one network card.
 constexpr char kHostCard[] = "eth0";
+// The queue of what a host sends, under its card's tbf: packets, as a
+// Linux network card's default txqueuelen.
+constexpr char kHostQueue[] = "pfifo limit 1000";
 
 // The host slot of `name`: 0 for the coordinator, 1 + i for server-i,
 // 1 + num_servers + r for worker-r; -1 for another name.
@@ -291,6 +294,7 @@ absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
   const std::string sw = absl::StrCat(tools_.ip, " -n ", switch_ns_);
   const std::string on_host = absl::StrCat(tools_.ip, " -n ", ns);
   const std::string tbf = absl::StrCat(" root ", TbfArgs(shape_));
+  const std::string host_tc = absl::StrCat(tools_.tc, " -n ", ns);
   // The port is named as the host (at most 15 characters: "worker-255").
   return RunAll({
       absl::StrCat(sw, " link add ", host.name, " type veth peer name ",
@@ -304,8 +308,16 @@ absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
                    kHostCard),
       absl::StrCat(on_host, " link set lo up"),
       absl::StrCat(on_host, " link set ", kHostCard, " up"),
-      // eth0's egress is what the host sends.
-      absl::StrCat(tools_.tc, " -n ", ns, " qdisc add dev ", kHostCard, tbf),
+      // eth0's egress is what the host sends. A card queues what its own
+      // host sends (txqueuelen 1000) rather than dropping it: a 5 ms tbf
+      // queue alone dropped first transmissions where a sender's flows
+      // converged on its own card, and TCP then waited ~200 ms for its probe
+      // timer. The switch port keeps the shallow queue, where a real
+      // switch drops when several senders converge on one receiver.
+      absl::StrCat(host_tc, " qdisc add dev ", kHostCard,
+                   " root handle 1: ", TbfArgs(shape_)),
+      absl::StrCat(host_tc, " qdisc add dev ", kHostCard, " parent 1:1 ",
+                   kHostQueue),
   });
 }
 

@@ -440,7 +440,8 @@ absl::Status Launcher::MakeHosts() {
   LogInfo(
       "emulated hosts: each process in a network namespace %s<name> with "
       "its address in 10.213.0.0/24 and a link of %s each way to a bridge "
-      "in %sswitch (tc tbf: burst %d bytes, %d ms queue); TCP congestion "
+      "in %sswitch (tc tbf: burst %d bytes; a card queues 1000 packets, a "
+      "switch port %d ms); TCP congestion "
       "control %s; shared memory off",
       hosts_->prefix(), FormatLinkRate(shape.bits_per_second), hosts_->prefix(),
       shape.burst_bytes, shape.latency_ms, hosts_->congestion_control());

@@ -92,7 +92,8 @@ ABSL_FLAG(std::string, model, "w",
           "main job's model).");
 ABSL_FLAG(double, chunk_mib, 4,
           "Chunk size in MiB, e.g. 0.25 (transport; scale: at most, and at "
-          "most a 16th of the model).");
+          "most a 16th of the model; train --emulate_hosts: shardps's chunks, "
+          "whole KiB, instead of the workers' automatic size).");
 ABSL_FLAG(bool, raw_baseline, true,
           "Measure the raw TCP baseline (off only to profile shardps alone).");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to run (transport).");
@@ -347,6 +348,16 @@ absl::Status Run(const std::string& command) {
     o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
     o.epochs = Given(FLAGS_epochs) ? absl::GetFlag(FLAGS_epochs) : 2;
     SHARDPS_RETURN_IF_ERROR(HostsFlags(command, &o.link, &o.rows));
+    if (Given(FLAGS_chunk_mib)) {
+      const double kib = absl::GetFlag(FLAGS_chunk_mib) * 1024;
+      if (!(kib >= 1 && kib <= 65536) || kib != static_cast<int64_t>(kib)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--chunk_mib=", absl::GetFlag(FLAGS_chunk_mib),
+            ": train --emulate_hosts needs whole KiB from 1 KiB to 64 MiB "
+            "(e.g. 0.015625 for 16 KiB)"));
+      }
+      o.chunk_kib = static_cast<int64_t>(kib);
+    }
     return RunTrainHostsBench(o);
   }
   if (command == "train") {

@@ -49,6 +49,7 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
       absl::StrCat(o.local_binary, " --emulate_hosts --link=", o.link,
                    " --run_dir=", dir, " --epochs=", o.epochs,
                    " --workers=", row.workers, " --servers=", row.servers);
+  if (o.chunk_kib > 0) absl::StrAppend(&command, " --chunk_kib=", o.chunk_kib);
   const RowEncodings encodings = EncodingsOf(row);
   if (!encodings.gradients.empty()) {
     absl::StrAppend(&command, " --compression=", encodings.gradients,
@@ -137,6 +138,24 @@ struct RowResult {
   SideRun shardps, ddp;
 };
 
+// The bytes the busiest card would carry with the same bytes spread evenly:
+// the larger of the servers' and the workers' mean (each host's larger
+// direction).
+double BalancedBytes(const std::vector<HostBytes>& bytes) {
+  double most = 0;
+  for (const char* role : {"server-", "worker-"}) {
+    double sum = 0;
+    int hosts = 0;
+    for (const HostBytes& b : bytes) {
+      if (!absl::StartsWith(b.name, role)) continue;
+      sum += static_cast<double>(std::max(b.sent, b.received));
+      ++hosts;
+    }
+    if (hosts > 0) most = std::max(most, sum / hosts);
+  }
+  return most;
+}
+
 void PrintRow(const TrainHostsOptions& o, int64_t rate,
               const RowResult& result) {
   const TrainHostsRow& row = result.row;
@@ -161,6 +180,20 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
         HostBytesText(side->bytes));
   }
   std::string unused;
+  // A step against the time its bytes need at the link's rate: the busiest
+  // card's, and those of a perfectly balanced shard map.
+  const double steps = static_cast<double>(o.epochs) * kSamplesPerEpoch / 256;
+  const double step_ms = result.shardps.train_s * 1e3 / steps;
+  const double busiest_ms =
+      BusiestBytes(result.shardps.bytes, &unused) * 8e3 / rate / steps;
+  const double balanced_ms =
+      BalancedBytes(result.shardps.bytes) * 8e3 / rate / steps;
+  absl::PrintF(
+      "  shardps a step %.1f ms: %.2fx the bytes-over-rate bound of its "
+      "busiest "
+      "card (%.1f ms), %.2fx that of a balanced shard map (%.1f ms)\n",
+      step_ms, step_ms / busiest_ms, busiest_ms, step_ms / balanced_ms,
+      balanced_ms);
   absl::PrintF(
       "  shardps / DDP time %.2f; ideal when link-bound %.2f (a perfectly "
       "balanced shard map), %.2f (the busiest cards' bytes measured)\n",
@@ -260,8 +293,9 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
       "batch 256, SGD 0.1 momentum 0.9 cosine, %d epochs, 1 BLAS thread a "
       "process; each host's link %s each way\n"
       "shardps: shardps-local --emulate_hosts (a host per coordinator, server "
-      "and worker); DDP: a host per rank\n\n",
-      o.epochs, local::FormatLinkRate(rate));
+      "and worker), %s chunks; DDP: a host per rank\n\n",
+      o.epochs, local::FormatLinkRate(rate),
+      o.chunk_kib > 0 ? absl::StrCat(o.chunk_kib, " KiB") : "automatic");
   std::vector<RowResult> results;
   // DDP's run depends on the workers and its encoding only (not on the
   // servers): each runs once, its figures shared by the rows that need it.

@@ -57,7 +57,8 @@ struct TrainHostsOptions {
   std::string torch_script;  // tests/bench/torch/mlp_ddp.py
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 2;
-  std::string link;  // as tc writes it: "1gbit"
+  std::string link;       // as tc writes it: "1gbit"
+  int64_t chunk_kib = 0;  // shardps's --chunk_kib; 0: the workers' automatic
   std::vector<TrainHostsRow> rows;
 };
 
