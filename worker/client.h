@@ -377,6 +377,12 @@ class Client : private LaneOwner {
   // "shared memory with shards 0, 1" or "gRPC to every shard (shard 0:
   // <why not shared memory>)".
   std::string DescribeTransport() const;
+  // The chunk map after Declare, in one line: how many chunks of what size,
+  // and how far the busiest shard's bytes are over the mean (every worker
+  // pushes and pulls a shard's bytes, so the busiest shard's link bounds a
+  // step across a network), with the flag that balances them where it is
+  // over 5 %.
+  std::string DescribeChunks() const;
 
   // Attempts that failed and were retried, since creation.
   int64_t retries() const { return retries_.load(); }

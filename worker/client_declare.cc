@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
@@ -165,6 +166,33 @@ void Client::Plan(std::vector<ChunkSpec> chunks,
   reader_.Declare(chunks);
   chunks_ = std::move(chunks);
   shard_of_ = std::move(shard_of);
+}
+
+std::string Client::DescribeChunks() const {
+  const size_t num_shards = options_.servers.size();
+  std::vector<int64_t> shard_bytes(num_shards, 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    shard_bytes[shard_of_[i]] += chunks_[i].bytes();
+    total += chunks_[i].bytes();
+  }
+  std::string text =
+      absl::StrCat(chunks_.size(), " chunks of up to ",
+                   ChunkBytes(layout_) >> 10, " KiB over ", num_shards,
+                   num_shards == 1 ? " shard" : " shards");
+  if (num_shards < 2 || total == 0) return text;
+  const int64_t busiest =
+      *std::max_element(shard_bytes.begin(), shard_bytes.end());
+  const double mean = static_cast<double>(total) / num_shards;
+  const double over = 100.0 * (busiest - mean) / mean;
+  absl::StrAppend(&text, ", the busiest shard ",
+                  absl::StrFormat("%.1f %%", over), " over the mean");
+  if (over > 5.0) {
+    absl::StrAppend(&text,
+                    " (its link bounds a step across a network; a smaller "
+                    "--chunk_kib balances finer, at a CPU cost per chunk)");
+  }
+  return text;
 }
 
 absl::Status Client::JoinAt(int64_t step) {

@@ -116,6 +116,14 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
       ReadLines(run_dir + "/logs/worker-0.log");
   ASSERT_FALSE(worker_log.empty());
   EXPECT_TRUE(absl::StrContains(output, worker_log.back())) << output;
+  // The chunk map, said: 25450 parameters in automatic 64 KiB chunks are
+  // fc1.weight's two halves (12544 each) and three small tensors; the
+  // partitioner leaves shard 0 12864 and shard 1 12586 elements.
+  EXPECT_TRUE(absl::StrContains(
+      output,
+      "declared in 5 chunks of up to 64 KiB over 2 shards, the busiest "
+      "shard 1.1 % over the mean; 16 steps per epoch"))
+      << output;
 
   const std::vector<std::string> metrics = ReadLines(run_dir + "/metrics.csv");
   ASSERT_EQ(metrics.size(), 2u) << absl::StrJoin(metrics, "\n");
@@ -142,6 +150,26 @@ TEST(LocalLauncherTest, ShortJobFinishesWithMetricsModelAndLogs) {
                                 line, "finished: training completed");
                           }))
       << absl::StrJoin(server_log, "\n");
+}
+
+TEST(LocalLauncherTest, WorkerSaysWhenOneShardCarriesMoreOfTheModel) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  // Five chunks over three shards: one gets fc1.weight's half alone, another
+  // the other half, the third the small rest.
+  const CommandResult done = RunLauncher(
+      run_dir,
+      {"--servers=3", "--workers=1", "--dataset=fashion-mnist",
+       "--model=mlp:784-32-10", "--epochs=1", "--train_limit=256",
+       "--test_limit=100", "--batch_size=128", "--timeout_s=240"},
+      absl::Minutes(5));
+  ASSERT_EQ(done.code, 0) << done.output;
+  EXPECT_TRUE(absl::StrContains(
+      done.output,
+      "declared in 5 chunks of up to 64 KiB over 3 shards, the busiest "
+      "shard 47.9 % over the mean (its link bounds a step across a network; "
+      "a smaller --chunk_kib balances finer"))
+      << done.output;
 }
 
 TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
