@@ -67,6 +67,11 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
         absl::StrCat("chunk_bytes ", layout.chunk_bytes(),
                      " must be a multiple of 4 and at most ", kMaxChunkBytes));
   }
+  if (layout.chunk_count_multiple() > kMaxChunkCountMultiple) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_count_multiple ", layout.chunk_count_multiple(),
+                     " is over ", kMaxChunkCountMultiple));
+  }
   const float sparse = layout.sparse_weights_ratio();
   if (!(sparse >= 0 && sparse <= 1)) {  // NaN too
     return absl::InvalidArgumentError(
@@ -93,7 +98,8 @@ absl::Status ValidateLayout(const v1::Layout& layout) {
       return absl::InvalidArgumentError(
           absl::StrCat("model has over ", kMaxModelElements, " elements"));
     }
-    num_chunks += (NumElements(t) + max_elements - 1) / max_elements;
+    num_chunks +=
+        ChunkCount(NumElements(t), max_elements, layout.chunk_count_multiple());
     if (num_chunks > kMaxChunks) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layout splits into over ", kMaxChunks,
@@ -126,7 +132,16 @@ int64_t ModelBytes(const v1::Layout& layout) {
 void ChooseChunkBytes(v1::Layout& layout) {
   if (layout.chunk_bytes() == 0) {
     layout.set_chunk_bytes(AutoChunkBytes(ModelBytes(layout)));
+    layout.set_chunk_count_multiple(kAutoChunkCountMultiple);
   }
+}
+
+int64_t ChunkCount(int64_t n, int64_t max_elements, uint32_t multiple) {
+  int64_t count = (n + max_elements - 1) / max_elements;
+  if (multiple > 1 && count >= multiple) {
+    count = std::min(n, (count + multiple - 1) / multiple * multiple);
+  }
+  return count;
 }
 
 std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout) {
@@ -134,7 +149,8 @@ std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout) {
   std::vector<ChunkSpec> chunks;
   for (int t = 0; t < layout.tensors_size(); ++t) {
     const int64_t n = NumElements(layout.tensors(t));
-    const int64_t count = (n + max_elements - 1) / max_elements;
+    const int64_t count =
+        ChunkCount(n, max_elements, layout.chunk_count_multiple());
     const int64_t base = n / count;
     const int64_t extra = n % count;  // the first `extra` chunks get one more
     int64_t offset = 0;

@@ -33,11 +33,15 @@ struct ChunkSpec {
   int64_t bytes() const { return num_elements * int64_t{4}; }
 };
 
+// Most Layout.chunk_count_multiple accepted.
+inline constexpr uint32_t kMaxChunkCountMultiple = 64;
+
 // Element count of a tensor (product of its shape).
 int64_t NumElements(const v1::TensorSpec& tensor);
 
 // InvalidArgument naming the problem: no tensors, empty or duplicate names,
 // dimensions < 1, chunk_bytes not a multiple of 4 or over kMaxChunkBytes,
+// chunk_count_multiple over kMaxChunkCountMultiple,
 // a model over kMaxModelElements or over kMaxChunks chunks, or a bad init
 // spec, a sparse_weights_ratio outside [0, 1] or a negative
 // sparse_weights_min_elements.
@@ -47,24 +51,34 @@ absl::Status ValidateLayout(const v1::Layout& layout);
 uint64_t ChunkBytes(const v1::Layout& layout);
 
 // The chunk size a worker declares unless told one: the largest power of two
-// at most model_bytes / 32, within [kMinAutoChunkBytes, kMaxAutoChunkBytes].
-// A shard's share of the model is then within about one chunk of the mean
-// (the partitioner places the largest chunks first), so at 4 servers every
-// server carries within 10 % of the mean bytes even for a 2 MiB model, where
-// 1 MiB chunks left one server half of it. Depends only on the model, not on
-// the number of servers, so a checkpoint restores onto any number of them.
+// at most model_bytes / 32, within [kMinAutoChunkBytes, kMaxAutoChunkBytes],
+// with chunk_count_multiple kAutoChunkCountMultiple. A shard's share of the
+// model is then within about one chunk of the mean (the partitioner places
+// the largest chunks first), and a tensor of 8 or more chunks splits evenly
+// over 2, 4 or 8 shards: the main job's 2 MiB model, whose first layer was
+// 25 chunks, left one of 4 servers 8.4 % over the mean (its link bounds a
+// step across a network) and now 1.3 %; 1 MiB chunks left one server half
+// of it. Depends only on the model, not on the number of servers, so a
+// checkpoint restores onto any number of them.
 inline constexpr uint64_t kMinAutoChunkBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kMaxAutoChunkBytes = uint64_t{1} << 20;
+inline constexpr uint32_t kAutoChunkCountMultiple = 8;
 uint64_t AutoChunkBytes(int64_t model_bytes);
 // The model's fp32 bytes: every tensor's elements, 4 bytes each.
 int64_t ModelBytes(const v1::Layout& layout);
-// Sets layout.chunk_bytes to AutoChunkBytes(ModelBytes(layout)) where it is
+// Sets layout.chunk_bytes to AutoChunkBytes(ModelBytes(layout)) and
+// layout.chunk_count_multiple to kAutoChunkCountMultiple where chunk_bytes is
 // 0 (the callers' "automatic"); leaves a given size alone.
 void ChooseChunkBytes(v1::Layout& layout);
 
+// How many chunks a tensor of n elements becomes: ceil(n / max_elements),
+// rounded up to a multiple of `multiple` where it is at least `multiple`
+// (never more than n).
+int64_t ChunkCount(int64_t n, int64_t max_elements, uint32_t multiple);
+
 // Chunks of every tensor in layout order. A tensor of n elements becomes
-// ceil(n / max_elements) chunks of nearly equal size (they differ by at most
-// one element). REQUIRES: ValidateLayout(layout).ok().
+// ChunkCount(n, ...) chunks of nearly equal size (they differ by at most one
+// element). REQUIRES: ValidateLayout(layout).ok().
 std::vector<ChunkSpec> MakeChunks(const v1::Layout& layout);
 
 // Stable 64-bit fingerprint (FNV-1a over the deterministic serialization) of

@@ -176,10 +176,9 @@ std::string Client::DescribeChunks() const {
     shard_bytes[shard_of_[i]] += chunks_[i].bytes();
     total += chunks_[i].bytes();
   }
-  std::string text =
-      absl::StrCat(chunks_.size(), " chunks of up to ",
-                   ChunkBytes(layout_) >> 10, " KiB over ", num_shards,
-                   num_shards == 1 ? " shard" : " shards");
+  std::string text = absl::StrCat(
+      chunks_.size(), " chunks of up to ", ChunkBytes(layout_) >> 10,
+      " KiB over ", num_shards, num_shards == 1 ? " shard" : " shards");
   if (num_shards < 2 || total == 0) return text;
   const int64_t busiest =
       *std::max_element(shard_bytes.begin(), shard_bytes.end());

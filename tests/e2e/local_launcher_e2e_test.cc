@@ -157,12 +157,12 @@ TEST(LocalLauncherTest, WorkerSaysWhenOneShardCarriesMoreOfTheModel) {
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
   // Five chunks over three shards: one gets fc1.weight's half alone, another
   // the other half, the third the small rest.
-  const CommandResult done = RunLauncher(
-      run_dir,
-      {"--servers=3", "--workers=1", "--dataset=fashion-mnist",
-       "--model=mlp:784-32-10", "--epochs=1", "--train_limit=256",
-       "--test_limit=100", "--batch_size=128", "--timeout_s=240"},
-      absl::Minutes(5));
+  const CommandResult done =
+      RunLauncher(run_dir,
+                  {"--servers=3", "--workers=1", "--dataset=fashion-mnist",
+                   "--model=mlp:784-32-10", "--epochs=1", "--train_limit=256",
+                   "--test_limit=100", "--batch_size=128", "--timeout_s=240"},
+                  absl::Minutes(5));
   ASSERT_EQ(done.code, 0) << done.output;
   EXPECT_TRUE(absl::StrContains(
       done.output,

@@ -123,7 +123,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         chunk_bytes: the largest piece of a tensor a server holds as one
             unit (a multiple of 4, at most 64 MiB; every rank the same).
             None: the largest power of two at most 1/32 of the model, 64
-            KiB to 1 MiB, so that servers carry nearly equal bytes.
+            KiB to 1 MiB, a tensor of 8 or more chunks split into a
+            multiple of 8, so that servers carry nearly equal bytes.
         max_grad_norm: clip the global 2-norm of every step's averaged
             gradient to this, on the servers, exactly as
             torch.nn.utils.clip_grad_norm_ on the averaged gradient would
