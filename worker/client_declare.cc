@@ -176,9 +176,12 @@ std::string Client::DescribeChunks() const {
     shard_bytes[shard_of_[i]] += chunks_[i].bytes();
     total += chunks_[i].bytes();
   }
+  const uint64_t chunk = ChunkBytes(layout_);
   std::string text = absl::StrCat(
-      chunks_.size(), " chunks of up to ", ChunkBytes(layout_) >> 10,
-      " KiB over ", num_shards, num_shards == 1 ? " shard" : " shards");
+      chunks_.size(), " chunks of up to ",
+      chunk % 1024 == 0 ? absl::StrCat(chunk >> 10, " KiB")
+                        : absl::StrCat(chunk, " B"),
+      " over ", num_shards, num_shards == 1 ? " shard" : " shards");
   if (num_shards < 2 || total == 0) return text;
   const int64_t busiest =
       *std::max_element(shard_bytes.begin(), shard_bytes.end());
