@@ -29,7 +29,8 @@ namespace shardps::bench {
 namespace {
 
 // The main job's steps: 60000 images in global batches of 256.
-constexpr int64_t kSamplesPerEpoch = 60000 / 256 * 256;
+constexpr int64_t kGlobalBatch = 256;
+constexpr int64_t kSamplesPerEpoch = 60000 / kGlobalBatch * kGlobalBatch;
 // A DDP row that runs longer than this is stuck (a lost rank leaves gloo
 // waiting for 30 minutes).
 constexpr absl::Duration kDdpTimeoutPerEpoch = absl::Minutes(5);
@@ -182,7 +183,8 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
   std::string unused;
   // A step against the time its bytes need at the link's rate: the busiest
   // card's, and those of a perfectly balanced shard map.
-  const double steps = static_cast<double>(o.epochs) * kSamplesPerEpoch / 256;
+  const double steps =
+      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
   const double step_ms = result.shardps.train_s * 1e3 / steps;
   const double busiest_ms =
       BusiestBytes(result.shardps.bytes, &unused) * 8e3 / rate / steps;
@@ -190,8 +192,8 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
       BalancedBytes(result.shardps.bytes) * 8e3 / rate / steps;
   absl::PrintF(
       "  shardps a step %.1f ms: %.2fx the bytes-over-rate bound of its "
-      "busiest "
-      "card (%.1f ms), %.2fx that of a balanced shard map (%.1f ms)\n",
+      "busiest card (%.1f ms), %.2fx that of a balanced shard map "
+      "(%.1f ms)\n",
       step_ms, step_ms / busiest_ms, busiest_ms, step_ms / balanced_ms,
       balanced_ms);
   absl::PrintF(
