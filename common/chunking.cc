@@ -116,7 +116,7 @@ uint64_t ChunkBytes(const v1::Layout& layout) {
 uint64_t AutoChunkBytes(int64_t model_bytes) {
   uint64_t chunk = kMinAutoChunkBytes;
   while (chunk < kMaxAutoChunkBytes &&
-         chunk * 2 * 32 <=
+         chunk * 2 * kAutoChunksPerModel <=
              static_cast<uint64_t>(std::max<int64_t>(model_bytes, 0))) {
     chunk *= 2;
   }

@@ -51,17 +51,27 @@ absl::Status ValidateLayout(const v1::Layout& layout);
 uint64_t ChunkBytes(const v1::Layout& layout);
 
 // The chunk size a worker declares unless told one: the largest power of two
-// at most model_bytes / 32, within [kMinAutoChunkBytes, kMaxAutoChunkBytes],
-// with chunk_count_multiple kAutoChunkCountMultiple. A shard's share of the
-// model is then within about one chunk of the mean (the partitioner places
-// the largest chunks first), and a tensor of 8 or more chunks splits evenly
-// over 2, 4 or 8 shards: the main job's 2 MiB model, whose first layer was
-// 25 chunks, left one of 4 servers 8.4 % over the mean (its link bounds a
-// step across a network) and now 1.3 %; 1 MiB chunks left one server half
-// of it. Depends only on the model, not on the number of servers, so a
-// checkpoint restores onto any number of them.
+// at most model_bytes / kAutoChunksPerModel, within [kMinAutoChunkBytes,
+// kMaxAutoChunkBytes], with chunk_count_multiple kAutoChunkCountMultiple.
+// - Grain: a chunk's reply leaves a shard once every worker's copy is in, so
+//   a step fills and drains its pipeline for about 2 * S * chunk / B (S
+//   shards, links of rate B) beyond its bytes' time M / B: with M in 128
+//   chunks that is at most S / 64 of it (6 % at 4 shards; with 32 chunks,
+//   25 %: the wide GPT at 4 x 4 on 1 Gbit/s took 0.82x DDP's time in 1 MiB
+//   chunks and 0.68x in 256 KiB, the ideal 0.67x).
+// - Messages: at least 64 KiB, since every chunk costs a message each way
+//   (the main job at 4 x 4 on 1 Gbit/s, 2 cores: 10.2 k samples/s in 64 KiB
+//   chunks, 7.9-8.2 k in 16 KiB), and at most 1 MiB.
+// - Balance: a shard's share of the model is within about one chunk of the
+//   mean (the partitioner places the largest chunks first), and a tensor of
+//   8 or more chunks splits evenly over 2, 4 or 8 shards: the main job's
+//   2 MiB model, whose first layer was 25 chunks, left one of 4 servers
+//   8.4 % over the mean and now 1.3 %.
+// Depends only on the model, not on the number of servers, so a checkpoint
+// restores onto any number of them.
 inline constexpr uint64_t kMinAutoChunkBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kMaxAutoChunkBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kAutoChunksPerModel = 128;
 inline constexpr uint32_t kAutoChunkCountMultiple = 8;
 uint64_t AutoChunkBytes(int64_t model_bytes);
 // The model's fp32 bytes: every tensor's elements, 4 bytes each.

@@ -59,13 +59,17 @@ TEST(ChunkingTest, DefaultChunkIsFourMiB) {
   EXPECT_EQ(MakeChunks(layout).size(), 16u);
 }
 
-TEST(ChunkingTest, AutoChunkIsAPowerOfTwoNearAThirtySecondOfTheModel) {
+TEST(ChunkingTest, AutoChunkIsAPowerOfTwoNearA128thOfTheModel) {
   EXPECT_EQ(AutoChunkBytes(0), kMinAutoChunkBytes);
   EXPECT_EQ(AutoChunkBytes(1000), kMinAutoChunkBytes);
-  EXPECT_EQ(AutoChunkBytes((4 << 20) - 4), 64u << 10);
-  EXPECT_EQ(AutoChunkBytes(4 << 20), 128u << 10);
-  EXPECT_EQ(AutoChunkBytes(int64_t{12} << 20), 256u << 10);
-  EXPECT_EQ(AutoChunkBytes(int64_t{32} << 20), kMaxAutoChunkBytes);
+  // The main job's 2 MiB model and the GPT example's 4.4 MiB: the floor.
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20), 64u << 10);
+  EXPECT_EQ(AutoChunkBytes((int64_t{16} << 20) - 4), 64u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{16} << 20), 128u << 10);
+  // The wide GPT (12.8 M parameters, 48.8 MiB): 256 KiB (1 MiB at 1/32).
+  EXPECT_EQ(AutoChunkBytes(int64_t{51200000}), 256u << 10);
+  EXPECT_EQ(AutoChunkBytes((int64_t{128} << 20) - 4), 512u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{128} << 20), kMaxAutoChunkBytes);
   EXPECT_EQ(AutoChunkBytes(int64_t{1} << 40), kMaxAutoChunkBytes);
 }
 

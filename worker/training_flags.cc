@@ -42,8 +42,8 @@ ABSL_FLAG(int64_t, test_limit, 0,
 ABSL_FLAG(int64_t, chunk_kib, 0,
           "Largest parameter chunk, in KiB: the unit a server owns, sums and "
           "answers. 0: chosen from the model's size (the largest power of two "
-          "at most 1/32 of it, from 64 KiB to 1 MiB), so that servers carry "
-          "nearly equal bytes.");
+          "at most 1/128 of it, from 64 KiB to 1 MiB), so that servers carry "
+          "nearly equal bytes and a step's pipeline fills fast.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
 ABSL_FLAG(bool, shared_memory, true,

@@ -114,16 +114,16 @@ ABSL_FLAG(std::string, scale_coordinator, "",
           "scale_members: the coordinator (host:port) to join.");
 ABSL_FLAG(uint64_t, scale_incarnation, 0,
           "scale_members: rank r joins with this incarnation + r.");
-ABSL_FLAG(
-    std::string, link, "",
-    "train and torch --emulate_hosts: each host's link, as tc writes a "
-    "rate. "
-    "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
-    "between a servers' and a workers' network namespace, shaped with "
-    "tbf each way (needs root, ip and tc); empty: loopback. Unless "
-    "given, --steps is 5, --model_mib about 0.5 s of the rate (16 to "
-    "256), --chunk_mib as shardps-worker sizes chunks for the model (1 MiB "
-    "from 32 MiB on) and --streams_per_shard 1, as it connects.");
+ABSL_FLAG(std::string, link, "",
+          "train and torch --emulate_hosts: each host's link, as tc writes a "
+          "rate. "
+          "transport: a tc rate (500mbit, 1gbit, 10gbit) for a veth link "
+          "between a servers' and a workers' network namespace, shaped with "
+          "tbf each way (needs root, ip and tc); empty: loopback. Unless "
+          "given, --steps is 5, --model_mib about 0.5 s of the rate (16 to "
+          "256), --chunk_mib as shardps-worker sizes chunks for the model (a "
+          "power of two near 1/128 of it) and --streams_per_shard 1, as it "
+          "connects.");
 
 namespace shardps::bench {
 namespace {
@@ -262,7 +262,7 @@ absl::Status Run(const std::string& command) {
       // reply waits for the last worker's copy, and more flows sharing the
       // link make that copy later (PushPull at 1 Gbit/s, 1 MiB chunks:
       // 0.85-0.93 of the link with 2 streams, 0.92-0.95 with 1). Chunks as
-      // shardps-worker sizes them for the model (1 MiB for 32 MiB and up).
+      // shardps-worker sizes them for the model (AutoChunkBytes).
       if (!Given(FLAGS_chunk_mib)) {
         o.chunk_bytes = static_cast<int64_t>(AutoChunkBytes(o.model_bytes));
       }
