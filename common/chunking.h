@@ -57,8 +57,8 @@ uint64_t ChunkBytes(const v1::Layout& layout);
 //   a step fills and drains its pipeline for about 2 * S * chunk / B (S
 //   shards, links of rate B) beyond its bytes' time M / B: with M in 128
 //   chunks that is at most S / 64 of it (6 % at 4 shards; with 32 chunks,
-//   25 %: the wide GPT at 4 x 4 on 1 Gbit/s took 0.82x DDP's time in 1 MiB
-//   chunks and 0.68x in 256 KiB, the ideal 0.67x).
+//   25 %: the wide GPT at 4 x 4 on 1 Gbit/s, not clipped, took 16.7 s in
+//   1 MiB chunks and 13.6 s in 256 KiB, 0.93x and 0.82x DDP's time).
 // - Messages: at least 64 KiB, since every chunk costs a message each way
 //   (the main job at 4 x 4 on 1 Gbit/s, 2 cores: 10.2 k samples/s in 64 KiB
 //   chunks, 7.9-8.2 k in 16 KiB), and at most 1 MiB.
