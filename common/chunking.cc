@@ -113,8 +113,17 @@ uint64_t ChunkBytes(const v1::Layout& layout) {
   return layout.chunk_bytes() == 0 ? kDefaultChunkBytes : layout.chunk_bytes();
 }
 
-uint64_t AutoChunkBytes(int64_t model_bytes) {
-  uint64_t chunk = kMinAutoChunkBytes;
+uint64_t MinAutoChunkBytes(int64_t link_bits_per_second) {
+  if (link_bits_per_second <= 0) return kMinAutoChunkBytes;
+  const uint64_t in_link_time = static_cast<uint64_t>(
+      link_bits_per_second / 8 * kAutoChunkLinkTimeUs / 1000000);
+  uint64_t chunk = kMinSlowLinkChunkBytes;
+  while (chunk < kMinAutoChunkBytes && chunk < in_link_time) chunk *= 2;
+  return chunk;
+}
+
+uint64_t AutoChunkBytes(int64_t model_bytes, int64_t link_bits_per_second) {
+  uint64_t chunk = MinAutoChunkBytes(link_bits_per_second);
   while (chunk < kMaxAutoChunkBytes &&
          chunk * 2 * kAutoChunksPerModel <=
              static_cast<uint64_t>(std::max<int64_t>(model_bytes, 0))) {
@@ -129,9 +138,10 @@ int64_t ModelBytes(const v1::Layout& layout) {
   return bytes;
 }
 
-void ChooseChunkBytes(v1::Layout& layout) {
+void ChooseChunkBytes(v1::Layout& layout, int64_t link_bits_per_second) {
   if (layout.chunk_bytes() == 0) {
-    layout.set_chunk_bytes(AutoChunkBytes(ModelBytes(layout)));
+    layout.set_chunk_bytes(
+        AutoChunkBytes(ModelBytes(layout), link_bits_per_second));
     layout.set_chunk_count_multiple(kAutoChunkCountMultiple);
   }
 }

@@ -51,8 +51,8 @@ absl::Status ValidateLayout(const v1::Layout& layout);
 uint64_t ChunkBytes(const v1::Layout& layout);
 
 // The chunk size a worker declares unless told one: the largest power of two
-// at most model_bytes / kAutoChunksPerModel, within [kMinAutoChunkBytes,
-// kMaxAutoChunkBytes], with chunk_count_multiple kAutoChunkCountMultiple.
+// at most model_bytes / kAutoChunksPerModel, from MinAutoChunkBytes to
+// kMaxAutoChunkBytes, with chunk_count_multiple kAutoChunkCountMultiple.
 // - Grain: a chunk's reply leaves a shard once every worker's copy is in, so
 //   a step fills and drains its pipeline for about 2 * S * chunk / B (S
 //   shards, links of rate B) beyond its bytes' time M / B: with M in 128
@@ -62,24 +62,37 @@ uint64_t ChunkBytes(const v1::Layout& layout);
 // - Messages: at least 64 KiB, since every chunk costs a message each way
 //   (the main job at 4 x 4 on 1 Gbit/s, 2 cores: 10.2 k samples/s in 64 KiB
 //   chunks, 7.9-8.2 k in 16 KiB), and at most 1 MiB.
+// - Slow links: where the slowest link's rate is known (shardps-worker
+//   --link_rate; shardps-local --emulate_hosts gives its --link) and a
+//   64 KiB chunk takes it over kAutoChunkLinkTime, the least is what the
+//   link carries in that time, rounded up to a power of two, and at least
+//   kMinSlowLinkChunkBytes: 16 KiB at 100 Mbit/s, where a 64 KiB chunk
+//   takes 5.2 ms and the main job at 4 x 4 stepped at 1.20x its
+//   bytes-over-rate bound, against 1.07x in 16 KiB chunks. A link of
+//   1 Gbit/s or more keeps 64 KiB.
 // - Balance: a shard's share of the model is within about one chunk of the
 //   mean (the partitioner places the largest chunks first), and a tensor of
 //   8 or more chunks splits evenly over 2, 4 or 8 shards: the main job's
 //   2 MiB model, whose first layer was 25 chunks, left one of 4 servers
 //   8.4 % over the mean and now 1.3 %.
-// Depends only on the model, not on the number of servers, so a checkpoint
-// restores onto any number of them.
+// Depends only on the model and the rate given, not on the number of
+// servers, so a checkpoint restores onto any number of them (with the same
+// --link_rate, or the --chunk_kib it chose).
 inline constexpr uint64_t kMinAutoChunkBytes = uint64_t{64} << 10;
+inline constexpr uint64_t kMinSlowLinkChunkBytes = uint64_t{16} << 10;
+inline constexpr int64_t kAutoChunkLinkTimeUs = 500;
 inline constexpr uint64_t kMaxAutoChunkBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kAutoChunksPerModel = 128;
 inline constexpr uint32_t kAutoChunkCountMultiple = 8;
-uint64_t AutoChunkBytes(int64_t model_bytes);
+// The least automatic chunk for links of this rate (0: not known).
+uint64_t MinAutoChunkBytes(int64_t link_bits_per_second);
+uint64_t AutoChunkBytes(int64_t model_bytes, int64_t link_bits_per_second = 0);
 // The model's fp32 bytes: every tensor's elements, 4 bytes each.
 int64_t ModelBytes(const v1::Layout& layout);
-// Sets layout.chunk_bytes to AutoChunkBytes(ModelBytes(layout)) and
-// layout.chunk_count_multiple to kAutoChunkCountMultiple where chunk_bytes is
-// 0 (the callers' "automatic"); leaves a given size alone.
-void ChooseChunkBytes(v1::Layout& layout);
+// Sets layout.chunk_bytes to AutoChunkBytes(ModelBytes(layout), link rate)
+// and layout.chunk_count_multiple to kAutoChunkCountMultiple where
+// chunk_bytes is 0 (the callers' "automatic"); leaves a given size alone.
+void ChooseChunkBytes(v1::Layout& layout, int64_t link_bits_per_second = 0);
 
 // How many chunks a tensor of n elements becomes: ceil(n / max_elements),
 // rounded up to a multiple of `multiple` where it is at least `multiple`

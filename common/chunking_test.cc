@@ -73,6 +73,28 @@ TEST(ChunkingTest, AutoChunkIsAPowerOfTwoNearA128thOfTheModel) {
   EXPECT_EQ(AutoChunkBytes(int64_t{1} << 40), kMaxAutoChunkBytes);
 }
 
+TEST(ChunkingTest, AutoChunkOnASlowLinkIsWhatItCarriesInHalfAMillisecond) {
+  // Not known, or 1 Gbit/s and more: 64 KiB.
+  EXPECT_EQ(MinAutoChunkBytes(0), kMinAutoChunkBytes);
+  EXPECT_EQ(MinAutoChunkBytes(1000000000), 64u << 10);
+  EXPECT_EQ(MinAutoChunkBytes(int64_t{400} * 1000000000), 64u << 10);
+  // 62.5 KB in 0.5 ms at 1 Gbit/s, 31.25 KB at 500 Mbit/s.
+  EXPECT_EQ(MinAutoChunkBytes(900000000), 64u << 10);
+  EXPECT_EQ(MinAutoChunkBytes(500000000), 32u << 10);
+  EXPECT_EQ(MinAutoChunkBytes(200000000), 16u << 10);
+  EXPECT_EQ(MinAutoChunkBytes(100000000), kMinSlowLinkChunkBytes);
+  EXPECT_EQ(MinAutoChunkBytes(1000000), kMinSlowLinkChunkBytes);
+  // The main job at 100 Mbit/s: 16 KiB; at 1 Gbit/s as without a rate.
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 100000000), 16u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 1000000000), 64u << 10);
+  // A model large enough keeps its 1/128 whatever the link.
+  EXPECT_EQ(AutoChunkBytes(int64_t{51200000}, 100000000), 256u << 10);
+  v1::Layout layout = MakeLayout({{512 << 10}}, 0);
+  ChooseChunkBytes(layout, 100000000);
+  EXPECT_EQ(layout.chunk_bytes(), 16u << 10);
+  EXPECT_EQ(layout.chunk_count_multiple(), kAutoChunkCountMultiple);
+}
+
 TEST(ChunkingTest, ATensorOfManyChunksSplitsIntoAMultipleOfTheMultiple) {
   EXPECT_EQ(ChunkCount(100, 10, 0), 10);
   EXPECT_EQ(ChunkCount(101, 10, 0), 11);

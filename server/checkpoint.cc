@@ -544,7 +544,10 @@ absl::StatusOr<std::vector<ChunkState>> LoadChunksForShard(
   if (plan.fingerprint != ckpt.fingerprint) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint %s is of a different model: its fingerprint is %016x, "
-        "the declaration's %016x",
+        "the declaration's %016x (tensors, optimizer and chunk size count; "
+        "automatic chunks depend on the workers' --link_rate: restart them "
+        "with the --chunk_kib or --link_rate (Python: chunk_bytes, "
+        "link_rate) it was written with)",
         ckpt.step_dir, ckpt.fingerprint, plan.fingerprint));
   }
   if (ckpt.num_shards == 0 || ckpt.files.size() != ckpt.num_shards) {

@@ -105,7 +105,7 @@ absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
 }
 
 v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
-                       uint64_t chunk_bytes) {
+                       uint64_t chunk_bytes, int64_t link_bits_per_second) {
   v1::Layout layout;
   layout.set_chunk_bytes(chunk_bytes);
   for (const ParamSpec& p : model.Params(seed)) {
@@ -118,7 +118,7 @@ v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
       t->mutable_init()->set_seed(p.seed);
     }
   }
-  ChooseChunkBytes(layout);
+  ChooseChunkBytes(layout, link_bits_per_second);
   return layout;
 }
 
@@ -318,7 +318,9 @@ absl::Status Trainer::Prepare() {
   x_.resize(max_batch * model_.num_features());
   labels_.resize(max_batch);
   return client_->Declare(
-      ModelLayout(model_, options_.seed, options_.chunk_bytes), optimizer_);
+      ModelLayout(model_, options_.seed, options_.chunk_bytes,
+                  options_.link_bits_per_second),
+      optimizer_);
 }
 
 int Trainer::StartEpoch(int epoch, std::vector<uint32_t>* last_ranks) {

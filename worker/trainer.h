@@ -34,6 +34,8 @@ struct TrainerOptions {
   uint64_t seed = 1;
   int eval_every_epochs = 1;
   uint64_t chunk_bytes = 0;  // 0: AutoChunkBytes of the model
+  // The slowest link's rate, for automatic chunks (0: not known).
+  int64_t link_bits_per_second = 0;
   // > 0: every step is a two-phase step clipping the global norm of the
   // averaged gradient to this (Client StepOptions::max_grad_norm).
   double clip_grad_norm = 0;
@@ -92,9 +94,10 @@ absl::StatusOr<v1::OptimizerSpec> MakeOptimizerSpec(const OptimizerFlags& f,
 absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
                                       uint32_t num_workers);
 
-// The layout the servers hold for `model`, parameters in Params() order.
+// The layout the servers hold for `model`, parameters in Params() order;
+// chunk_bytes 0 chooses them (ChooseChunkBytes, for links of that rate).
 v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
-                       uint64_t chunk_bytes);
+                       uint64_t chunk_bytes, int64_t link_bits_per_second = 0);
 
 struct TrainResult {
   int epoch = 0;

@@ -44,6 +44,14 @@ ABSL_FLAG(int64_t, chunk_kib, 0,
           "answers. 0: chosen from the model's size (the largest power of two "
           "at most 1/128 of it, from 64 KiB to 1 MiB), so that servers carry "
           "nearly equal bytes and a step's pipeline fills fast.");
+ABSL_FLAG(std::string, link_rate, "",
+          "The slowest network link between workers and servers, as tc "
+          "writes rates (100mbit, 1gbit); empty: not known. With automatic "
+          "chunks (--chunk_kib=0), a link slower than 1 Gbit/s gets chunks "
+          "down to what it carries in 0.5 ms (16 KiB at 100 Mbit/s), so "
+          "that a step's pipeline fills and drains fast. Every worker of a "
+          "job must give the same. shardps-local --emulate_hosts gives its "
+          "--link.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
 ABSL_FLAG(bool, shared_memory, true,
@@ -99,6 +107,7 @@ std::vector<std::string> TrainingFlagArgs() {
                                        "train_limit",
                                        "test_limit",
                                        "chunk_kib",
+                                       "link_rate",
                                        "streams_per_shard",
                                        "shared_memory",
                                        "speculative_weights",

@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(int64_t, train_limit);
 ABSL_DECLARE_FLAG(int64_t, test_limit);
 ABSL_DECLARE_FLAG(int64_t, chunk_kib);
+ABSL_DECLARE_FLAG(std::string, link_rate);
 ABSL_DECLARE_FLAG(int32_t, streams_per_shard);
 ABSL_DECLARE_FLAG(bool, shared_memory);
 ABSL_DECLARE_FLAG(bool, speculative_weights);

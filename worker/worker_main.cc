@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
@@ -70,6 +71,10 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
         "--chunk_kib in [0, 65536] (0: automatic)");
   }
   o.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
+  if (const std::string link = absl::GetFlag(FLAGS_link_rate); !link.empty()) {
+    SHARDPS_ASSIGN_OR_RETURN(o.link_bits_per_second,
+                             ParseLinkRate(link, "--link_rate"));
+  }
   // Written by the lead worker only.
   o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
   o.model_out = absl::GetFlag(FLAGS_model_out);

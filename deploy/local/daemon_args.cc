@@ -55,6 +55,10 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
   return args;
 }
 
+std::string LinkRateArg(const LaunchOptions& o) {
+  return absl::StrCat("--link_rate=", o.link_bits_per_second, "bit");
+}
+
 std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
                                     int rank, const std::string& coordinator,
                                     const std::vector<std::string>& servers) {
@@ -67,12 +71,21 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
   } else {
     args.push_back(absl::StrCat("--coordinator=", coordinator));
   }
+  bool link_rate_given = false;
   for (const std::string& arg : o.training_args) {
     // Hosts share this machine's /proc; machines would not.
     if (o.emulate_hosts && absl::StartsWith(arg, "--shared_memory=")) continue;
+    if (absl::StartsWith(arg, "--link_rate=")) {
+      if (arg == "--link_rate=") continue;  // not given
+      link_rate_given = true;
+    }
     args.push_back(arg);
   }
-  if (o.emulate_hosts) args.push_back("--shared_memory=false");
+  if (o.emulate_hosts) {
+    args.push_back("--shared_memory=false");
+    // The links' rate sizes automatic chunks, unless the user gave one.
+    if (!link_rate_given) args.push_back(LinkRateArg(o));
+  }
   // Every worker gets the output paths: only the lead writes them (rank 0,
   // or with a coordinator the lowest rank left, which takes over when rank 0
   // dies), so one file has one writer at a time.

@@ -3,7 +3,8 @@
 // in static mode they get the job's shape and the servers' addresses.
 // Servers also get the checkpoint flags, workers the extra test arguments;
 // every daemon gets the security flags. With emulate_hosts, the coordinator
-// and servers bind their host's address and shared memory is off.
+// and servers bind their host's address, shared memory is off and workers
+// get the links' rate (--link_rate) unless the user gave one.
 // Pure functions.
 #ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
 #define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
@@ -25,6 +26,8 @@ std::vector<std::string> CoordinatorArgs(const LaunchOptions& options,
 std::vector<std::string> ServerArgs(const LaunchOptions& options,
                                     const RunDir& dir, int index,
                                     const std::string& coordinator);
+// "--link_rate=<bits>bit": the emulated links' rate, for automatic chunks.
+std::string LinkRateArg(const LaunchOptions& options);
 // shardps-worker of `rank`, named "worker-<rank>". Every worker gets the
 // metrics and model paths; the lead writes them. `servers` (shard order)
 // only in static mode.

@@ -117,7 +117,7 @@ TEST(DaemonArgsTest, EmulatedHostsBindTheirAddressWithoutSharedMemory) {
   LaunchOptions o = Options();
   o.emulate_hosts = true;
   o.link_bits_per_second = 1000000000;
-  o.training_args = {"--epochs=1", "--shared_memory=true"};
+  o.training_args = {"--epochs=1", "--shared_memory=true", "--link_rate="};
   const std::vector<std::string> coordinator = CoordinatorArgs(o, dir, 0);
   EXPECT_NE(
       std::find(coordinator.begin(), coordinator.end(), "--host=10.213.0.1"),
@@ -127,12 +127,25 @@ TEST(DaemonArgsTest, EmulatedHostsBindTheirAddressWithoutSharedMemory) {
     EXPECT_NE(std::find(server.begin(), server.end(), flag), server.end())
         << flag;
   }
-  // In place of the training flags' --shared_memory.
+  // In place of the training flags' --shared_memory, and the links' rate
+  // for automatic chunks where the user gave none.
   EXPECT_EQ(WorkerArgs(o, dir, 2, "10.213.0.1:7", {}),
             (std::vector<std::string>{
                 "--rank=2", "--coordinator=10.213.0.1:7", "--epochs=1",
-                "--shared_memory=false", "--metrics_csv=/r/metrics.csv",
+                "--shared_memory=false", "--link_rate=1000000000bit",
+                "--metrics_csv=/r/metrics.csv",
                 "--model_out=/r/model.safetensors", "--log_format=text"}));
+  // A rate the user gave is kept.
+  o.training_args = {"--link_rate=10gbit"};
+  const std::vector<std::string> worker =
+      WorkerArgs(o, dir, 2, "10.213.0.1:7", {});
+  EXPECT_EQ(std::count_if(worker.begin(), worker.end(),
+                          [](const std::string& a) {
+                            return a.rfind("--link_rate=", 0) == 0;
+                          }),
+            1);
+  EXPECT_NE(std::find(worker.begin(), worker.end(), "--link_rate=10gbit"),
+            worker.end());
 }
 
 TEST(DaemonArgsTest, EmulatedHostsAreNumberedByRoleInOneSubnet) {

@@ -3,22 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace shardps::local {
 namespace {
 
-constexpr int64_t kMinRate = 1000 * 1000;                        // 1mbit
-constexpr int64_t kMaxRate = int64_t{400} * 1000 * 1000 * 1000;  // 400gbit
 // tc-tbf(8): to reach its rate the bucket must hold at least rate / HZ
 // bytes. tbf adds tokens for the time since its last dequeue, capped at the
 // bucket, and a dequeue can come a tick late; what overflows meanwhile is
@@ -49,45 +42,6 @@ std::string FindTool(const std::string& name) {
 }
 
 }  // namespace
-
-absl::StatusOr<int64_t> ParseLinkRate(absl::string_view rate) {
-  const std::string lower = absl::AsciiStrToLower(rate);
-  const size_t unit_at = lower.find_first_not_of("0123456789.");
-  const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--link=", rate, ": ", why,
-        "; want a rate as tc writes it, e.g. 500mbit, 1gbit or 10gbit (a "
-        "number and one of bit, kbit, mbit, gbit, tbit)"));
-  };
-  double value = 0;
-  if (unit_at == 0 || unit_at == std::string::npos ||
-      !absl::SimpleAtod(lower.substr(0, unit_at), &value)) {
-    return bad("not a number and a unit");
-  }
-  const std::string unit = lower.substr(unit_at);
-  double scale = 0;
-  if (unit == "bit") scale = 1;
-  if (unit == "kbit") scale = 1e3;
-  if (unit == "mbit") scale = 1e6;
-  if (unit == "gbit") scale = 1e9;
-  if (unit == "tbit") scale = 1e12;
-  if (scale == 0) {
-    return bad(absl::StrCat("unknown unit \"", unit,
-                            "\" (tc reads bps, kbps, ... as bytes/s)"));
-  }
-  const double bits = std::round(value * scale);
-  if (!(bits >= kMinRate && bits <= kMaxRate)) {
-    return bad("outside 1mbit .. 400gbit");
-  }
-  return static_cast<int64_t>(bits);
-}
-
-std::string FormatLinkRate(int64_t bits_per_second) {
-  if (bits_per_second >= 1000 * 1000 * 1000) {
-    return absl::StrFormat("%g Gbit/s", bits_per_second / 1e9);
-  }
-  return absl::StrFormat("%g Mbit/s", bits_per_second / 1e6);
-}
 
 TbfShape TbfShapeFor(int64_t bits_per_second) {
   TbfShape shape;

@@ -11,17 +11,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/link_rate.h"
 
 namespace shardps::local {
 
-// Bits per second of a rate written as tc writes it: a decimal number and
-// one of bit, kbit, mbit, gbit, tbit (powers of 1000, case-insensitive),
-// e.g. "500mbit", "1gbit", "2.5gbit". InvalidArgument naming the value when
-// it is not one, or is outside [1mbit, 400gbit].
-absl::StatusOr<int64_t> ParseLinkRate(absl::string_view rate);
-
-// "1 Gbit/s", "500 Mbit/s", "2.5 Gbit/s".
-std::string FormatLinkRate(int64_t bits_per_second);
+// The rate's parsing and printing (common/link_rate.h), as this file's
+// callers name them.
+using ::shardps::FormatLinkRate;
+using ::shardps::ParseLinkRate;
 
 // One direction of a link: a tc tbf of this rate, bucket and queue.
 struct TbfShape {

@@ -203,8 +203,9 @@ int main(int argc, char** argv) {
       "SHARDPS_NUM_WORKERS, SHARDPS_RUN_DIR, SHARDPS_TLS_CERT, "
       "SHARDPS_TLS_KEY, SHARDPS_TLS_CA, SHARDPS_AUTH_TOKEN_FILE (as the "
       "--tls_* flags say), SHARDPS_CHECKPOINT_DIR (with checkpoints), "
-      "SHARDPS_SHARED_MEMORY=0 (with --emulate_hosts, which also gives the "
-      "hosts' addresses instead of 127.0.0.1) and PYTHONPATH starting with "
+      "SHARDPS_SHARED_MEMORY=0 and SHARDPS_LINK_RATE=<--link>bit (with "
+      "--emulate_hosts, which also gives the hosts' addresses instead of "
+      "127.0.0.1) and PYTHONPATH starting with "
       "this build tree's worker/python:\n"
       "  shardps-local --servers=2 --workers=2 -- /usr/bin/python3 "
       "worker/python/examples/cnn_fashion_mnist.py");

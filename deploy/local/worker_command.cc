@@ -173,8 +173,15 @@ std::vector<std::string> WorkerCommandEnv(
   if (!o.checkpoint_dir.empty()) {
     env.push_back(absl::StrCat("SHARDPS_CHECKPOINT_DIR=", o.checkpoint_dir));
   }
-  // Emulated hosts share this machine's /proc; machines would not.
-  if (o.emulate_hosts) env.push_back("SHARDPS_SHARED_MEMORY=0");
+  // Emulated hosts share this machine's /proc; machines would not. Their
+  // links' rate sizes automatic chunks, unless the user set one.
+  if (o.emulate_hosts) {
+    env.push_back("SHARDPS_SHARED_MEMORY=0");
+    if (Find(inherited, "SHARDPS_LINK_RATE") == nullptr) {
+      env.push_back(
+          absl::StrCat("SHARDPS_LINK_RATE=", o.link_bits_per_second, "bit"));
+    }
+  }
   const std::string* python_path = Find(inherited, "PYTHONPATH");
   std::vector<std::string> python_dirs;
   if (!o.python_dir.empty()) python_dirs.push_back(o.python_dir);

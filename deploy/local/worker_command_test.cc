@@ -132,6 +132,23 @@ TEST(WorkerCommandTest, SecurityFlagsAndCheckpointsBecomeVariables) {
   EXPECT_EQ(Get(env, "SHARDPS_CHECKPOINT_DIR"), "/r/checkpoints");
 }
 
+TEST(WorkerCommandTest, EmulatedHostsTurnSharedMemoryOffAndGiveTheRate) {
+  LaunchOptions o = Options();
+  o.emulate_hosts = true;
+  o.link_bits_per_second = 100000000;
+  std::vector<std::string> env = WorkerCommandEnv(
+      o, RunDir("/r"), 0, "10.213.0.1:7000", {}, {"SHARDPS_SHARED_MEMORY=1"});
+  EXPECT_EQ(Get(env, "SHARDPS_SHARED_MEMORY"), "0");
+  EXPECT_EQ(Get(env, "SHARDPS_LINK_RATE"), "100000000bit");
+  // A rate the user set is theirs.
+  env = WorkerCommandEnv(o, RunDir("/r"), 0, "10.213.0.1:7000", {},
+                         {"SHARDPS_LINK_RATE=1gbit"});
+  EXPECT_EQ(Get(env, "SHARDPS_LINK_RATE"), "1gbit");
+  o.emulate_hosts = false;
+  env = WorkerCommandEnv(o, RunDir("/r"), 0, "127.0.0.1:7000", {}, {});
+  EXPECT_EQ(Get(env, "SHARDPS_LINK_RATE"), "<unset>");
+}
+
 TEST(WorkerCommandTest, LauncherVariablesReplaceInheritedOnes) {
   LaunchOptions o = Options();
   const std::vector<std::string> inherited = {

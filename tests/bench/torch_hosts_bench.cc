@@ -216,6 +216,14 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
   if (o.rows.empty()) {
     return absl::InvalidArgumentError("give at least one row (--rows)");
   }
+  // Every workload is gpt_kjv.py, which trains on Debian's KJV text: said
+  // here, before any host is made, rather than by a failing worker.
+  if (!RunCommand("command -v bible >/dev/null 2>&1").ok()) {
+    return absl::FailedPreconditionError(
+        "shardps-bench torch --emulate_hosts trains gpt_kjv.py on the King "
+        "James Bible, and the `bible` program is missing: apt-get install "
+        "bible-kjv bible-kjv-text");
+  }
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
   // The example's recipe clips the global norm at 1.0 (two-phase steps: no
   // weight can come back before every gradient is in, unless it is a

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/chunking.h"
 #include "common/status.h"
 #include "deploy/local/emulated_hosts.h"
 #include "tests/bench/emulated_ddp.h"
@@ -286,6 +287,10 @@ double IdealTimeRatio(int workers, int servers) {
   return ps / ring;
 }
 
+// mlp:784-512-256-10's fp32 bytes: weights and biases.
+constexpr int64_t kMainJobModelBytes =
+    4 * (784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+
 absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
   local::NetworkTools tools;
   SHARDPS_RETURN_IF_ERROR(CheckPrerequisites(o, &tools));
@@ -297,7 +302,11 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
       "shardps: shardps-local --emulate_hosts (a host per coordinator, server "
       "and worker), %s chunks; DDP: a host per rank\n\n",
       o.epochs, local::FormatLinkRate(rate),
-      o.chunk_kib > 0 ? absl::StrCat(o.chunk_kib, " KiB") : "automatic");
+      o.chunk_kib > 0
+          ? absl::StrCat(o.chunk_kib, " KiB")
+          : absl::StrCat("automatic (",
+                         AutoChunkBytes(kMainJobModelBytes, rate) >> 10,
+                         " KiB: the workers get --link_rate)"));
   std::vector<RowResult> results;
   // DDP's run depends on the workers and its encoding only (not on the
   // servers): each runs once, its figures shared by the rows that need it.

@@ -172,6 +172,24 @@ TEST(LocalLauncherTest, WorkerSaysWhenOneShardCarriesMoreOfTheModel) {
       << done.output;
 }
 
+TEST(LocalLauncherTest, AutomaticChunksAreFinerOnASlowLink) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  // Told that the link is slow, automatic chunks get finer (16 KiB at
+  // 100 Mbit/s): fc1.weight's 25088 elements become 7 chunks, not 2.
+  const std::string slow_dir = testing::MakeTempDir("shardps-local") + "/run";
+  const CommandResult slow =
+      RunLauncher(slow_dir,
+                  {"--servers=3", "--workers=1", "--dataset=fashion-mnist",
+                   "--model=mlp:784-32-10", "--epochs=1", "--train_limit=256",
+                   "--test_limit=100", "--batch_size=128", "--timeout_s=240",
+                   "--link_rate=100mbit"},
+                  absl::Minutes(5));
+  ASSERT_EQ(slow.code, 0) << slow.output;
+  EXPECT_TRUE(absl::StrContains(
+      slow.output, "declared in 10 chunks of up to 16 KiB over 3 shards"))
+      << slow.output;
+}
+
 TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
   if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";

@@ -202,6 +202,8 @@ TEST(WorkerE2ETest, BadInputIsAClearErrorNotACrash) {
       {{"--weight_encoding=int8"}, "--weight_encoding"},
       {{"--clip_grad_norm=-1"}, "--clip_grad_norm=-1"},
       {{"--clip_grad_norm=nan"}, "--clip_grad_norm=nan"},
+      {{"--link_rate=fast"}, "--link_rate=fast"},
+      {{"--link_rate=1gbps"}, "tc reads bps"},
   };
   if (testing::HaveFashionMnist()) {
     cases.push_back({{"--model=mlp:100-10"}, "100"});

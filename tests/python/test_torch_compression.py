@@ -76,3 +76,9 @@ def test_bad_compression_settings_are_refused(tmp_path):
                              text=True, timeout=60)
         assert out.returncode == 3, out.stdout + out.stderr
         assert message in out.stdout, out.stdout
+    # A link rate that is not one, from the environment shardps-local sets.
+    out = subprocess.run([cluster.PYTHON, str(script), "none", "fp32"],
+                         env={**env, "SHARDPS_LINK_RATE": "1gbps"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "link_rate=1gbps" in out.stdout, out.stdout

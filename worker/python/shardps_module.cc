@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunking.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/security.h"
@@ -94,8 +95,10 @@ SecurityOptions LoadSecurity(const std::string& cert, const std::string& key,
 // step's gradients until the step ends).
 class PySession {
  public:
-  explicit PySession(std::unique_ptr<worker::Session> session)
-      : session_(std::move(session)) {}
+  PySession(std::unique_ptr<worker::Session> session,
+            int64_t link_bits_per_second)
+      : session_(std::move(session)),
+        link_bits_per_second_(link_bits_per_second) {}
   ~PySession() {
     py::gil_scoped_release release;
     session_.reset();
@@ -126,7 +129,8 @@ class PySession {
       Raise(absl::InvalidArgumentError(
           absl::StrCat("chunk_bytes ", chunk_bytes, " is negative")));
     }
-    ChooseChunkBytes(layout);  // 0: from the model's size
+    // 0: from the model's size and the links' rate.
+    ChooseChunkBytes(layout, link_bits_per_second_);
     const v1::OptimizerSpec spec =
         Check(OptimizerFromDict(optimizer, "the optimizer"));
     if (static_cast<int>(weights.size()) != layout.tensors_size() ||
@@ -218,7 +222,8 @@ class PySession {
 
  private:
   std::unique_ptr<worker::Session> session_;
-  py::list weights_;    // written by the session
+  const int64_t link_bits_per_second_;  // 0: not known
+  py::list weights_;                    // written by the session
   py::list initial_;    // read by Declare only; kept for symmetry
   py::list gradients_;  // of the open step
 };
@@ -274,7 +279,12 @@ void DefineModule(py::module_& m) {
                  bool shared_memory, const std::string& compression,
                  bool error_feedback, int64_t topk_warmup_steps,
                  int64_t compression_min_elements,
-                 const std::string& weight_encoding, bool speculative_weights) {
+                 const std::string& weight_encoding, bool speculative_weights,
+                 const std::string& link_rate) {
+                const int64_t link_bits_per_second =
+                    link_rate.empty()
+                        ? 0
+                        : Check(ParseLinkRate(link_rate, "link_rate"));
                 worker::SessionOptions o;
                 o.coordinator = coordinator;
                 o.servers = servers;
@@ -302,7 +312,8 @@ void DefineModule(py::module_& m) {
                   py::gil_scoped_release release;
                   session = worker::Session::Start(std::move(o));
                 }
-                return std::make_unique<PySession>(Check(std::move(session)));
+                return std::make_unique<PySession>(Check(std::move(session)),
+                                                   link_bits_per_second);
               }),
           py::arg("coordinator") = "",
           py::arg("servers") = std::vector<std::string>{}, py::arg("rank") = -1,
@@ -315,7 +326,7 @@ void DefineModule(py::module_& m) {
           py::arg("error_feedback") = true, py::arg("topk_warmup_steps") = 0,
           py::arg("compression_min_elements") = 0,
           py::arg("weight_encoding") = "fp32",
-          py::arg("speculative_weights") = true,
+          py::arg("speculative_weights") = true, py::arg("link_rate") = "",
           "Joins the job (coordinator) or connects to `servers` (static) and "
           "waits until the job can take this worker. `compression` is the "
           "gradients' encoding on the wire (none, bf16, fp16, int8, "

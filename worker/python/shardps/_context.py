@@ -78,7 +78,7 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
          job_id=None, connect_timeout_s=None, rpc_timeout_s=None,
          compression=None, error_feedback=None, topk_warmup_steps=None,
          compression_min_elements=None, weight_encoding=None,
-         shared_memory=None, speculative_weights=None):
+         shared_memory=None, speculative_weights=None, link_rate=None):
     """Joins the shardps job this process is a worker of.
 
     Arguments default to the environment that shardps-local, Compose and
@@ -94,7 +94,16 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     1), SHARDPS_TOPK_WARMUP_STEPS (default 0),
     SHARDPS_COMPRESSION_MIN_ELEMENTS (default 0),
     SHARDPS_WEIGHT_ENCODING (default "fp32"), SHARDPS_SHARED_MEMORY
-    (default 1) and SHARDPS_SPECULATIVE_WEIGHTS (default 1).
+    (default 1), SHARDPS_SPECULATIVE_WEIGHTS (default 1) and
+    SHARDPS_LINK_RATE (default unset; shardps-local --emulate_hosts sets
+    its --link).
+
+    `link_rate` is the slowest network link between workers and servers,
+    as tc writes rates ("100mbit", "1gbit"; every rank the same). With
+    automatic chunks (DistributedOptimizer's chunk_bytes=None), a link
+    slower than 1 Gbit/s gets chunks down to what it carries in 0.5 ms
+    (16 KiB at 100 Mbit/s), so that each step's pipeline fills and drains
+    fast; a faster or unknown link keeps them at 64 KiB or more.
 
     With `shared_memory` (the default), payloads to a server on this
     machine go through shared memory and only their headers over gRPC;
@@ -128,9 +137,13 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     the servers keep, and the rest of each change follows in later steps).
 
     Returns the Context (also kept for DistributedOptimizer and
-    DistributedSampler). Raises shardps.DeadlineExceeded when the job's
-    members or servers do not come within the timeout, shardps.InvalidArgument
-    for bad settings.
+    DistributedSampler).
+
+    Raises:
+        shardps.DeadlineExceeded: the job's members or servers did not come
+            within the timeout.
+        shardps.InvalidArgument: a bad setting (a compression, encoding or
+            link_rate that is not one, or no job to join).
     """
     global _context
     if _context is not None:
@@ -177,7 +190,9 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
         shared_memory=_env_flag("SHARDPS_SHARED_MEMORY", True)
         if shared_memory is None else bool(shared_memory),
         speculative_weights=_env_flag("SHARDPS_SPECULATIVE_WEIGHTS", True)
-        if speculative_weights is None else bool(speculative_weights))
+        if speculative_weights is None else bool(speculative_weights),
+        link_rate=link_rate if link_rate is not None else _env(
+            "SHARDPS_LINK_RATE", ""))
     _context = Context(session)
     # An encoding the caller chose is kept; otherwise DistributedOptimizer
     # may pick bf16 for a bf16 model (exact).
