@@ -1,8 +1,11 @@
 #include "worker/training_flags.h"
 
+#include <cmath>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "common/link_rate.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 ABSL_FLAG(std::string, dataset, "fashion-mnist",
@@ -124,6 +127,34 @@ std::vector<std::string> TrainingFlagArgs() {
     }
   }
   return args;
+}
+
+absl::StatusOr<TrainingFlagValues> TrainingFlagValuesFromFlags() {
+  TrainingFlagValues v;
+  v.epochs = absl::GetFlag(FLAGS_epochs);
+  v.eval_every_epochs = absl::GetFlag(FLAGS_eval_every_epochs);
+  v.max_steps = absl::GetFlag(FLAGS_max_steps);
+  v.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
+  if (!(std::isfinite(v.clip_grad_norm) && v.clip_grad_norm >= 0 &&
+        v.clip_grad_norm <= 3.0e38)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--clip_grad_norm=", v.clip_grad_norm,
+                     " must be finite and >= 0 (0: no clipping)"));
+  }
+  const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
+  if (v.epochs < 1 || v.eval_every_epochs < 1 || v.max_steps < 0 ||
+      chunk_kib < 0 || chunk_kib > (64 << 10)) {
+    return absl::InvalidArgumentError(
+        "--epochs and --eval_every_epochs must be >= 1, --max_steps >= 0, "
+        "--chunk_kib in [0, 65536] (0: automatic)");
+  }
+  v.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
+  if (const std::string link = absl::GetFlag(FLAGS_link_rate); !link.empty()) {
+    absl::StatusOr<int64_t> rate = ParseLinkRate(link, "--link_rate");
+    if (!rate.ok()) return rate.status();
+    v.link_bits_per_second = *rate;
+  }
+  return v;
 }
 
 absl::StatusOr<Compression> CompressionFromFlags() {

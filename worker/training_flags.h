@@ -53,6 +53,19 @@ std::vector<std::string> TrainingFlagArgs();
 // naming a bad one.
 absl::StatusOr<Compression> CompressionFromFlags();
 
+// The training flags' scalar values, checked: what the worker's trainer
+// takes from them. InvalidArgument naming a bad one. shardps-local checks
+// them too, so that a bad value fails before any process starts.
+struct TrainingFlagValues {
+  int32_t epochs = 0;
+  int32_t eval_every_epochs = 0;
+  int64_t max_steps = 0;
+  double clip_grad_norm = 0;
+  uint64_t chunk_bytes = 0;          // 0: automatic
+  int64_t link_bits_per_second = 0;  // 0: --link_rate not given
+};
+absl::StatusOr<TrainingFlagValues> TrainingFlagValuesFromFlags();
+
 }  // namespace shardps::worker
 
 #endif  // SHARDPS_WORKER_TRAINING_FLAGS_H_

@@ -4,7 +4,6 @@
 // addresses from the coordinator, waits until every member is present, and
 // tells the coordinator when it finished. Flag parsing only: the run is
 // RunWorker's (worker/worker_job.h).
-#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,7 +11,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
-#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
@@ -49,32 +47,18 @@ namespace {
 // The training options but rank and job size (which may come from the
 // coordinator); InvalidArgument for a bad flag.
 absl::StatusOr<TrainerOptions> TrainerOptionsFromFlags() {
+  SHARDPS_ASSIGN_OR_RETURN(const TrainingFlagValues v,
+                           TrainingFlagValuesFromFlags());
   TrainerOptions o;
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
-  o.epochs = absl::GetFlag(FLAGS_epochs);
-  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.epochs = v.epochs;
+  o.max_steps = v.max_steps;
   o.seed = absl::GetFlag(FLAGS_seed);
-  o.eval_every_epochs = absl::GetFlag(FLAGS_eval_every_epochs);
+  o.eval_every_epochs = v.eval_every_epochs;
   o.step_delay = absl::Milliseconds(absl::GetFlag(FLAGS_fault_step_delay_ms));
-  o.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
-  if (!(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0 &&
-        o.clip_grad_norm <= 3.0e38)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--clip_grad_norm=", o.clip_grad_norm,
-                     " must be finite and >= 0 (0: no clipping)"));
-  }
-  const int64_t chunk_kib = absl::GetFlag(FLAGS_chunk_kib);
-  if (o.epochs < 1 || o.eval_every_epochs < 1 || o.max_steps < 0 ||
-      chunk_kib < 0 || chunk_kib > (64 << 10)) {
-    return absl::InvalidArgumentError(
-        "--epochs and --eval_every_epochs must be >= 1, --max_steps >= 0, "
-        "--chunk_kib in [0, 65536] (0: automatic)");
-  }
-  o.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
-  if (const std::string link = absl::GetFlag(FLAGS_link_rate); !link.empty()) {
-    SHARDPS_ASSIGN_OR_RETURN(o.link_bits_per_second,
-                             ParseLinkRate(link, "--link_rate"));
-  }
+  o.clip_grad_norm = v.clip_grad_norm;
+  o.chunk_bytes = v.chunk_bytes;
+  o.link_bits_per_second = v.link_bits_per_second;
   // Written by the lead worker only.
   o.metrics_csv = absl::GetFlag(FLAGS_metrics_csv);
   o.model_out = absl::GetFlag(FLAGS_model_out);

@@ -133,6 +133,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(
   o.security_args = SecurityFlagArgs();
   // Checked here too: a bad value fails before any process starts.
   SHARDPS_RETURN_IF_ERROR(worker::CompressionFromFlags().status());
+  SHARDPS_RETURN_IF_ERROR(worker::TrainingFlagValuesFromFlags().status());
   if (!o.worker_command.empty()) {
     // A command after -- reads the ones changed from SHARDPS_COMPRESSION
     // and the like.

@@ -338,6 +338,12 @@ TEST(LocalLauncherTest, BadFlagsExitOneWithOneLine) {
       {{"--keep_checkpoints=0"}, "--keep_checkpoints=0 must be at least 1"},
       {{"--max_restarts=-1"}, "--max_restarts=-1 is negative"},
       {{"--no_such_flag"}, "no_such_flag"},
+      // The workers' flags, checked before any worker is started.
+      {{"--link_rate=fast"}, "--link_rate=fast: not a number and a unit"},
+      {{"--epochs=0"}, "--epochs and --eval_every_epochs must be >= 1"},
+      {{"--chunk_kib=-1"}, "--chunk_kib in [0, 65536]"},
+      {{"--clip_grad_norm=nan"}, "--clip_grad_norm=nan must be finite"},
+      {{"--compression=zstd"}, "unknown compression \"zstd\""},
       {{"--worker_binary=/nonexistent/shardps-worker"},
        "cannot find shardps-worker at /nonexistent/shardps-worker; build it or "
        "pass --worker_binary"},
