@@ -55,10 +55,6 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
   return args;
 }
 
-std::string LinkRateArg(const LaunchOptions& o) {
-  return absl::StrCat("--link_rate=", o.link_bits_per_second, "bit");
-}
-
 std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
                                     int rank, const std::string& coordinator,
                                     const std::vector<std::string>& servers) {
@@ -84,7 +80,10 @@ std::vector<std::string> WorkerArgs(const LaunchOptions& o, const RunDir& dir,
   if (o.emulate_hosts) {
     args.push_back("--shared_memory=false");
     // The links' rate sizes automatic chunks, unless the user gave one.
-    if (!link_rate_given) args.push_back(LinkRateArg(o));
+    if (!link_rate_given) {
+      args.push_back(
+          absl::StrCat("--link_rate=", o.link_bits_per_second, "bit"));
+    }
   }
   // Every worker gets the output paths: only the lead writes them (rank 0,
   // or with a coordinator the lowest rank left, which takes over when rank 0

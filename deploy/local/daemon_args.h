@@ -26,8 +26,6 @@ std::vector<std::string> CoordinatorArgs(const LaunchOptions& options,
 std::vector<std::string> ServerArgs(const LaunchOptions& options,
                                     const RunDir& dir, int index,
                                     const std::string& coordinator);
-// "--link_rate=<bits>bit": the emulated links' rate, for automatic chunks.
-std::string LinkRateArg(const LaunchOptions& options);
 // shardps-worker of `rank`, named "worker-<rank>". Every worker gets the
 // metrics and model paths; the lead writes them. `servers` (shard order)
 // only in static mode.
