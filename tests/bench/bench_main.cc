@@ -23,6 +23,7 @@
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/netns_link.h"
 #include "tests/bench/scale_bench.h"
+#include "tests/bench/tcp_exchange.h"
 #include "tests/bench/torch_bench.h"
 #include "tests/bench/torch_hosts_bench.h"
 #include "tests/bench/train_bench.h"
@@ -114,6 +115,13 @@ ABSL_FLAG(std::string, scale_coordinator, "",
           "scale_members: the coordinator (host:port) to join.");
 ABSL_FLAG(uint64_t, scale_incarnation, 0,
           "scale_members: rank r joins with this incarnation + r.");
+// Not listed in the usage: a host of train --emulate_hosts' raw TCP
+// exchange.
+ABSL_FLAG(std::string, exchange, "",
+          "tcp_exchange_host: WORKERS,SERVERS,PUSH_BYTES,REPLY_BYTES,CHUNKS,"
+          "STEPS,WARMUP.");
+ABSL_FLAG(int32_t, exchange_rank, -1,
+          "tcp_exchange_host: this host's rank (workers first).");
 ABSL_FLAG(std::string, link, "",
           "train and torch --emulate_hosts: each host's link, as tc writes a "
           "rate. "
@@ -342,10 +350,18 @@ absl::Status Run(const std::string& command) {
           return WritePortFile(absl::GetFlag(FLAGS_port_file), port);
         });
   }
+  // Not listed: a host of train --emulate_hosts' raw TCP exchange, started
+  // in its emulated host's namespace.
+  if (command == "tcp_exchange_host") {
+    SHARDPS_ASSIGN_OR_RETURN(const TcpExchange exchange,
+                             ParseTcpExchange(absl::GetFlag(FLAGS_exchange)));
+    return RunTcpExchangeHost(exchange, absl::GetFlag(FLAGS_exchange_rank));
+  }
   if (command == "train" && absl::GetFlag(FLAGS_emulate_hosts)) {
     TrainHostsOptions o;
     o.local_binary = SiblingBinary("deploy/local/shardps-local");
     o.torch_script = SHARDPS_SOURCE_DIR "/tests/bench/torch/mlp_ddp.py";
+    o.self_binary = SelfBinary();
     o.epochs = Given(FLAGS_epochs) ? absl::GetFlag(FLAGS_epochs) : 2;
     SHARDPS_RETURN_IF_ERROR(HostsFlags(command, &o.link, &o.rows));
     if (Given(FLAGS_chunk_mib)) {

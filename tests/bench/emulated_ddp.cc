@@ -195,8 +195,9 @@ absl::StatusOr<local::NetworkTools> CheckEmulatedBench(
   return tools;
 }
 
-absl::StatusOr<DdpHostsRun> RunDdpOnHosts(
-    int64_t rate, int ranks, const local::NetworkTools& tools,
+absl::StatusOr<RanksRun> RunRanksOnHosts(
+    const std::string& program, int64_t rate, int ranks,
+    const local::NetworkTools& tools,
     const std::function<
         std::vector<std::string>(int rank, const std::string& master)>& argv,
     absl::Duration timeout, const std::vector<std::string>& extra_env) {
@@ -228,8 +229,8 @@ absl::StatusOr<DdpHostsRun> RunDdpOnHosts(
   for (int r = 0; r < ranks && spawned.ok(); ++r) {
     logs.push_back(absl::StrCat(dir, "/rank-", r, ".log"));
     absl::StatusOr<pid_t> pid = local::SpawnWithLog(
-        "/usr/bin/python3", argv(r, master), logs.back(), /*append=*/false,
-        &env, made->NamespaceFd(hosts[r].name));
+        program, argv(r, master), logs.back(), /*append=*/false, &env,
+        made->NamespaceFd(hosts[r].name));
     if (pid.ok()) {
       pids.push_back(*pid);
     } else {
@@ -244,7 +245,7 @@ absl::StatusOr<DdpHostsRun> RunDdpOnHosts(
   SHARDPS_RETURN_IF_ERROR(WaitForRanks(pids, logs, timeout));
   SHARDPS_ASSIGN_OR_RETURN(std::vector<local::HostLinkBytes> link_bytes,
                            made->Bytes());
-  DdpHostsRun run;
+  RanksRun run;
   for (const local::HostLinkBytes& b : link_bytes) {
     run.bytes.push_back({b.name, b.sent, b.received, -1});
     if (b.tcp_segments > 0 && b.tcp_retransmitted >= 0) {

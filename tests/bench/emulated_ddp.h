@@ -1,7 +1,7 @@
 // What the emulated-host benchmarks of shardps-bench share (train and torch
 // --emulate_hosts): the bytes each host's link carried, as shardps-local
-// prints them or as the switch counts them, and a PyTorch DDP job with one
-// rank per emulated host.
+// prints them or as the switch counts them, and a job with one rank per
+// emulated host (PyTorch DDP; the raw TCP exchange).
 #ifndef SHARDPS_TESTS_BENCH_EMULATED_DDP_H_
 #define SHARDPS_TESTS_BENCH_EMULATED_DDP_H_
 
@@ -49,22 +49,23 @@ absl::StatusOr<std::vector<double>> CsvColumn(
 absl::StatusOr<local::NetworkTools> CheckEmulatedBench(
     const std::string& what, const std::string& local_binary);
 
-// A DDP job on emulated hosts, as RunDdpOnHosts ran it.
-struct DdpHostsRun {
+// A job on emulated hosts, as RunRanksOnHosts ran it.
+struct RanksRun {
   std::vector<HostBytes> bytes;  // each rank's host, as the switch counted
   std::string result;            // the last line of rank 0's log
   std::string log0;              // rank 0's log
 };
 
 // Makes one emulated host per rank ("rank-R" at 10.213.0.(R+1), each with a
-// link of `rate` bits/s each way), starts /usr/bin/python3 with
-// argv(R, master) in rank R's namespace (master: "10.213.0.1:PORT", where
-// rank 0 listens), in this process's environment plus `extra_env`
-// ("NAME=value"), its output to DIR/rank-R.log, and waits for all of them.
-// The first rank that fails, or `timeout`, has the others killed: Internal
-// with the end of its log. The hosts are removed on return.
-absl::StatusOr<DdpHostsRun> RunDdpOnHosts(
-    int64_t rate, int ranks, const local::NetworkTools& tools,
+// link of `rate` bits/s each way), starts `program` (a DDP job:
+// /usr/bin/python3) with argv(R, master) in rank R's namespace (master:
+// "10.213.0.1:PORT", where rank 0 listens), in this process's environment
+// plus `extra_env` ("NAME=value"), its output to DIR/rank-R.log, and waits
+// for all of them. The first rank that fails, or `timeout`, has the others
+// killed: Internal with the end of its log. The hosts are removed on return.
+absl::StatusOr<RanksRun> RunRanksOnHosts(
+    const std::string& program, int64_t rate, int ranks,
+    const local::NetworkTools& tools,
     const std::function<
         std::vector<std::string>(int rank, const std::string& master)>& argv,
     absl::Duration timeout, const std::vector<std::string>& extra_env = {});

@@ -117,9 +117,9 @@ absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
   const std::vector<std::string> example_args =
       absl::StrSplit(w.args, ' ', absl::SkipEmpty());
   SHARDPS_ASSIGN_OR_RETURN(
-      DdpHostsRun ddp,
-      RunDdpOnHosts(
-          rate, row.workers, tools,
+      RanksRun ddp,
+      RunRanksOnHosts(
+          "/usr/bin/python3", rate, row.workers, tools,
           [&](int rank, const std::string& master) {
             std::vector<std::string> argv = {
                 absl::StrCat(o.source_dir, "/tests/bench/torch/ddp_bench.py"),

@@ -4,7 +4,10 @@
 // per rank (10.213.0.1 is rank 0, where gloo's rendezvous listens) and each
 // rank of tests/bench/torch/mlp_ddp.py runs in its host's namespace. Times
 // are the sums of the epochs' training loops on both sides (rank 0's; no
-// start-up, no evaluation), so the ratio compares the same work.
+// start-up, no evaluation), so the ratio compares the same work. Between
+// them, the raw TCP exchange (tcp_exchange.h) moves shardps's bytes a step
+// in its chunks on hosts of the same link, as the floor of what the links
+// and the machine allow a step with no compute and no gRPC.
 #include "tests/bench/train_hosts_bench.h"
 
 #include <algorithm>
@@ -21,9 +24,11 @@
 #include "absl/strings/strip.h"
 #include "common/chunking.h"
 #include "common/status.h"
+#include "deploy/local/child_process.h"
 #include "deploy/local/emulated_hosts.h"
 #include "tests/bench/emulated_ddp.h"
 #include "tests/bench/run_command.h"
+#include "tests/bench/tcp_exchange.h"
 #include "tests/testing/daemon.h"
 
 namespace shardps::bench {
@@ -42,6 +47,7 @@ struct SideRun {
   double accuracy = 0;
   std::vector<HostBytes> bytes;
   std::string detail;  // the final line, or the DDP ranks' encoding
+  int chunks = 0;      // shardps: the chunks the model was declared in
 };
 
 absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
@@ -81,7 +87,51 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
   }
   for (double s : epoch_s) run.train_s += s;
   run.accuracy = accuracy.back();
+  // "declared in 44 chunks of up to 64 KiB over 4 shards"
+  for (const std::string& line :
+       local::LastLines(dir + "/logs/worker-0.log", 1000)) {
+    const size_t at = line.find("declared in ");
+    if (at != std::string::npos) {
+      const std::string rest = line.substr(at + 12);
+      (void)absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &run.chunks);
+    }
+  }
+  if (run.chunks < 1) {
+    return absl::InternalError(absl::StrCat("no \"declared in N chunks\" in ",
+                                            dir, "/logs/worker-0.log"));
+  }
   return run;
+}
+
+// A step of raw TCP moving what shardps's worker-0 moved a step, in as many
+// chunks a server, with no compute: each worker's card's bytes per step
+// (the initial pull and evaluation are a rounding error over the epochs).
+absl::StatusOr<TcpExchangeRun> RunRawExchange(
+    const TrainHostsOptions& o, const TrainHostsRow& row, int64_t rate,
+    const SideRun& shardps, const local::NetworkTools& tools) {
+  const HostBytes* worker = nullptr;
+  for (const HostBytes& b : shardps.bytes) {
+    if (b.name == "worker-0") worker = &b;
+  }
+  if (worker == nullptr) {
+    return absl::InternalError(
+        "no bytes of worker-0's link from shardps-local");
+  }
+  const double steps =
+      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
+  TcpExchange x;
+  x.workers = row.workers;
+  x.servers = row.servers;
+  x.push_bytes = static_cast<int64_t>(worker->sent / steps / row.servers);
+  x.reply_bytes = static_cast<int64_t>(worker->received / steps / row.servers);
+  x.chunks = (shardps.chunks + row.servers - 1) / row.servers;
+  // About 3 s of the link, and at least 40 steps.
+  const double bound_s =
+      static_cast<double>(std::max(x.push_bytes, x.reply_bytes)) * row.servers *
+      8 / rate;
+  x.steps = std::clamp(static_cast<int>(3.0 / bound_s), 40, 1000);
+  x.warmup = x.steps / 10;
+  return RunTcpExchangeOnHosts(o.self_binary, rate, x, tools);
 }
 
 absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
@@ -89,9 +139,9 @@ absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                const local::NetworkTools& tools) {
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
   const std::string encoding = EncodingsOf(row).ddp;
-  SHARDPS_ASSIGN_OR_RETURN(DdpHostsRun ddp,
-                           RunDdpOnHosts(
-                               rate, row.workers, tools,
+  SHARDPS_ASSIGN_OR_RETURN(RanksRun ddp,
+                           RunRanksOnHosts(
+                               "/usr/bin/python3", rate, row.workers, tools,
                                [&](int rank, const std::string& master) {
                                  return std::vector<std::string>{
                                      o.torch_script,
@@ -138,6 +188,7 @@ absl::Status CheckPrerequisites(const TrainHostsOptions& o,
 struct RowResult {
   TrainHostsRow row;
   SideRun shardps, ddp;
+  TcpExchangeRun raw;  // the raw TCP exchange
 };
 
 // The bytes the busiest card would carry with the same bytes spread evenly:
@@ -191,12 +242,20 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
       BusiestBytes(result.shardps.bytes, &unused) * 8e3 / rate / steps;
   const double balanced_ms =
       BalancedBytes(result.shardps.bytes) * 8e3 / rate / steps;
+  const double raw_ms = absl::ToDoubleMilliseconds(result.raw.step);
   absl::PrintF(
       "  shardps a step %.1f ms: %.2fx the bytes-over-rate bound of its "
       "busiest card (%.1f ms), %.2fx that of a balanced shard map "
       "(%.1f ms)\n",
       step_ms, step_ms / busiest_ms, busiest_ms, step_ms / balanced_ms,
       balanced_ms);
+  absl::PrintF(
+      "  raw TCP, the same bytes in the same chunks on the same hosts, no "
+      "compute: a step %.1f ms, %.2fx the busiest card's bound (its cards "
+      "retransmitted up to %.2f %% of their TCP segments); shardps %.2fx "
+      "it\n",
+      raw_ms, raw_ms / busiest_ms, result.raw.most_retransmitted,
+      step_ms / raw_ms);
   absl::PrintF(
       "  shardps / DDP time %.2f; ideal when link-bound %.2f (a perfectly "
       "balanced shard map), %.2f (the busiest cards' bytes measured)\n",
@@ -211,22 +270,28 @@ void PrintTable(
     const std::map<std::pair<int, std::string>, SideRun>& ddp_runs) {
   absl::PrintF(
       "\n| W x S | link | encoding | shardps s | DDP s | shardps/DDP | ideal "
-      "| busiest bytes ratio | samples/s shardps / DDP | accuracy shardps / "
-      "DDP | busiest link shardps / DDP (fraction of %s) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "| busiest bytes ratio | step shardps / raw TCP ms | samples/s shardps "
+      "/ DDP | accuracy shardps / DDP | busiest link shardps / DDP (fraction "
+      "of %s) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       local::FormatLinkRate(rate));
+  const double steps =
+      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
   for (const RowResult& r : results) {
     std::string a, b;
+    const double step_ms = r.shardps.train_s * 1e3 / steps;
     const int64_t sa = BusiestBytes(r.shardps.bytes, &a);
     const int64_t sb = BusiestBytes(r.ddp.bytes, &b);
     absl::PrintF(
-        "| %dx%d | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f | %.0f / %.0f "
-        "| %.4f / "
+        "| %dx%d | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f / %.1f "
+        "(%.2f) | %.0f / %.0f | %.4f / "
         "%.4f | %s %s (%.2f) / %s %s (%.2f) |\n",
         r.row.workers, r.row.servers, o.link, r.row.compression,
         r.shardps.train_s, r.ddp.train_s, r.shardps.train_s / r.ddp.train_s,
         IdealTimeRatio(r.row.workers, r.row.servers),
-        static_cast<double>(sa) / sb,
+        static_cast<double>(sa) / sb, step_ms,
+        absl::ToDoubleMilliseconds(r.raw.step),
+        step_ms / absl::ToDoubleMilliseconds(r.raw.step),
         o.epochs * kSamplesPerEpoch / r.shardps.train_s,
         o.epochs * kSamplesPerEpoch / r.ddp.train_s, r.shardps.accuracy,
         r.ddp.accuracy, a, local::FormatBytes(sa),
@@ -315,6 +380,8 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
     RowResult result;
     result.row = row;
     SHARDPS_ASSIGN_OR_RETURN(result.shardps, RunShardps(o, row));
+    SHARDPS_ASSIGN_OR_RETURN(
+        result.raw, RunRawExchange(o, row, rate, result.shardps, tools));
     const std::pair<int, std::string> key(row.workers, EncodingsOf(row).ddp);
     if (!ddp_runs.count(key)) {
       SHARDPS_ASSIGN_OR_RETURN(ddp_runs[key], RunDdp(o, row, tools));

@@ -55,6 +55,7 @@ double IdealTimeRatio(int workers, int servers);
 struct TrainHostsOptions {
   std::string local_binary;  // shardps-local
   std::string torch_script;  // tests/bench/torch/mlp_ddp.py
+  std::string self_binary;   // shardps-bench, for the raw TCP exchange
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 2;
   std::string link;       // as tc writes it: "1gbit"
@@ -63,8 +64,9 @@ struct TrainHostsOptions {
 };
 
 // Checks the build, root, ip and tc, python3-torch and the binaries, then
-// runs each row (shardps first, then DDP) and prints its figures and a
-// table at the end. FailedPrecondition before any row for what is missing;
+// runs each row (shardps first, then the raw TCP exchange of its bytes and
+// chunks, tcp_exchange.h, then DDP) and prints its figures and a table at
+// the end. FailedPrecondition before any row for what is missing;
 // Internal, with the output, when a run fails.
 absl::Status RunTrainHostsBench(const TrainHostsOptions& options);
 
