@@ -46,7 +46,8 @@ ABSL_FLAG(bool, emulate_hosts, false,
           "(gloo ring all-reduce, a rank per host) with every process on an "
           "emulated host whose link is --link each way (root, iproute2, "
           "python3-torch, an optimized build); one row per --rows and "
-          "--compressions.");
+          "--compressions. train also runs each row's raw TCP exchange (its "
+          "bytes and chunks a step, no compute) on hosts of the same link.");
 ABSL_FLAG(std::string, rows, "2x2,4x4",
           "train and torch --emulate_hosts: WORKERSxSERVERS of each row (DDP: "
           "WORKERS "
