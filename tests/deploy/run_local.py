@@ -37,6 +37,7 @@ Ends with 'run_local: N passed, M failed'.
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -55,7 +56,43 @@ MODEL_TENSORS = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
                  "fc3.weight", "fc3.bias"}
 
 
+# Ports handed out by free_port, never handed out twice.
+_HANDED_OUT = set()
+
+
+def ephemeral_ports():
+    """The kernel's range of source ports for outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
+    """A port of 127.0.0.1 that binds now, below the ephemeral range.
+
+    A port from bind(("127.0.0.1", 0)) lies in the ephemeral range, where
+    any connection opened before the daemon binds it (a member joining the
+    coordinator, a health check, a scrape) may take it as its source port:
+    a restore run once lost its server to "cannot serve metrics on
+    127.0.0.1:51249 (is the port in use?)". Falls back to bind(0) when the
+    range leaves no room below it.
+    """
+    low, _ = ephemeral_ports()
+    rng = random.Random()
+    for _ in range(1000 if low > 10100 else 0):
+        port = rng.randrange(10000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
