@@ -6,6 +6,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "common/link_rate.h"
+#include "common/status.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 ABSL_FLAG(std::string, dataset, "fashion-mnist",
@@ -150,9 +151,8 @@ absl::StatusOr<TrainingFlagValues> TrainingFlagValuesFromFlags() {
   }
   v.chunk_bytes = static_cast<uint64_t>(chunk_kib) << 10;
   if (const std::string link = absl::GetFlag(FLAGS_link_rate); !link.empty()) {
-    absl::StatusOr<int64_t> rate = ParseLinkRate(link, "--link_rate");
-    if (!rate.ok()) return rate.status();
-    v.link_bits_per_second = *rate;
+    SHARDPS_ASSIGN_OR_RETURN(v.link_bits_per_second,
+                             ParseLinkRate(link, "--link_rate"));
   }
   return v;
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/status.h"
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "deploy/local/binaries.h"

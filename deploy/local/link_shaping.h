@@ -11,14 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/link_rate.h"
 
 namespace shardps::local {
-
-// The rate's parsing and printing (common/link_rate.h), as this file's
-// callers name them.
-using ::shardps::FormatLinkRate;
-using ::shardps::ParseLinkRate;
 
 // One direction of a link: a tc tbf of this rate, bucket and queue.
 struct TbfShape {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/link_rate.h"
 #include "gtest/gtest.h"
 
 namespace shardps::local {

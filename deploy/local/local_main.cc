@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon_flags.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/security_flags.h"
 #include "common/status.h"

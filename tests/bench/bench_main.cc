@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/chunking.h"
 #include "common/daemon_flags.h"
+#include "common/link_rate.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "tests/bench/aggregate_bench.h"
@@ -148,7 +149,7 @@ absl::Status HostsFlags(const std::string& command, std::string* link,
                      " --emulate_hosts needs --link=RATE, each host's link "
                      "(e.g. 1gbit)"));
   }
-  SHARDPS_RETURN_IF_ERROR(local::ParseLinkRate(*link).status());
+  SHARDPS_RETURN_IF_ERROR(ParseLinkRate(*link).status());
   const std::string compressions = absl::GetFlag(FLAGS_compressions);
   SHARDPS_ASSIGN_OR_RETURN(
       *rows, ParseTrainHostsRows(absl::GetFlag(FLAGS_rows),
@@ -234,11 +235,24 @@ absl::Status CheckEmulatedHostFlags(const std::string& command) {
   return absl::OkStatus();
 }
 
+// The exchange's flags are its hosts' own: refused elsewhere rather than
+// ignored.
+absl::Status CheckExchangeFlags(const std::string& command) {
+  if (command != "tcp_exchange_host" &&
+      (Given(FLAGS_exchange) || Given(FLAGS_exchange_rank))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--exchange and --exchange_rank are for tcp_exchange_host, not ",
+        command));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string& command) {
 #ifndef NDEBUG
   absl::PrintF("WARNING: assertions are enabled; figures are not meaningful\n");
 #endif
   SHARDPS_RETURN_IF_ERROR(CheckEmulatedHostFlags(command));
+  SHARDPS_RETURN_IF_ERROR(CheckExchangeFlags(command));
   if (command == "aggregate") return RunAggregateBench(AggregateOptions());
   if (command == "codec") return RunCodecBench(CodecOptions());
   if (command == "transport") {
@@ -250,7 +264,7 @@ absl::Status Run(const std::string& command) {
     o.shared_memory = absl::GetFlag(FLAGS_shared_memory).value_or(true);
     o.model_bytes = absl::GetFlag(FLAGS_model_mib) << 20;
     if (const std::string link = absl::GetFlag(FLAGS_link); !link.empty()) {
-      absl::StatusOr<int64_t> rate = local::ParseLinkRate(link);
+      absl::StatusOr<int64_t> rate = ParseLinkRate(link);
       if (!rate.ok()) return rate.status();
       o.link_bits_per_second = *rate;
       o.self_binary = SelfBinary();

@@ -65,7 +65,8 @@ void NoDelay(int fd) {
 // would wait for it forever. Exits the process; its peers' reads then fail
 // too, and the bench reports rank 0's log.
 [[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "tcp_exchange: %s: %s\n", what.c_str(), strerror(errno));
+  std::fprintf(stderr, "tcp_exchange: %s: the peer closed, or %s\n",
+               what.c_str(), strerror(errno));
   std::fflush(stderr);
   _exit(1);
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/link_rate.h"
 #include "common/status.h"
 #include "deploy/local/emulated_hosts.h"
 #include "tests/bench/emulated_ddp.h"
@@ -113,7 +114,7 @@ absl::StatusOr<SideRun> RunShardps(const TorchHostsOptions& o,
 absl::StatusOr<SideRun> RunDdp(const TorchHostsOptions& o, const Workload& w,
                                const TrainHostsRow& row,
                                const local::NetworkTools& tools) {
-  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   const std::vector<std::string> example_args =
       absl::StrSplit(w.args, ' ', absl::SkipEmpty());
   SHARDPS_ASSIGN_OR_RETURN(
@@ -159,7 +160,7 @@ double LinkShare(int64_t bytes, int steps, int64_t rate, double seconds) {
 void PrintRow(const TorchHostsOptions& o, int64_t rate, const Workload& w,
               const RowResult& r) {
   absl::PrintF("%s, %d workers x %d servers, %s, %s:\n", w.name, r.row.workers,
-               r.row.servers, local::FormatLinkRate(rate), r.row.compression);
+               r.row.servers, FormatLinkRate(rate), r.row.compression);
   for (const auto& [label, side] :
        {std::pair<const char*, const SideRun*>{"shardps", &r.shardps},
         {"DDP", &r.ddp}}) {
@@ -188,7 +189,7 @@ void PrintTable(const TorchHostsOptions& o, int64_t rate,
       "shardps / DDP | busiest link shardps / DDP (about, fraction of %s) "
       "|\n"
       "|---|---|---|---|---|---|---|---|---|---|---|\n",
-      local::FormatLinkRate(rate));
+      FormatLinkRate(rate));
   for (const auto& [w, r] : all) {
     std::string a, b;
     const int64_t sa = BusiestBytes(r.shardps.bytes, &a);
@@ -224,7 +225,7 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
         "James Bible, and the `bible` program is missing: apt-get install "
         "bible-kjv bible-kjv-text");
   }
-  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   // The example's recipe clips the global norm at 1.0 (two-phase steps: no
   // weight can come back before every gradient is in, unless it is a
   // speculative one the step does not clip); the wide GPT also runs
@@ -271,7 +272,7 @@ absl::Status RunTorchHostsBench(const TorchHostsOptions& o) {
       "shardps-local --emulate_hosts -- python3 gpt_kjv.py (a host per "
       "coordinator, server and worker); DDP: ddp_bench.py, gloo, a host per "
       "rank; AdamW, bf16 autocast, 1 thread a process on both sides\n\n",
-      local::FormatLinkRate(rate));
+      FormatLinkRate(rate));
   std::vector<std::pair<const Workload*, RowResult>> all;
   for (const Workload& w : workloads) {
     if (!o.workloads.empty() &&

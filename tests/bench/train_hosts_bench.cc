@@ -6,8 +6,9 @@
 // are the sums of the epochs' training loops on both sides (rank 0's; no
 // start-up, no evaluation), so the ratio compares the same work. Between
 // them, the raw TCP exchange (tcp_exchange.h) moves shardps's bytes a step
-// in its chunks on hosts of the same link, as the floor of what the links
-// and the machine allow a step with no compute and no gRPC.
+// in its chunks on hosts of the same link: a baseline of what the links and
+// the machine allow a step with no compute and no gRPC (not a floor: it has
+// no flow control, and loses more to incast where pushes are large).
 #include "tests/bench/train_hosts_bench.h"
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/chunking.h"
+#include "common/link_rate.h"
 #include "common/status.h"
 #include "deploy/local/child_process.h"
 #include "deploy/local/emulated_hosts.h"
@@ -40,6 +42,11 @@ constexpr int64_t kSamplesPerEpoch = 60000 / kGlobalBatch * kGlobalBatch;
 // A DDP row that runs longer than this is stuck (a lost rank leaves gloo
 // waiting for 30 minutes).
 constexpr absl::Duration kDdpTimeoutPerEpoch = absl::Minutes(5);
+
+// The steps of a run: every epoch's global batches.
+double Steps(const TrainHostsOptions& o) {
+  return static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
+}
 
 struct SideRun {
   double train_s = 0;  // sum of the epochs' training loops
@@ -117,8 +124,7 @@ absl::StatusOr<TcpExchangeRun> RunRawExchange(
     return absl::InternalError(
         "no bytes of worker-0's link from shardps-local");
   }
-  const double steps =
-      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
+  const double steps = Steps(o);
   TcpExchange x;
   x.workers = row.workers;
   x.servers = row.servers;
@@ -137,7 +143,7 @@ absl::StatusOr<TcpExchangeRun> RunRawExchange(
 absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                const TrainHostsRow& row,
                                const local::NetworkTools& tools) {
-  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   const std::string encoding = EncodingsOf(row).ddp;
   SHARDPS_ASSIGN_OR_RETURN(RanksRun ddp,
                            RunRanksOnHosts(
@@ -214,7 +220,7 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
   const TrainHostsRow& row = result.row;
   const double ideal = IdealTimeRatio(row.workers, row.servers);
   absl::PrintF("%d workers x %d servers, %s, %s:\n", row.workers, row.servers,
-               local::FormatLinkRate(rate), row.compression);
+               FormatLinkRate(rate), row.compression);
   for (const auto& [label, side] :
        {std::pair<const char*, const SideRun*>{"shardps", &result.shardps},
         {"DDP", &result.ddp}}) {
@@ -235,8 +241,7 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
   std::string unused;
   // A step against the time its bytes need at the link's rate: the busiest
   // card's, and those of a perfectly balanced shard map.
-  const double steps =
-      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
+  const double steps = Steps(o);
   const double step_ms = result.shardps.train_s * 1e3 / steps;
   const double busiest_ms =
       BusiestBytes(result.shardps.bytes, &unused) * 8e3 / rate / steps;
@@ -274,9 +279,8 @@ void PrintTable(
       "/ DDP | accuracy shardps / DDP | busiest link shardps / DDP (fraction "
       "of %s) |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      local::FormatLinkRate(rate));
-  const double steps =
-      static_cast<double>(o.epochs) * kSamplesPerEpoch / kGlobalBatch;
+      FormatLinkRate(rate));
+  const double steps = Steps(o);
   for (const RowResult& r : results) {
     std::string a, b;
     const double step_ms = r.shardps.train_s * 1e3 / steps;
@@ -359,14 +363,14 @@ constexpr int64_t kMainJobModelBytes =
 absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
   local::NetworkTools tools;
   SHARDPS_RETURN_IF_ERROR(CheckPrerequisites(o, &tools));
-  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, local::ParseLinkRate(o.link));
+  SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   absl::PrintF(
       "train on emulated hosts: mlp:784-512-256-10 on Fashion-MNIST, global "
       "batch 256, SGD 0.1 momentum 0.9 cosine, %d epochs, 1 BLAS thread a "
       "process; each host's link %s each way\n"
       "shardps: shardps-local --emulate_hosts (a host per coordinator, server "
       "and worker), %s chunks; DDP: a host per rank\n\n",
-      o.epochs, local::FormatLinkRate(rate),
+      o.epochs, FormatLinkRate(rate),
       o.chunk_kib > 0
           ? absl::StrCat(o.chunk_kib, " KiB")
           : absl::StrCat("automatic (",

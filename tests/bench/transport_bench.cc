@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/link_rate.h"
 #include "common/partitioner.h"
 #include "common/status.h"
 #include "tests/bench/bench_util.h"
@@ -669,7 +670,7 @@ absl::Status RunTransportBench(const TransportOptions& o) {
     where = absl::StrFormat(
         "across a %s link each way (tbf burst %d B, latency %d ms) from %s "
         "(servers, %s) to %s (workers, %s)",
-        local::FormatLinkRate(link->bits_per_second()), link->burst_bytes(),
+        FormatLinkRate(link->bits_per_second()), link->burst_bytes(),
         link->latency_ms(), link->server_namespace(), NetnsLink::kServerHost,
         link->worker_namespace(), NetnsLink::kWorkerHost);
   }
