@@ -32,6 +32,16 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   if (server == nullptr || *bound_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
+  if (options.receive_buffer_bytes > 0) {
+    // Before anyone can know the port (it is not yet written or announced),
+    // so every data-path connection is accepted with it.
+    if (absl::Status status =
+            SetListenerReceiveBuffer(*bound_port, options.receive_buffer_bytes);
+        !status.ok()) {
+      server->Shutdown();
+      return status;
+    }
+  }
   return server;
 }
 

@@ -22,6 +22,10 @@ struct GrpcServerOptions {
   // > 0: the data path's settings (common/transport.h) with this message
   // limit; 0: gRPC's defaults (control-plane servers).
   int max_message_bytes = 0;
+  // > 0: every connection accepted gets this TCP receive buffer
+  // (SetListenerReceiveBuffer in common/transport.h); 0: the kernel's
+  // autotuning.
+  int receive_buffer_bytes = 0;
 };
 
 // "host:port", with an IPv6 literal host in brackets ("[::1]:7000").
@@ -31,8 +35,9 @@ std::string ListenAddress(const std::string& host, int port);
 // they must outlive the server), the gRPC health service (every service
 // SERVING until the caller says otherwise) and reflection, and stores the
 // bound port in *bound_port. Unavailable "cannot listen on <address>" when
-// the address cannot be bound. REQUIRES: CheckServerSecurity(options.security)
-// is OK.
+// the address cannot be bound; SetListenerReceiveBuffer's errors (no server
+// left running) when the receive buffer cannot be set. REQUIRES:
+// CheckServerSecurity(options.security) is OK.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const GrpcServerOptions& options,
     const std::vector<grpc::Service*>& services, int* bound_port);

@@ -1,10 +1,20 @@
 #include "common/transport.h"
 
+#include <dirent.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
 
@@ -30,8 +40,117 @@ constexpr int kServerLookaheadBytes = 64 << 10;
 // connection keeps allocated for its next read.
 constexpr int kServerReadChunkBytes = 64 << 10;
 constexpr int kKeepaliveMs = 10000;
+constexpr int kMinReceiveBufferBytes = 4 << 10;
+
+// The TCP port a socket is bound to, or -1 if it is not an IP socket.
+int BoundPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return -1;
+  }
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  }
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  }
+  return -1;
+}
+
+// This process's TCP sockets listening on `port`.
+std::vector<int> ListeningSockets(int port) {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  while (const dirent* entry = readdir(dir)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(dir)) continue;
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int accepting = 0;
+    socklen_t length = sizeof(accepting);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &length) != 0 ||
+        accepting == 0) {
+      continue;
+    }
+    if (BoundPort(fd) == port) fds.push_back(fd);
+  }
+  closedir(dir);
+  return fds;
+}
+
+int64_t RmemMax() {
+  std::ifstream in("/proc/sys/net/core/rmem_max");
+  int64_t value = 0;
+  in >> value;
+  return in ? value : 0;
+}
+
+int ReceiveBuffer(int fd) {
+  int bytes = 0;
+  socklen_t length = sizeof(bytes);
+  return getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, &length) == 0 ? bytes
+                                                                     : -1;
+}
 
 }  // namespace
+
+int ReceiveBufferBytesForLink(int64_t bits_per_second) {
+  const double bytes =
+      std::ceil(bits_per_second / 8.0 * kReceiveBufferLinkTimeSeconds);
+  return static_cast<int>(
+      std::clamp<double>(bytes, kMinReceiveBufferBytes, 1 << 30));
+}
+
+absl::Status SetListenerReceiveBuffer(int port, int bytes) {
+  if (bytes < kMinReceiveBufferBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a receive buffer of ",
+                                                   bytes, " bytes is under ",
+                                                   kMinReceiveBufferBytes));
+  }
+  const std::vector<int> fds = ListeningSockets(port);
+  if (fds.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("nothing in this process listens on TCP port ", port));
+  }
+  // The kernel doubles what it is given (its bookkeeping) and reads that
+  // back; SO_RCVBUF stops at net.core.rmem_max, SO_RCVBUFFORCE does not.
+  const int half = bytes / 2;
+  bool forced = true;
+  for (int fd : fds) {
+    if (forced &&
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &half, sizeof(half)) == 0) {
+      continue;
+    }
+    if (forced && errno != EPERM) {
+      return absl::InternalError(absl::StrCat(
+          "setsockopt(SO_RCVBUFFORCE) on port ", port, ": ", strerror(errno)));
+    }
+    forced = false;
+    const int64_t rmem_max = RmemMax();
+    if (half > rmem_max) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot give connections a ", bytes >> 10,
+          " KiB TCP receive buffer: net.core.rmem_max is ", rmem_max,
+          " and this process may not exceed it (raise it with sysctl -w "
+          "net.core.rmem_max=",
+          half, ", or grant CAP_NET_ADMIN)"));
+    }
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &half, sizeof(half)) != 0) {
+      return absl::InternalError(absl::StrCat("setsockopt(SO_RCVBUF) on port ",
+                                              port, ": ", strerror(errno)));
+    }
+  }
+  for (int fd : fds) {
+    if (const int got = ReceiveBuffer(fd); got != 2 * half) {
+      return absl::InternalError(
+          absl::StrCat("port ", port, "'s receive buffer is ", got,
+                       " bytes, not ", 2 * half, " as set"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes) {
   builder->SetMaxReceiveMessageSize(max_message_bytes);

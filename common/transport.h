@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
 
@@ -18,6 +19,27 @@ inline constexpr int kMessageOverheadBytes = 64 << 10;
 // Applies the data-path settings to a server. `max_message_bytes` bounds
 // every received message; larger ones fail with RESOURCE_EXHAUSTED.
 void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes);
+
+// The TCP receive buffer (as the kernel counts it, overhead included) a
+// data-path server gives each connection when its link carries
+// `bits_per_second`: what the link carries in kReceiveBufferLinkTime.
+// Connections advertise about half of it as their window, so a worker alone
+// keeps over a millisecond of the link in flight (a LAN's round trip is
+// 0.1-0.5 ms) while four pushing at once keep about 5 ms, what a switch
+// port's queue holds, instead of growing their windows until it overflows
+// (incast; measured in docs/emulated_hosts.md).
+inline constexpr double kReceiveBufferLinkTimeSeconds = 0.0025;
+int ReceiveBufferBytesForLink(int64_t bits_per_second);
+
+// Gives the socket(s) of this process listening on TCP `port` a receive
+// buffer of `bytes` (at least 4 KiB), which the connections they accept from
+// then on inherit (with it, the kernel's receive-buffer autotuning is off
+// for them). Uses SO_RCVBUFFORCE where the process may (CAP_NET_ADMIN), else
+// SO_RCVBUF within net.core.rmem_max. InvalidArgument for bytes < 4 KiB;
+// NotFound when nothing listens on the port; FailedPrecondition, changing
+// nothing, when net.core.rmem_max allows less and the process may not
+// exceed it.
+absl::Status SetListenerReceiveBuffer(int port, int bytes);
 
 // Tunes the C allocator for multi-MiB message buffers. Call first thing in
 // main of every process that moves tensors (daemons, benchmarks).

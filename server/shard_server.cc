@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Listen(
   grpc_options.port = options.port;
   grpc_options.security = options.security;
   grpc_options.max_message_bytes = max_message;
+  grpc_options.receive_buffer_bytes = options.receive_buffer_bytes;
   SHARDPS_ASSIGN_OR_RETURN(
       s->server_,
       StartGrpcServer(grpc_options, {s->service_.get()}, &s->port_));

@@ -27,6 +27,9 @@ struct ShardServerOptions {
   ServiceOptions service;
   // Largest message accepted (bigger ones get RESOURCE_EXHAUSTED).
   int max_message_bytes = 0;  // 0: kMaxChunkBytes + overhead
+  // > 0: the TCP receive buffer of every connection (common/transport.h's
+  // ReceiveBufferBytesForLink of the shard's link); 0: the kernel's.
+  int receive_buffer_bytes = 0;
   // TLS, client certificates and the bearer token (default: plaintext);
   // Start checks them with CheckServerSecurity.
   SecurityOptions security;

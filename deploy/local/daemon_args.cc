@@ -50,6 +50,8 @@ std::vector<std::string> ServerArgs(const LaunchOptions& o, const RunDir& dir,
         absl::StrCat("--host=", DaemonHost(o, absl::StrCat("server-", index))));
     // Hosts share this machine's /proc; machines would not.
     args.push_back("--shared_memory=false");
+    // Sizes the TCP receive buffers of its workers' connections.
+    args.push_back(absl::StrCat("--link_rate=", o.link_bits_per_second, "bit"));
   }
   args.insert(args.end(), o.security_args.begin(), o.security_args.end());
   return args;

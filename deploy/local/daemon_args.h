@@ -3,8 +3,8 @@
 // in static mode they get the job's shape and the servers' addresses.
 // Servers also get the checkpoint flags, workers the extra test arguments;
 // every daemon gets the security flags. With emulate_hosts, the coordinator
-// and servers bind their host's address, shared memory is off and workers
-// get the links' rate (--link_rate) unless the user gave one.
+// and servers bind their host's address, shared memory is off, servers get
+// the links' rate (--link_rate) and workers get it unless the user gave one.
 // Pure functions.
 #ifndef SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_
 #define SHARDPS_DEPLOY_LOCAL_DAEMON_ARGS_H_

@@ -123,7 +123,9 @@ TEST(DaemonArgsTest, EmulatedHostsBindTheirAddressWithoutSharedMemory) {
       std::find(coordinator.begin(), coordinator.end(), "--host=10.213.0.1"),
       coordinator.end());
   const std::vector<std::string> server = ServerArgs(o, dir, 1, "10.213.0.1:7");
-  for (const char* flag : {"--host=10.213.0.3", "--shared_memory=false"}) {
+  // The links' rate sizes the receive buffers of the server's connections.
+  for (const char* flag : {"--host=10.213.0.3", "--shared_memory=false",
+                           "--link_rate=1000000000bit"}) {
     EXPECT_NE(std::find(server.begin(), server.end(), flag), server.end())
         << flag;
   }

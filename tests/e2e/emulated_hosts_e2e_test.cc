@@ -112,6 +112,18 @@ TEST(EmulatedHostsE2eTest, EveryProcessTrainsOverItsOwnLink) {
       !cubic_allowed)
       << output;
 
+  // Each server was given the link's rate and sized its connections'
+  // receive buffers by it (2.5 ms of 1 Gbit/s).
+  for (const char* server : {"server-0", "server-1"}) {
+    const std::string log =
+        testing::ReadFile(absl::StrCat(run_dir, "/logs/", server, ".log"));
+    EXPECT_TRUE(absl::StrContains(
+        log,
+        "link 1 Gbit/s: every connection's TCP receive buffer is 305.2 "
+        "KiB"))
+        << server << ": " << log;
+  }
+
   // 16 steps of 25450 fp32 gradients out and weights back per worker: 1.6
   // MB each way; each server holds part of the model. The coordinator's
   // joins and heartbeats are a few KiB.
