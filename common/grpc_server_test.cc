@@ -48,23 +48,37 @@ TEST(GrpcServerTest, ListensOnTheBoundPortWithHealth) {
   (*server)->Shutdown();
 }
 
-TEST(GrpcServerTest, APortInUseIsUnavailableNamingTheAddress) {
-  // A listening socket without SO_REUSEPORT: gRPC cannot share its port.
+// A TCP socket bound to a free port of 127.0.0.1, listening or not: its
+// descriptor and port, or {-1, 0} on an error.
+struct LoopbackSocket {
+  int fd = -1;
+  int port = 0;
+};
+LoopbackSocket BindLoopback(bool listen) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      (listen && ::listen(fd, 1) != 0) ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return {};
+  }
+  return {fd, ntohs(addr.sin_port)};
+}
+
+TEST(GrpcServerTest, APortInUseIsUnavailableNamingTheAddress) {
+  // A listening socket without SO_REUSEPORT: gRPC cannot share its port.
+  const LoopbackSocket taken = BindLoopback(/*listen=*/true);
+  ASSERT_GE(taken.fd, 0);
   GrpcServerOptions options;
-  options.port = ntohs(addr.sin_port);
+  options.port = taken.port;
   int port = -1;
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       StartGrpcServer(options, {}, &port);
-  ::close(fd);
+  ::close(taken.fd);
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(
@@ -146,17 +160,10 @@ TEST(GrpcServerTest, ReceiveBuffersRefuseWhatTheyCannotDo) {
   EXPECT_EQ(SetListenerReceiveBuffer(1, 4095).code(),
             absl::StatusCode::kInvalidArgument);
   // A bound socket that does not listen is not a listener.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const absl::Status status =
-      SetListenerReceiveBuffer(ntohs(addr.sin_port), 1 << 16);
-  ::close(fd);
+  const LoopbackSocket bound = BindLoopback(/*listen=*/false);
+  ASSERT_GE(bound.fd, 0);
+  const absl::Status status = SetListenerReceiveBuffer(bound.port, 1 << 16);
+  ::close(bound.fd);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "listens on TCP port"))
       << status;
@@ -180,23 +187,15 @@ TEST(GrpcServerTest,
     if (syscall(SYS_capget, &header, caps) != 0) _exit(10);
     caps[0].effective = caps[1].effective = 0;
     if (syscall(SYS_capset, &header, caps) != 0) _exit(11);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::listen(fd, 1) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      _exit(12);
-    }
-    const std::vector<int> before = ReceiveBuffersOnPort(ntohs(addr.sin_port),
-                                                         /*listening=*/true);
+    const LoopbackSocket listener = BindLoopback(/*listen=*/true);
+    if (listener.fd < 0) _exit(12);
+    const std::vector<int> before =
+        ReceiveBuffersOnPort(listener.port, /*listening=*/true);
     const absl::Status status = SetListenerReceiveBuffer(
-        ntohs(addr.sin_port), static_cast<int>(2 * (rmem_max + 4096)));
+        listener.port, static_cast<int>(2 * (rmem_max + 4096)));
     if (status.code() != absl::StatusCode::kFailedPrecondition) _exit(13);
     if (!absl::StrContains(status.message(), "net.core.rmem_max")) _exit(14);
-    if (ReceiveBuffersOnPort(ntohs(addr.sin_port), true) != before) _exit(15);
+    if (ReceiveBuffersOnPort(listener.port, true) != before) _exit(15);
     _exit(0);
   }
   int wait_status = 0;
