@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -87,9 +88,16 @@ TEST(GrpcServerTest, APortInUseIsUnavailableNamingTheAddress) {
       << server.status();
 }
 
-// SO_RCVBUF of this process's TCP sockets bound to `port` (IPv4, or IPv6 as
-// gRPC binds 127.0.0.1: v4-mapped), listening or accepted from it.
-std::vector<int> ReceiveBuffersOnPort(int port, bool listening) {
+// Which of this process's TCP sockets on a port ReceiveBuffersOnPort reads.
+enum class Side {
+  kListening,  // listening on it
+  kAccepted,   // accepted on it
+  kClient,     // connected to it
+};
+
+// SO_RCVBUF of this process's TCP sockets on `port` (IPv4, or IPv6 as gRPC
+// binds 127.0.0.1: v4-mapped), on the given side.
+std::vector<int> ReceiveBuffersOnPort(int port, Side side) {
   std::vector<int> buffers;
   DIR* dir = opendir("/proc/self/fd");
   while (const dirent* entry = readdir(dir)) {
@@ -103,12 +111,16 @@ std::vector<int> ReceiveBuffersOnPort(int port, bool listening) {
     socklen_t length = sizeof(address);
     int accepting = 0;
     socklen_t accepting_length = sizeof(accepting);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+    const int got =
+        side == Side::kClient
+            ? getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length)
+            : getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    if (got != 0 ||
         (address.sin6_family != AF_INET && address.sin6_family != AF_INET6) ||
         ntohs(address.sin6_port) != port ||
         getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting,
                    &accepting_length) != 0 ||
-        (accepting != 0) != listening) {
+        (accepting != 0) != (side == Side::kListening)) {
       continue;
     }
     int bytes = 0;
@@ -132,15 +144,45 @@ TEST(GrpcServerTest, ConnectionsGetTheReceiveBufferAsked) {
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       StartGrpcServer(options, {}, &port);
   ASSERT_TRUE(server.ok()) << server.status();
-  EXPECT_EQ(ReceiveBuffersOnPort(port, /*listening=*/true),
+  EXPECT_EQ(ReceiveBuffersOnPort(port, Side::kListening),
             std::vector<int>{bytes / 2 * 2});
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                      grpc::InsecureChannelCredentials());
   ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
                                         std::chrono::seconds(10)));
   // The connection the server accepted inherits it (autotuning off).
-  EXPECT_EQ(ReceiveBuffersOnPort(port, /*listening=*/false),
+  EXPECT_EQ(ReceiveBuffersOnPort(port, Side::kAccepted),
             std::vector<int>{bytes / 2 * 2});
+  (*server)->Shutdown();
+}
+
+TEST(GrpcServerTest, ClientChannelsGiveTheirConnectionsTheReceiveBufferAsked) {
+  GrpcServerOptions options;
+  int port = 0;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartGrpcServer(options, {}, &port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int bytes = ReceiveBufferBytesForLink(100'000'000);
+  ASSERT_TRUE(CheckReceiveBuffer(bytes).ok());
+  // Set by the channel's socket mutator before it connects.
+  auto channel = grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(),
+      ClientChannelArguments(1 << 20, 0, bytes));
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                        std::chrono::seconds(10)));
+  EXPECT_EQ(ReceiveBuffersOnPort(port, Side::kClient),
+            std::vector<int>{bytes / 2 * 2});
+  // Without one, another connection keeps the kernel's.
+  auto plain = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                         grpc::InsecureChannelCredentials(),
+                                         ClientChannelArguments(1 << 20, 1));
+  ASSERT_TRUE(plain->WaitForConnected(std::chrono::system_clock::now() +
+                                      std::chrono::seconds(10)));
+  std::vector<int> buffers = ReceiveBuffersOnPort(port, Side::kClient);
+  std::sort(buffers.begin(), buffers.end());
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_EQ(buffers[0], bytes / 2 * 2);
+  EXPECT_GT(buffers[1], bytes);
   (*server)->Shutdown();
 }
 
@@ -150,14 +192,14 @@ TEST(GrpcServerTest, WithoutAReceiveBufferTheKernelsIsKept) {
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       StartGrpcServer(options, {}, &port);
   ASSERT_TRUE(server.ok()) << server.status();
-  const std::vector<int> buffers = ReceiveBuffersOnPort(port, true);
+  const std::vector<int> buffers = ReceiveBuffersOnPort(port, Side::kListening);
   ASSERT_EQ(buffers.size(), 1u);
   EXPECT_NE(buffers[0], ReceiveBufferBytesForLink(100'000'000) / 2 * 2);
   (*server)->Shutdown();
 }
 
 TEST(GrpcServerTest, ReceiveBuffersRefuseWhatTheyCannotDo) {
-  EXPECT_EQ(SetListenerReceiveBuffer(1, 4095).code(),
+  EXPECT_EQ(CheckReceiveBuffer(4095).code(),
             absl::StatusCode::kInvalidArgument);
   // A bound socket that does not listen is not a listener.
   const LoopbackSocket bound = BindLoopback(/*listen=*/false);
@@ -190,12 +232,18 @@ TEST(GrpcServerTest,
     const LoopbackSocket listener = BindLoopback(/*listen=*/true);
     if (listener.fd < 0) _exit(12);
     const std::vector<int> before =
-        ReceiveBuffersOnPort(listener.port, /*listening=*/true);
+        ReceiveBuffersOnPort(listener.port, Side::kListening);
     const absl::Status status = SetListenerReceiveBuffer(
         listener.port, static_cast<int>(2 * (rmem_max + 4096)));
     if (status.code() != absl::StatusCode::kFailedPrecondition) _exit(13);
     if (!absl::StrContains(status.message(), "net.core.rmem_max")) _exit(14);
-    if (ReceiveBuffersOnPort(listener.port, true) != before) _exit(15);
+    if (ReceiveBuffersOnPort(listener.port, Side::kListening) != before)
+      _exit(15);
+    // What a client checks before its channels connect.
+    if (CheckReceiveBuffer(static_cast<int>(2 * (rmem_max + 4096))).code() !=
+        absl::StatusCode::kFailedPrecondition) {
+      _exit(16);
+    }
     _exit(0);
   }
   int wait_status = 0;
@@ -203,7 +251,8 @@ TEST(GrpcServerTest,
   ASSERT_TRUE(WIFEXITED(wait_status));
   EXPECT_EQ(WEXITSTATUS(wait_status), 0)
       << "10-11: capabilities not dropped, 12: no listener, 13: not "
-         "FailedPrecondition, 14: rmem_max not named, 15: buffer changed";
+         "FailedPrecondition, 14: rmem_max not named, 15: buffer changed, 16: "
+         "the client's check passed";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,10 +17,59 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "grpc/grpc.h"
+#include "grpc/support/sync.h"
+
+// gRPC 1.51 lets a channel set options on its sockets before they connect
+// (ChannelArguments::SetSocketMutator) but declares the mutator's layout
+// only in its own src/core/lib/iomgr/socket_mutator.h; these mirror it (the
+// same since gRPC 1.30). grpc_server_test.cc checks the effect on a real
+// connection.
+struct grpc_socket_mutator_vtable {
+  bool (*mutate_fd)(int fd, grpc_socket_mutator* mutator);
+  int (*compare)(grpc_socket_mutator* a, grpc_socket_mutator* b);
+  void (*destroy)(grpc_socket_mutator* mutator);
+  bool (*mutate_fd_2)(const void* info, grpc_socket_mutator* mutator);
+};
+struct grpc_socket_mutator {
+  const grpc_socket_mutator_vtable* vtable;
+  gpr_refcount refcount;
+};
 
 namespace shardps {
 namespace {
+
+// Gives every socket of a channel a receive buffer.
+struct ReceiveBufferMutator {
+  grpc_socket_mutator base;  // first: gRPC holds a pointer to it
+  int bytes = 0;
+};
+
+bool MutateReceiveBuffer(int fd, grpc_socket_mutator* mutator) {
+  return SetReceiveBuffer(
+             fd, reinterpret_cast<ReceiveBufferMutator*>(mutator)->bytes)
+      .ok();
+}
+int CompareReceiveBuffers(grpc_socket_mutator* a, grpc_socket_mutator* b) {
+  const int x = reinterpret_cast<ReceiveBufferMutator*>(a)->bytes;
+  const int y = reinterpret_cast<ReceiveBufferMutator*>(b)->bytes;
+  return (x > y) - (x < y);
+}
+void DestroyReceiveBufferMutator(grpc_socket_mutator* mutator) {
+  delete reinterpret_cast<ReceiveBufferMutator*>(mutator);
+}
+constexpr grpc_socket_mutator_vtable kReceiveBufferVtable = {
+    MutateReceiveBuffer, CompareReceiveBuffers, DestroyReceiveBufferMutator,
+    nullptr};
+
+grpc_socket_mutator* NewReceiveBufferMutator(int bytes) {
+  auto* mutator = new ReceiveBufferMutator;
+  mutator->base.vtable = &kReceiveBufferVtable;
+  gpr_ref_init(&mutator->base.refcount, 1);
+  mutator->bytes = bytes;
+  return &mutator->base;
+}
 
 // HTTP/2 tuning for large messages on fast links: a 16 MiB frame limit and
 // large flow-control windows let one stream carry a 4 MiB chunk without
@@ -103,50 +153,59 @@ int ReceiveBufferBytesForLink(int64_t bits_per_second) {
       std::clamp<double>(bytes, kMinReceiveBufferBytes, 1 << 30));
 }
 
-absl::Status SetListenerReceiveBuffer(int port, int bytes) {
+absl::Status SetReceiveBuffer(int fd, int bytes) {
   if (bytes < kMinReceiveBufferBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a receive buffer of ",
                                                    bytes, " bytes is under ",
                                                    kMinReceiveBufferBytes));
   }
+  // The kernel doubles what it is given (its bookkeeping) and reads that
+  // back; SO_RCVBUF stops at net.core.rmem_max, SO_RCVBUFFORCE does not.
+  const int half = bytes / 2;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &half, sizeof(half)) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno != EPERM) {
+    return absl::InternalError(
+        absl::StrCat("setsockopt(SO_RCVBUFFORCE): ", strerror(errno)));
+  }
+  if (const int64_t rmem_max = RmemMax(); half > rmem_max) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot give connections a ", bytes >> 10,
+        " KiB TCP receive buffer: net.core.rmem_max is ", rmem_max,
+        " and this process may not exceed it (raise it with sysctl -w "
+        "net.core.rmem_max=",
+        half, ", or grant CAP_NET_ADMIN)"));
+  }
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &half, sizeof(half)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("setsockopt(SO_RCVBUF): ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReceiveBuffer(int bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  }
+  const absl::Status status = SetReceiveBuffer(fd, bytes);
+  close(fd);
+  return status;
+}
+
+absl::Status SetListenerReceiveBuffer(int port, int bytes) {
   const std::vector<int> fds = ListeningSockets(port);
   if (fds.empty()) {
     return absl::NotFoundError(
         absl::StrCat("nothing in this process listens on TCP port ", port));
   }
-  // The kernel doubles what it is given (its bookkeeping) and reads that
-  // back; SO_RCVBUF stops at net.core.rmem_max, SO_RCVBUFFORCE does not.
-  const int half = bytes / 2;
-  bool forced = true;
   for (int fd : fds) {
-    if (forced &&
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &half, sizeof(half)) == 0) {
-      continue;
-    }
-    if (forced && errno != EPERM) {
-      return absl::InternalError(absl::StrCat(
-          "setsockopt(SO_RCVBUFFORCE) on port ", port, ": ", strerror(errno)));
-    }
-    forced = false;
-    const int64_t rmem_max = RmemMax();
-    if (half > rmem_max) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot give connections a ", bytes >> 10,
-          " KiB TCP receive buffer: net.core.rmem_max is ", rmem_max,
-          " and this process may not exceed it (raise it with sysctl -w "
-          "net.core.rmem_max=",
-          half, ", or grant CAP_NET_ADMIN)"));
-    }
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &half, sizeof(half)) != 0) {
-      return absl::InternalError(absl::StrCat("setsockopt(SO_RCVBUF) on port ",
-                                              port, ": ", strerror(errno)));
-    }
-  }
-  for (int fd : fds) {
-    if (const int got = ReceiveBuffer(fd); got != 2 * half) {
+    SHARDPS_RETURN_IF_ERROR(SetReceiveBuffer(fd, bytes));
+    if (const int got = ReceiveBuffer(fd); got != bytes / 2 * 2) {
       return absl::InternalError(
           absl::StrCat("port ", port, "'s receive buffer is ", got,
-                       " bytes, not ", 2 * half, " as set"));
+                       " bytes, not ", bytes / 2 * 2, " as set"));
     }
   }
   return absl::OkStatus();
@@ -199,8 +258,13 @@ void ConfigureProcessMemory() {
 }
 
 grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
-                                              int channel_index) {
+                                              int channel_index,
+                                              int receive_buffer_bytes) {
   grpc::ChannelArguments args;
+  if (receive_buffer_bytes > 0) {
+    // The arguments take a reference; this one is theirs to drop.
+    args.SetSocketMutator(NewReceiveBufferMutator(receive_buffer_bytes));
+  }
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);

@@ -31,14 +31,22 @@ void ConfigureServer(grpc::ServerBuilder* builder, int max_message_bytes);
 inline constexpr double kReceiveBufferLinkTimeSeconds = 0.0025;
 int ReceiveBufferBytesForLink(int64_t bits_per_second);
 
-// Gives the socket(s) of this process listening on TCP `port` a receive
-// buffer of `bytes` (at least 4 KiB), which the connections they accept from
-// then on inherit (with it, the kernel's receive-buffer autotuning is off
-// for them). Uses SO_RCVBUFFORCE where the process may (CAP_NET_ADMIN), else
+// Gives socket `fd` a receive buffer of `bytes` (as the kernel counts it;
+// at least 4 KiB), which turns the kernel's receive-buffer autotuning off
+// for it: SO_RCVBUFFORCE where the process may (CAP_NET_ADMIN), else
 // SO_RCVBUF within net.core.rmem_max. InvalidArgument for bytes < 4 KiB;
-// NotFound when nothing listens on the port; FailedPrecondition, changing
-// nothing, when net.core.rmem_max allows less and the process may not
-// exceed it.
+// FailedPrecondition, changing nothing, when net.core.rmem_max allows less
+// and the process may not exceed it; Internal when setsockopt fails.
+absl::Status SetReceiveBuffer(int fd, int bytes);
+
+// Whether this process can give sockets `bytes` of receive buffer
+// (SetReceiveBuffer on a socket of its own, then closed): its errors.
+absl::Status CheckReceiveBuffer(int bytes);
+
+// SetReceiveBuffer on the socket(s) of this process listening on TCP
+// `port`: the connections they accept from then on inherit the buffer.
+// NotFound when nothing listens on the port; else SetReceiveBuffer's
+// errors (the first socket's: nothing changed).
 absl::Status SetListenerReceiveBuffer(int port, int bytes);
 
 // Tunes the C allocator for multi-MiB message buffers. Call first thing in
@@ -47,8 +55,13 @@ void ConfigureProcessMemory();
 
 // Channel arguments for a client of the data path. `channel_index` makes
 // channels to the same target distinct connections.
+// `receive_buffer_bytes` > 0: every connection the channel makes gets
+// that TCP receive buffer before it connects (SetReceiveBuffer; a
+// connection is not made when it cannot be set: check first with
+// CheckReceiveBuffer); 0: the kernel's.
 grpc::ChannelArguments ClientChannelArguments(int max_message_bytes,
-                                              int channel_index);
+                                              int channel_index,
+                                              int receive_buffer_bytes = 0);
 
 }  // namespace shardps
 

@@ -33,6 +33,7 @@
 #include "common/run_parallel.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
+#include "common/transport.h"
 #include "worker/open_step.h"
 
 namespace shardps {
@@ -81,6 +82,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         absl::FormatDuration(options.max_backoff)));
   }
   SHARDPS_RETURN_IF_ERROR(ValidateCompression(options.compression));
+  if (options.receive_buffer_bytes != 0) {
+    SHARDPS_RETURN_IF_ERROR(CheckReceiveBuffer(options.receive_buffer_bytes));
+  }
   for (const std::string& s : options.servers) {
     if (s.empty() || s.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(
@@ -92,7 +96,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   for (uint32_t shard = 0; shard < o.servers.size(); ++shard) {
     for (int k = 0; k < o.streams_per_shard; ++k) {
       client->lanes_.push_back(Lane::Connect(client->lanes_.size(), shard,
-                                             o.servers[shard], o.security, k));
+                                             o.servers[shard], o.security, k,
+                                             o.receive_buffer_bytes));
     }
   }
   return client;

@@ -66,6 +66,12 @@ struct ClientOptions {
   SecurityOptions security;
   // Parallel streams, each on its own connection, per shard.
   int streams_per_shard = 2;
+  // > 0: the TCP receive buffer of every connection to a shard
+  // (common/transport.h's ReceiveBufferBytesForLink of this worker's link),
+  // so that the shards' replies converging on this worker's link keep a
+  // few ms of it in flight instead of overflowing the queue before it;
+  // 0: the kernel's autotuned one.
+  int receive_buffer_bytes = 0;
   // Deadline of one attempt of a step, and of Declare while waiting for the
   // servers to come up.
   absl::Duration rpc_timeout = absl::Seconds(300);

@@ -47,14 +47,16 @@ Lane::~Lane() = default;
 
 std::unique_ptr<Lane> Lane::Connect(size_t index, uint32_t shard,
                                     const std::string& address,
-                                    const SecurityOptions& security, int k) {
+                                    const SecurityOptions& security, int k,
+                                    int receive_buffer_bytes) {
   const int max_message = kMaxChunkBytes + kMessageOverheadBytes;
   auto lane = std::make_unique<Lane>();
   lane->index = index;
   lane->shard = shard;
   lane->address = address;
   lane->channel =
-      MakeChannel(address, security, ClientChannelArguments(max_message, k));
+      MakeChannel(address, security,
+                  ClientChannelArguments(max_message, k, receive_buffer_bytes));
   lane->stub = v1::ParameterServer::NewStub(lane->channel);
   return lane;
 }

@@ -76,10 +76,12 @@ struct Lane {
   Lane();
   ~Lane();
   // Lane `index`, the `k`th of shard `shard` at `address`, on a connection
-  // of its own (connected lazily).
+  // of its own (connected lazily) with a TCP receive buffer of
+  // `receive_buffer_bytes` (0: the kernel's).
   static std::unique_ptr<Lane> Connect(size_t index, uint32_t shard,
                                        const std::string& address,
-                                       const SecurityOptions& security, int k);
+                                       const SecurityOptions& security, int k,
+                                       int receive_buffer_bytes);
 
   size_t index = 0;  // among the client's lanes
   uint32_t shard = 0;

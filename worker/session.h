@@ -35,6 +35,7 @@ struct SessionOptions {
   std::optional<uint32_t> num_workers;
   SecurityOptions security;
   int streams_per_shard = 2;
+  int receive_buffer_bytes = 0;     // ClientOptions::receive_buffer_bytes
   bool shared_memory = true;        // ClientOptions::shared_memory
   bool speculative_weights = true;  // ClientOptions::speculative_weights
   Compression compression;          // on the wire (ClientOptions)

@@ -54,8 +54,13 @@ ABSL_FLAG(std::string, link_rate, "",
           "chunks (--chunk_kib=0), a link slower than 1 Gbit/s gets chunks "
           "down to what it carries in 0.5 ms (16 KiB at 100 Mbit/s), so "
           "that a step's pipeline fills and drains fast. Every worker of a "
-          "job must give the same. shardps-local --emulate_hosts gives its "
-          "--link.");
+          "job must give the same. Also gives every connection to a server a "
+          "TCP receive buffer of what the link carries in 2.5 ms (30.5 KiB "
+          "at 100 Mbit/s) instead of the kernel's autotuned one, so that the "
+          "servers' replies converging on this worker keep a few ms of the "
+          "link in flight instead of overflowing the queue before it (needs "
+          "net.core.rmem_max at half of it, or CAP_NET_ADMIN). "
+          "shardps-local --emulate_hosts gives its --link.");
 ABSL_FLAG(int32_t, streams_per_shard, 1,
           "Parallel gRPC streams from each worker to each shard.");
 ABSL_FLAG(bool, shared_memory, true,

@@ -138,6 +138,12 @@ absl::Status Train(const WorkerJobOptions& options, Placement placement,
           o.num_workers, backend->name(), co.servers.size(),
           DescribeClientSecurity(options.security),
           CompressionName(options.compression));
+  if (co.receive_buffer_bytes > 0) {
+    LogInfo(
+        "every connection to a server has a %.1f KiB TCP receive buffer "
+        "(2.5 ms of the link)",
+        co.receive_buffer_bytes / 1024.0);
+  }
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
   Trainer trainer(o, std::move(model), std::move(data.train),
                   std::move(data.test), std::move(backend), std::move(client),

@@ -85,6 +85,7 @@ struct WorkerJobOptions {
   std::string backend = "auto";  // auto | cpu | cuda
   int threads = 0;               // CPU backend threads (0: its default)
   int streams_per_shard = 2;
+  int receive_buffer_bytes = 0;     // ClientOptions::receive_buffer_bytes
   bool shared_memory = true;        // ClientOptions::shared_memory
   bool speculative_weights = true;  // ClientOptions::speculative_weights
   Compression compression;          // on the wire (ClientOptions)
@@ -112,7 +113,8 @@ struct WorkerJobOptions {
 // The options of a job member's Client: `servers` (shard order), `rank` and
 // `incarnation`, and the link settings that WorkerJobOptions and
 // SessionOptions both carry under the same names (security, streams per
-// shard, shared memory, timeouts, compression), so that shardps-worker and a
+// shard, receive buffers, shared memory, timeouts, compression), so that
+// shardps-worker and a
 // Session make the same client.
 template <typename MemberOptions>
 ClientOptions MemberClientOptions(const MemberOptions& options,
@@ -124,6 +126,7 @@ ClientOptions MemberClientOptions(const MemberOptions& options,
   co.incarnation = incarnation;
   co.security = options.security;
   co.streams_per_shard = options.streams_per_shard;
+  co.receive_buffer_bytes = options.receive_buffer_bytes;
   co.shared_memory = options.shared_memory;
   co.speculative_weights = options.speculative_weights;
   co.connect_timeout = options.connect_timeout;

@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "common/security_flags.h"
 #include "common/status.h"
+#include "common/transport.h"
 #include "coordinator/client/member_flags.h"
 #include "worker/training_flags.h"
 #include "worker/worker_job.h"
@@ -104,6 +105,10 @@ absl::Status Run() {
   SHARDPS_ASSIGN_OR_RETURN(o.compression, CompressionFromFlags());
   o.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   SHARDPS_ASSIGN_OR_RETURN(o.trainer, TrainerOptionsFromFlags());
+  if (o.trainer.link_bits_per_second > 0) {
+    o.receive_buffer_bytes =
+        ReceiveBufferBytesForLink(o.trainer.link_bits_per_second);
+  }
   SHARDPS_ASSIGN_OR_RETURN(o.security, SecurityOptionsFromFlags());
   InitLog("worker", o.rank, json);
   // Only the calling thread logs; the coordinator client's threads never do.

@@ -112,8 +112,15 @@ TEST(EmulatedHostsE2eTest, EveryProcessTrainsOverItsOwnLink) {
       !cubic_allowed)
       << output;
 
-  // Each server was given the link's rate and sized its connections'
-  // receive buffers by it (2.5 ms of 1 Gbit/s).
+  // Each server and worker was given the link's rate and sized its
+  // connections' receive buffers by it (2.5 ms of 1 Gbit/s).
+  for (const char* worker : {"worker-0", "worker-1"}) {
+    const std::string log =
+        testing::ReadFile(absl::StrCat(run_dir, "/logs/", worker, ".log"));
+    EXPECT_TRUE(absl::StrContains(
+        log, "every connection to a server has a 305.2 KiB TCP receive buffer"))
+        << worker << ": " << log;
+  }
   for (const char* server : {"server-0", "server-1"}) {
     const std::string log =
         testing::ReadFile(absl::StrCat(run_dir, "/logs/", server, ".log"));

@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/security.h"
+#include "common/transport.h"
 #include "worker/python/binding_util.h"
 #include "worker/session.h"
 
@@ -298,6 +299,10 @@ void DefineModule(py::module_& m) {
                 o.recovery.rollback_timeout =
                     std::max(o.recovery.rollback_timeout, o.connect_timeout);
                 o.streams_per_shard = streams_per_shard;
+                if (link_bits_per_second > 0) {
+                  o.receive_buffer_bytes =
+                      ReceiveBufferBytesForLink(link_bits_per_second);
+                }
                 o.shared_memory = shared_memory;
                 o.speculative_weights = speculative_weights;
                 o.compression.gradients = Check(ParseGradientCompression(

@@ -103,7 +103,12 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     automatic chunks (DistributedOptimizer's chunk_bytes=None), a link
     slower than 1 Gbit/s gets chunks down to what it carries in 0.5 ms
     (16 KiB at 100 Mbit/s), so that each step's pipeline fills and drains
-    fast; a faster or unknown link keeps them at 64 KiB or more.
+    fast; a faster or unknown link keeps them at 64 KiB or more. A known
+    link also gives every connection to a server a TCP receive buffer of
+    what the link carries in 2.5 ms (30.5 KiB at 100 Mbit/s), so that the
+    servers' replies converging on this worker do not overflow the queue
+    before its link (this needs net.core.rmem_max at half of it, or
+    CAP_NET_ADMIN).
 
     With `shared_memory` (the default), payloads to a server on this
     machine go through shared memory and only their headers over gRPC;
@@ -144,6 +149,8 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
             within the timeout.
         shardps.InvalidArgument: a bad setting (a compression, encoding or
             link_rate that is not one, or no job to join).
+        shardps.FailedPrecondition: link_rate's receive buffers are over
+            net.core.rmem_max and the process may not exceed it.
     """
     global _context
     if _context is not None:
