@@ -73,7 +73,8 @@ absl::Status Backend::CheckBatch(absl::Span<const float> x,
 
 absl::StatusOr<double> Backend::Gradients(
     absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
-    absl::Span<const absl::Span<float>> grads, const GradientReady& ready) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
+    const GradientPartReady& part_ready) {
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
   if (labels.size() > static_cast<size_t>(max_batch_)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -102,20 +103,38 @@ absl::StatusOr<double> Backend::Gradients(
           "backend reported gradient ", param, " twice or of ", grads.size()));
     }
     reported[param] = true;
-    return ready(param);
+    return ready == nullptr ? absl::OkStatus() : ready(param);
+  };
+  // Parts grow, and stop once the whole parameter is reported.
+  std::vector<int64_t> parts(grads.size(), 0);
+  const GradientPartReady report_part = [&](int param,
+                                            int64_t elements) -> absl::Status {
+    if (param < 0 || param >= static_cast<int>(grads.size()) ||
+        reported[param] || elements <= parts[param] ||
+        elements >= static_cast<int64_t>(grads[param].size())) {
+      return absl::InternalError(absl::StrCat(
+          "backend reported ", elements, " final elements of gradient ", param,
+          " out of order or of ", grads.size()));
+    }
+    parts[param] = elements;
+    return part_ready == nullptr ? absl::OkStatus()
+                                 : part_ready(param, elements);
   };
   double loss = 0.0;
   if (labels.empty()) {
     for (const absl::Span<float> g : grads) std::fill(g.begin(), g.end(), 0.f);
-  } else if (ready == nullptr) {
-    return DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
-                       scale, grads, [](int) { return absl::OkStatus(); });
+  } else if (ready == nullptr && part_ready == nullptr) {
+    return DoGradients(
+        x.data(), labels.data(), static_cast<int>(labels.size()), scale, grads,
+        [](int) { return absl::OkStatus(); },
+        [](int, int64_t) { return absl::OkStatus(); });
   } else {
-    SHARDPS_ASSIGN_OR_RETURN(loss, DoGradients(x.data(), labels.data(),
-                                               static_cast<int>(labels.size()),
-                                               scale, grads, report));
+    SHARDPS_ASSIGN_OR_RETURN(
+        loss,
+        DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
+                    scale, grads, report, report_part));
   }
-  if (ready == nullptr) return loss;
+  if (ready == nullptr && part_ready == nullptr) return loss;
   // The rest, last parameter first (backward order).
   for (int p = static_cast<int>(grads.size()) - 1; p >= 0; --p) {
     if (!reported[p]) SHARDPS_RETURN_IF_ERROR(report(p));

@@ -56,12 +56,21 @@ class Backend {
   // the last layer first, on a device that finishes layer by layer; all at
   // the end otherwise), so a caller can send it while the rest of backward
   // runs. An error from `ready` stops the computation and is returned.
+  //
+  // `part_ready`, if given, may be called before `ready` for a parameter
+  // with a count of elements: the first `elements` of its gradient are
+  // final (0 < elements < its size, growing from call to call), so a caller
+  // can send them while the rest of that parameter is computed. A backend
+  // that computes a large weight's gradient in blocks of rows reports each
+  // block (the CPU backend); others never call it. Errors as for `ready`.
   using GradientReady = std::function<absl::Status(int param)>;
-  absl::StatusOr<double> Gradients(absl::Span<const float> x,
-                                   absl::Span<const int32_t> labels,
-                                   float scale,
-                                   absl::Span<const absl::Span<float>> grads,
-                                   const GradientReady& ready = nullptr);
+  using GradientPartReady =
+      std::function<absl::Status(int param, int64_t elements)>;
+  absl::StatusOr<double> Gradients(
+      absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
+      absl::Span<const absl::Span<float>> grads,
+      const GradientReady& ready = nullptr,
+      const GradientPartReady& part_ready = nullptr);
 
   // Forward only, over any number of rows (taken max_batch at a time).
   // Errors as for Gradients.
@@ -74,11 +83,12 @@ class Backend {
   virtual absl::Status DoSetParams(
       absl::Span<const absl::Span<const float>> params) = 0;
   // May call `ready` (never null here) for parameters whose gradients
-  // are final before it returns; the others are reported after it.
+  // are final before it returns; the others are reported after it. May
+  // call `part` (never null here) as Gradients documents `part_ready`.
   virtual absl::StatusOr<double> DoGradients(
       const float* x, const int32_t* labels, int b, float scale,
-      absl::Span<const absl::Span<float>> grads,
-      const GradientReady& ready) = 0;
+      absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
+      const GradientPartReady& part) = 0;
   virtual absl::StatusOr<EvalResult> DoEvaluate(const float* x,
                                                 const int32_t* labels,
                                                 int b) = 0;

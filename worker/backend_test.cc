@@ -1,5 +1,6 @@
 #include "worker/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -143,6 +144,58 @@ TEST(CpuBackendTest, ReportsEachGradientOnceLastLayerFirstWhenFinal) {
   EXPECT_EQ(order, (std::vector<int>{5, 4, 3, 2, 1, 0}));
   EXPECT_EQ(seen, want);
   EXPECT_EQ(grads, want);
+}
+
+// A weight larger than a block (here 1024 inputs x 256 units, 1 MiB) is
+// computed 64 rows (256 KiB) at a time: each block is reported final as
+// soon as it is, before the weight is, and none of it changes afterwards.
+TEST(CpuBackendTest, ReportsALargeWeightInFinalBlocksOfRows) {
+  const Problem p = MakeProblem({1024, 256, 3}, 4, /*seed=*/11);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 4);
+  std::vector<std::vector<float>> want = ZeroGrads(p.spec);
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.25f, Spans(want)));
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  std::vector<std::string> events;
+  std::vector<std::vector<float>> seen_parts;
+  absl::StatusOr<double> loss = backend->Gradients(
+      p.x, p.labels, 0.25f, Spans(grads),
+      [&](int param) {
+        events.push_back(absl::StrCat(param));
+        return absl::OkStatus();
+      },
+      [&](int param, int64_t elements) {
+        events.push_back(absl::StrCat(param, ":", elements));
+        seen_parts.emplace_back(grads[param].begin(),
+                                grads[param].begin() + elements);
+        return absl::OkStatus();
+      });
+  SHARDPS_ASSERT_OK(loss);
+  // The last layer (768 floats) is one block; the first in four.
+  EXPECT_EQ(events, (std::vector<std::string>{"3", "2", "1", "0:65536",
+                                              "0:131072", "0:196608", "0"}));
+  ASSERT_EQ(seen_parts.size(), 3u);
+  for (const std::vector<float>& part : seen_parts) {
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), want[0].begin()));
+  }
+  // Bit for bit what a caller that does not listen gets.
+  EXPECT_EQ(grads, want);
+  // An error from a part stops there.
+  events.clear();
+  const absl::Status stopped =
+      backend
+          ->Gradients(
+              p.x, p.labels, 0.25f, Spans(grads),
+              [&](int param) {
+                events.push_back(absl::StrCat(param));
+                return absl::OkStatus();
+              },
+              [&](int param, int64_t elements) {
+                events.push_back(absl::StrCat(param, ":", elements));
+                return absl::UnavailableError("shard down");
+              })
+          .status();
+  EXPECT_EQ(stopped, absl::UnavailableError("shard down"));
+  EXPECT_EQ(events, (std::vector<std::string>{"3", "2", "1", "0:65536"}));
 }
 
 TEST(CpuBackendTest, AnErrorFromReadyStopsTheComputation) {

@@ -243,14 +243,15 @@ absl::Status Client::BeginStep(int64_t step, const Tensors& weights,
 
 absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
                                   const StepHyperparameters& hyperparameters,
-                                  bool no_gradient) {
+                                  bool no_gradient, int64_t ready) {
   if (open_ == nullptr) {
     return absl::FailedPreconditionError("no step is open: BeginStep first");
   }
-  SHARDPS_RETURN_IF_ERROR(
-      open_->Push(tensor, gradient, hyperparameters, no_gradient));
-  const uint32_t first = plan_.first_chunk[tensor];
-  const uint32_t end = plan_.first_chunk[tensor + 1];
+  SHARDPS_ASSIGN_OR_RETURN(
+      const OpenStep::ChunkRange range,
+      open_->Push(tensor, gradient, hyperparameters, no_gradient, ready));
+  const uint32_t first = range.begin;
+  const uint32_t end = range.end;
   for (uint32_t id = first; id < end; ++id) {
     lanes_[plan_.lane_of[id]]->Queue(id);
   }
@@ -272,12 +273,19 @@ absl::Status Client::PushChunksOf(int tensor, absl::Span<const float> gradient,
 
 absl::Status Client::PushTensor(int tensor, absl::Span<const float> gradient,
                                 const StepHyperparameters& hyperparameters) {
-  return PushChunksOf(tensor, gradient, hyperparameters, false);
+  return PushChunksOf(tensor, gradient, hyperparameters, false,
+                      static_cast<int64_t>(gradient.size()));
+}
+
+absl::Status Client::PushTensorPart(
+    int tensor, absl::Span<const float> gradient, int64_t ready,
+    const StepHyperparameters& hyperparameters) {
+  return PushChunksOf(tensor, gradient, hyperparameters, false, ready);
 }
 
 absl::Status Client::PushNoGradient(
     int tensor, const StepHyperparameters& hyperparameters) {
-  return PushChunksOf(tensor, {}, hyperparameters, true);
+  return PushChunksOf(tensor, {}, hyperparameters, true, 0);
 }
 
 int Client::tensors_left() const {

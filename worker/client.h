@@ -269,6 +269,18 @@ class Client : private LaneOwner {
   // use.
   absl::Status PushTensor(int tensor, absl::Span<const float> gradient,
                           const StepHyperparameters& hyperparameters = {});
+  // The first `ready` elements of `gradient` are final: their chunks start
+  // on their way now, while the caller computes the rest (a large weight's
+  // gradient computed in blocks of rows). The tensor counts as pushed once
+  // a call (or PushTensor) passes all its elements, from the same buffer
+  // and with the same hyperparameters; `ready` below an earlier call's
+  // sends nothing more. Compressed gradients go only whole. Errors as
+  // PushTensor's, and INVALID_ARGUMENT (nothing sent) for `ready` outside
+  // [0, its size] or another buffer or hyperparameters than the first
+  // part's.
+  absl::Status PushTensorPart(int tensor, absl::Span<const float> gradient,
+                              int64_t ready,
+                              const StepHyperparameters& hyperparameters = {});
   // This rank has no gradient for `tensor` at this step
   // (PushPullRequest.no_gradient): when no rank has one, the servers skip
   // the tensor's update. Same errors as PushTensor.
@@ -431,9 +443,11 @@ class Client : private LaneOwner {
                             const Tensors* weights) const;
   absl::Status Open(int64_t step, const Tensors* weights, bool initial_values,
                     const StepOptions& options = {});
+  // Queues the chunks of `tensor` its first `ready` elements made
+  // sendable (OpenStep::Push).
   absl::Status PushChunksOf(int tensor, absl::Span<const float> gradient,
                             const StepHyperparameters& hyperparameters,
-                            bool no_gradient);
+                            bool no_gradient, int64_t ready);
   absl::Status Step(int64_t step, const ConstTensors& gradients,
                     const Tensors* weights, bool initial_values = false);
   absl::Status EndLaneStep(Lane* lane, bool cancel,

@@ -177,6 +177,85 @@ TEST_F(ClientStepTest, BadPushesAreRefusedAndSendNothing) {
   EXPECT_EQ(weights_[0][0], -0.5f * grads_[0][0]);
 }
 
+// The gradient bytes the shards have received.
+uint64_t BytesIn(Client& client) {
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      client.ShardStatus();
+  EXPECT_TRUE(status.ok()) << status.status();
+  uint64_t n = 0;
+  if (status.ok()) {
+    for (const v1::GetStatusResponse& s : *status) n += s.bytes_in_total();
+  }
+  return n;
+}
+
+// A tensor pushed in parts (a large weight's gradient computed in blocks):
+// each part's whole chunks reach the shards at once, before the tensor is
+// complete, and the step equals one with whole pushes.
+TEST_F(ClientStepTest, PartsOfATensorGoAtOnceAndEqualAWholePush) {
+  Start(1, v1::InitSpec::KIND_ZEROS);
+  Client& client = *clients_[0];
+  SHARDPS_ASSERT_OK(client.BeginStep(0, Weights()));
+  SHARDPS_ASSERT_OK(client.PushTensor(2, grads_[2]));
+  SHARDPS_ASSERT_OK(client.PushTensor(1, grads_[1]));
+  const uint64_t before = 4 * (33 + 5);
+  // 20 of embed's 70 elements: its first chunk (14 of them; the tensor
+  // is cut into 5 equal chunks of at most 16) goes, and nothing else.
+  SHARDPS_ASSERT_OK(client.PushTensorPart(0, grads_[0], 20));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (BytesIn(client) <= before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(BytesIn(client), before + 4 * 14);
+  EXPECT_EQ(client.tensors_left(), 1);
+  // Fewer final elements than before send nothing more; the rest, from
+  // the same buffer, completes the tensor.
+  SHARDPS_ASSERT_OK(client.PushTensorPart(0, grads_[0], 10));
+  SHARDPS_ASSERT_OK(client.PushTensorPart(0, grads_[0], 64));
+  SHARDPS_ASSERT_OK(client.PushTensor(0, grads_[0]));
+  EXPECT_EQ(client.tensors_left(), 0);
+  SHARDPS_ASSERT_OK(client.FinishStep());
+  EXPECT_EQ(BytesIn(client), 4u * (70 + 33 + 5));
+  for (size_t t = 0; t < weights_.size(); ++t) {
+    for (size_t i = 0; i < weights_[t].size(); ++i) {
+      ASSERT_EQ(weights_[t][i], -0.5f * grads_[t][i])
+          << layout_.tensors(t).name() << "[" << i << "]";
+    }
+  }
+}
+
+TEST_F(ClientStepTest, PartsMustComeFromOneBufferWithTheSameSettings) {
+  Start(1, v1::InitSpec::KIND_ZEROS);
+  Client& client = *clients_[0];
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(client.PushTensorPart(0, grads_[0], 16)));
+  SHARDPS_ASSERT_OK(client.BeginStep(0, Weights()));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensorPart(0, grads_[0], 71)));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensorPart(0, grads_[0], -1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(client.PushTensorPart(0, grads_[1], 16)));
+  SHARDPS_ASSERT_OK(client.PushTensorPart(0, grads_[0], 16));
+  const std::vector<float> copy = grads_[0];
+  const absl::Status other = client.PushTensorPart(0, copy, 40);
+  EXPECT_TRUE(absl::IsInvalidArgument(other)) << other;
+  EXPECT_NE(other.message().find("embed: part of its gradient went from "
+                                 "another buffer"),
+            std::string::npos)
+      << other;
+  const absl::Status rate = client.PushTensor(0, grads_[0], {0.125f});
+  EXPECT_TRUE(absl::IsInvalidArgument(rate)) << rate;
+  EXPECT_NE(rate.message().find("learning rate"), std::string::npos) << rate;
+  SHARDPS_ASSERT_OK(client.PushTensorPart(2, grads_[2], 4));
+  // A tensor of which only parts went is not pushed: the step ends naming
+  // it, and nothing was applied.
+  SHARDPS_ASSERT_OK(client.PushTensor(1, grads_[1]));
+  const absl::Status missing = client.FinishStep();
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing)) << missing;
+  EXPECT_NE(missing.message().find("embed, fc.bias"), std::string::npos)
+      << missing;
+  SHARDPS_ASSERT_OK(client.PushPull(0, Grads(), Weights()));
+  EXPECT_EQ(weights_[0][0], -0.5f * grads_[0][0]);
+}
+
 TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {
   Start(2, v1::InitSpec::KIND_ZEROS);
   std::vector<std::vector<float>> other = weights_;

@@ -186,6 +186,47 @@ TEST_F(CompressedClientTest, AGradientTheEncodingCannotCarrySendsNothing) {
   }
 }
 
+// A compressed tensor goes whole: a part pushed before a value the
+// encoding cannot carry sends nothing, and the whole push is refused.
+TEST_F(CompressedClientTest, PartsOfACompressedTensorWaitForTheWhole) {
+  Compression c;
+  c.gradients = v1::ENCODING_FP16;
+  std::unique_ptr<Client> client = NewClient(c);
+  grad_[30] = 1e6f;  // tensor "a", element 30
+  std::vector<float> w(kElements, 0.0f);
+  const Tensors weights = {absl::MakeSpan(w).subspan(0, 40),
+                           absl::MakeSpan(w).subspan(40)};
+  const absl::Span<const float> a = absl::MakeConstSpan(grad_).subspan(0, 40);
+  SHARDPS_ASSERT_OK(client->BeginStep(0, weights));
+  SHARDPS_ASSERT_OK(client->PushTensorPart(0, a, 24));
+  const absl::Status s = client->PushTensor(0, a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("65504"), std::string::npos) << s;
+  client->AbortStep();
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> status =
+      client->ShardStatus();
+  SHARDPS_ASSERT_OK(status);
+  for (const v1::GetStatusResponse& shard : *status) {
+    EXPECT_EQ(shard.bytes_in_total(), 0u);
+  }
+  // Carried values: parts, then the whole, equal a whole push.
+  grad_[30] = 0.5f;
+  SHARDPS_ASSERT_OK(client->BeginStep(0, weights));
+  SHARDPS_ASSERT_OK(client->PushTensorPart(0, a, 24));
+  SHARDPS_ASSERT_OK(client->PushTensor(0, a));
+  SHARDPS_ASSERT_OK(
+      client->PushTensor(1, absl::MakeConstSpan(grad_).subspan(40)));
+  SHARDPS_ASSERT_OK(client->FinishStep());
+  client.reset();
+  shards_ = std::make_unique<server::TestShards>(2, 1);
+  SHARDPS_ASSERT_OK(shards_->status());
+  addresses_ = shards_->addresses();
+  std::unique_ptr<Client> whole = NewClient(c);
+  std::vector<float> want;
+  SHARDPS_ASSERT_OK(Step(whole.get(), 0, &want));
+  EXPECT_EQ(w, want);
+}
+
 TEST_F(CompressedClientTest, AResidualPushedBeyondFp16FailsTheStep) {
   Compression c;
   c.gradients = v1::ENCODING_FP16;

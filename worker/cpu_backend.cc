@@ -16,6 +16,10 @@
 namespace shardps::worker {
 namespace {
 
+// The rows of a weight's gradient computed (and reported) at a time: about
+// 256 KiB, a few chunks' worth at the default chunk sizes.
+constexpr int kGradientBlockBytes = 256 << 10;
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
@@ -28,7 +32,8 @@ class CpuBackend final : public Backend {
   absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
                                      int b, float scale,
                                      absl::Span<const absl::Span<float>> grads,
-                                     const GradientReady& ready) override;
+                                     const GradientReady& ready,
+                                     const GradientPartReady& part) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -105,7 +110,8 @@ double CpuBackend::SumLoss(int b) const {
 
 absl::StatusOr<double> CpuBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
-    absl::Span<const absl::Span<float>> grads, const GradientReady& ready) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
+    const GradientPartReady& part) {
   Forward(x, b);
   const int last = num_layers() - 1;
   float* dz = delta_[0].data();  // d(loss)/d(pre-activation) of layer l
@@ -115,12 +121,25 @@ absl::StatusOr<double> CpuBackend::DoGradients(
   for (int l = last; l >= 0; --l) {
     const int in = width(l);
     const int out = width(l + 1);
-    // dW (out, in) = dz^T (out, b) * input (b, in).
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, b, 1.0f, dz,
-                out, input(l, x), in, 0.0f, grads[2 * l].data(), in);
     BiasGradCpu(dz, b, out, grads[2 * l + 1].data());
-    // Layer l's gradients are final: on their way while layers below run.
     SHARDPS_RETURN_IF_ERROR(ready(2 * l + 1));
+    // dW (out, in) = dz^T (out, b) * input (b, in), by blocks of rows (of
+    // output units): each block is final at once and on its way while the
+    // next is computed, so a large weight's first bytes leave before its
+    // last are computed. Always in the same blocks: the same bits whether
+    // or not a caller listens.
+    const int rows = std::max(1, kGradientBlockBytes / (in * 4));
+    float* dw = grads[2 * l].data();
+    for (int o = 0; o < out; o += rows) {
+      const int m = std::min(rows, out - o);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, in, b, 1.0f,
+                  dz + o, out, input(l, x), in, 0.0f,
+                  dw + static_cast<int64_t>(o) * in, in);
+      if (o + m < out) {
+        SHARDPS_RETURN_IF_ERROR(part(2 * l, static_cast<int64_t>(o + m) * in));
+      }
+    }
+    // Layer l's gradients are final: on their way while layers below run.
     SHARDPS_RETURN_IF_ERROR(ready(2 * l));
     if (l == 0) break;
     // da (b, in) = dz (b, out) * W (out, in); then through the ReLU that

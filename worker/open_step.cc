@@ -27,6 +27,8 @@ OpenStep::OpenStep(const StepModel& model, int64_t step, const Tensors* weights,
   gradients_.resize(n);
   hyperparameters_.assign(n, {});
   pushed_.assign(n, false);
+  queued_end_.assign(model.plan->first_chunk.begin(),
+                     model.plan->first_chunk.begin() + n);
   no_gradient_.assign(n, false);
   if (model.compressor != nullptr) {
     payloads_.assign(model.chunks->size(), {});
@@ -76,9 +78,10 @@ std::vector<std::string> OpenStep::Missing() const {
   return missing;
 }
 
-absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
-                            const StepHyperparameters& hyperparameters,
-                            bool no_gradient) {
+absl::StatusOr<OpenStep::ChunkRange> OpenStep::Push(
+    int tensor, absl::Span<const float> gradient,
+    const StepHyperparameters& hyperparameters, bool no_gradient,
+    int64_t ready) {
   const v1::Layout& layout = *model_.layout;
   if (tensor < 0 || tensor >= layout.tensors_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -96,20 +99,59 @@ absl::Status OpenStep::Push(int tensor, absl::Span<const float> gradient,
         absl::StrCat("tensor ", spec.name(), " has ", want,
                      " elements; its gradient has ", gradient.size()));
   }
-  const absl::Status checked = CheckStepHyperparameters(hyperparameters);
-  if (!checked.ok()) return WithPrefix("tensor " + spec.name(), checked);
-  if (model_.compressor != nullptr && !no_gradient && !initial_values_ &&
-      !encoded_[tensor]) {
+  if (!no_gradient && (ready < 0 || ready > want)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.name(), " has ", want, " elements; ",
+                     ready, " of them cannot be final"));
+  }
+  const uint32_t first = model_.plan->first_chunk[tensor];
+  const uint32_t end = model_.plan->first_chunk[tensor + 1];
+  const bool part_went = queued_end_[tensor] > first;
+  if (part_went) {
+    if (no_gradient || gradient.data() != gradients_[tensor].data()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", spec.name(), ": part of its gradient went from another ",
+          "buffer at step ", step_, "; push the rest from the same one"));
+    }
+    if (const auto d =
+            FirstDifference(hyperparameters_[tensor], hyperparameters)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", spec.name(), ": ", d->field, " ", d->b,
+          " differs from the ", d->a, " its first part went with"));
+    }
+  } else {
+    const absl::Status checked = CheckStepHyperparameters(hyperparameters);
+    if (!checked.ok()) return WithPrefix("tensor " + spec.name(), checked);
+  }
+  const bool whole = no_gradient || ready == want;
+  const bool compressed =
+      model_.compressor != nullptr && !no_gradient && !initial_values_;
+  if (compressed && !whole) return ChunkRange{first, first};
+  if (compressed && !encoded_[tensor]) {
     // Encoded before anything of the tensor is queued: a value the
     // encoding cannot carry sends nothing of it.
     SHARDPS_RETURN_IF_ERROR(EncodeTensor(tensor, gradient));
   }
-  pushed_[tensor] = true;
-  no_gradient_[tensor] = no_gradient;
-  gradients_[tensor] = gradient;
-  hyperparameters_[tensor] = hyperparameters;
-  ++num_pushed_;
-  return absl::OkStatus();
+  if (!part_went) {
+    // Set once, before any of the tensor's chunks is queued: lane threads
+    // read them from then on.
+    no_gradient_[tensor] = no_gradient;
+    gradients_[tensor] = gradient;
+    hyperparameters_[tensor] = hyperparameters;
+  }
+  const ChunkRange range{queued_end_[tensor], end};
+  if (whole) {
+    pushed_[tensor] = true;
+    ++num_pushed_;
+    queued_end_[tensor] = end;
+    return range;
+  }
+  // The chunks that lie wholly within the final elements.
+  const std::vector<ChunkSpec>& chunks = *model_.chunks;
+  uint32_t id = range.begin;
+  while (id < end && chunks[id].offset + chunks[id].num_elements <= ready) ++id;
+  queued_end_[tensor] = id;
+  return ChunkRange{range.begin, id};
 }
 
 absl::Status OpenStep::EncodeTensor(int tensor,

@@ -75,12 +75,22 @@ class OpenStep {
   // The names of the tensors not pushed yet.
   std::vector<std::string> Missing() const;
 
-  // Records `tensor`'s gradient (none: `no_gradient`) and hyperparameters,
-  // checking them first (Client::PushTensor's INVALID_ARGUMENT); nothing is
-  // recorded on error. The caller then queues the tensor's chunks.
-  absl::Status Push(int tensor, absl::Span<const float> gradient,
-                    const StepHyperparameters& hyperparameters,
-                    bool no_gradient);
+  // Chunk ids [begin, end) to queue.
+  struct ChunkRange {
+    uint32_t begin = 0;
+    uint32_t end = 0;
+  };
+  // Records that the first `ready` elements of `tensor`'s gradient are
+  // final (its size: the whole tensor; `no_gradient`: none, whole) and
+  // returns the chunks that became sendable, which the caller then queues.
+  // The first push of a tensor checks and records its gradient and
+  // hyperparameters (Client::PushTensor's INVALID_ARGUMENT); a later one
+  // must name the same gradient buffer and hyperparameters. Nothing is
+  // recorded on error. Compressed tensors go whole (a value the encoding
+  // cannot carry sends nothing of them): parts before that return none.
+  absl::StatusOr<ChunkRange> Push(int tensor, absl::Span<const float> gradient,
+                                  const StepHyperparameters& hyperparameters,
+                                  bool no_gradient, int64_t ready);
   // Compression: checks that the chunks of `tensor` can be encoded (each is
   // encoded when its lane sends it). InvalidArgument naming the tensor and
   // element when a value cannot be.
@@ -129,7 +139,9 @@ class OpenStep {
   const Tensors weights_;                             // empty for push-only
   ConstTensors gradients_;                            // by tensor, as pushed
   std::vector<StepHyperparameters> hyperparameters_;  // by tensor
-  std::vector<bool> pushed_;                          // by tensor
+  std::vector<bool> pushed_;                          // by tensor, whole
+  // By tensor: the first chunk not queued yet (a part pushed queues some).
+  std::vector<uint32_t> queued_end_;
   // By tensor; bytes, not bits: lane threads read it while the caller
   // writes other tensors' entries.
   std::vector<char> no_gradient_;

@@ -178,9 +178,9 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   const float scale = static_cast<float>(epoch_workers_) /
                       static_cast<float>(options_.batch_size);
   // Each layer's gradients go to the shards as backward produces them
-  // (the last layer first); their weights come back into WeightViews()
-  // while backward runs, which is safe: the backend computes on its own
-  // copy.
+  // (the last layer first; a large weight's in blocks of rows); their weights
+  // come back into WeightViews() while backward runs, which is safe: the
+  // backend computes on its own copy.
   const absl::Time opened = absl::Now();
   StepOptions step_options;
   if (options_.clip_grad_norm > 0) {
@@ -192,9 +192,14 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   std::optional<absl::Time> first_push;
   absl::StatusOr<double> loss = backend_->Gradients(
       absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
-      absl::MakeConstSpan(labels_.data(), b), scale, grads, [&](int param) {
+      absl::MakeConstSpan(labels_.data(), b), scale, grads,
+      [&](int param) {
         if (!first_push.has_value()) first_push = absl::Now();
         return client_->PushTensor(param, grads[param]);
+      },
+      [&](int param, int64_t elements) {
+        if (!first_push.has_value()) first_push = absl::Now();
+        return client_->PushTensorPart(param, grads[param], elements);
       });
   if (!loss.ok()) {
     client_->AbortStep();

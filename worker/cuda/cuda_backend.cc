@@ -78,7 +78,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
                                      int b, float scale,
                                      absl::Span<const absl::Span<float>> grads,
-                                     const GradientReady& ready) override;
+                                     const GradientReady& ready,
+                                     const GradientPartReady& part) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -313,7 +314,8 @@ absl::StatusOr<EvalResult> CudaBackend::FinishRows(int b) {
 
 absl::StatusOr<double> CudaBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
-    absl::Span<const absl::Span<float>> grads, const GradientReady& /*ready*/) {
+    absl::Span<const absl::Span<float>> grads, const GradientReady& /*ready*/,
+    const GradientPartReady& /*part*/) {
   SHARDPS_RETURN_IF_ERROR(
       ForwardAndLoss(x, labels, b, scale, /*want_gradient=*/true));
   SHARDPS_RETURN_IF_ERROR(Backward(b));
