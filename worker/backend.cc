@@ -74,8 +74,19 @@ absl::Status Backend::CheckBatch(absl::Span<const float> x,
 absl::StatusOr<double> Backend::Gradients(
     absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
     absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
-    const GradientPartReady& part_ready) {
+    const GradientPartReady& part_ready, bool first_layer_ahead) {
+  // What was computed ahead serves this call only.
+  const std::vector<bool> ahead = std::move(ahead_);
+  const int ahead_rows = ahead_rows_;
+  ahead_.clear();
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
+  if (first_layer_ahead &&
+      (ahead.empty() || ahead_rows != static_cast<int>(labels.size()) ||
+       std::find(ahead.begin(), ahead.end(), false) != ahead.end())) {
+    return absl::FailedPreconditionError(
+        "Gradients with the first layer ahead, but ForwardFirstLayer did not "
+        "compute every block of it for this batch");
+  }
   if (labels.size() > static_cast<size_t>(max_batch_)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch of ", labels.size(), " rows exceeds max_batch ", max_batch_));
@@ -127,12 +138,12 @@ absl::StatusOr<double> Backend::Gradients(
     return DoGradients(
         x.data(), labels.data(), static_cast<int>(labels.size()), scale, grads,
         [](int) { return absl::OkStatus(); },
-        [](int, int64_t) { return absl::OkStatus(); });
+        [](int, int64_t) { return absl::OkStatus(); }, first_layer_ahead);
   } else {
     SHARDPS_ASSIGN_OR_RETURN(
         loss,
         DoGradients(x.data(), labels.data(), static_cast<int>(labels.size()),
-                    scale, grads, report, report_part));
+                    scale, grads, report, report_part, first_layer_ahead));
   }
   if (ready == nullptr && part_ready == nullptr) return loss;
   // The rest, last parameter first (backward order).
@@ -142,8 +153,50 @@ absl::StatusOr<double> Backend::Gradients(
   return loss;
 }
 
+absl::Status Backend::ForwardFirstLayer(absl::Span<const float> x, int begin,
+                                        int end, absl::Span<const float> weight,
+                                        absl::Span<const float> bias) {
+  const int block = DoFirstLayerBlock();
+  if (!spec_.has_value() || block == 0) {
+    return absl::FailedPreconditionError(
+        !spec_.has_value() ? "ForwardFirstLayer before Init"
+                           : "this backend does not compute its first layer "
+                             "ahead");
+  }
+  const int64_t in = spec_->num_features();
+  const int units = static_cast<int>(params_[1].num_elements());
+  const int64_t rows = static_cast<int64_t>(x.size()) / in;
+  if (static_cast<int64_t>(x.size()) != rows * in || rows < 1 ||
+      rows > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("x has ", x.size(), " floats: not 1 to ", max_batch_,
+                     " rows of ", in, " features"));
+  }
+  if (begin < 0 || begin % block != 0 ||
+      end != std::min(begin + block, units)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("units [", begin, ", ", end, ") are not a block of ",
+                     block, " of the first layer's ", units));
+  }
+  if (weight.size() != static_cast<size_t>(params_[0].num_elements()) ||
+      bias.size() != static_cast<size_t>(units)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the first layer's weight and bias have ", params_[0].num_elements(),
+        " and ", units, " floats, not ", weight.size(), " and ", bias.size()));
+  }
+  const int b = static_cast<int>(rows);
+  if (ahead_.empty() || ahead_rows_ != b) {
+    ahead_.assign((units + block - 1) / block, false);
+    ahead_rows_ = b;
+  }
+  DoForwardFirstLayer(x.data(), b, begin, end, weight.data(), bias.data());
+  ahead_[begin / block] = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EvalResult> Backend::Evaluate(absl::Span<const float> x,
                                              absl::Span<const int32_t> labels) {
+  ahead_.clear();
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
   const int64_t n = static_cast<int64_t>(labels.size());
   double loss_sum = 0.0;

@@ -66,11 +66,34 @@ class Backend {
   using GradientReady = std::function<absl::Status(int param)>;
   using GradientPartReady =
       std::function<absl::Status(int param, int64_t elements)>;
+  //
+  // `first_layer_ahead`: the first layer's output for x was computed by
+  // ForwardFirstLayer, every block of it and for as many rows, since the
+  // last Gradients or Evaluate, from the weights SetParams gave since (the
+  // caller vouches for x and the weights); FailedPrecondition when not.
   absl::StatusOr<double> Gradients(
       absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
       absl::Span<const absl::Span<float>> grads,
       const GradientReady& ready = nullptr,
-      const GradientPartReady& part_ready = nullptr);
+      const GradientPartReady& part_ready = nullptr,
+      bool first_layer_ahead = false);
+
+  // The first layer's output, computed ahead of Gradients a block of its
+  // output units at a time, as each block's weights arrive (a worker
+  // computes the next step's first layer while this step's replies come).
+  // The units in a block; the backend always computes the layer in these
+  // blocks, so ahead or not the results are the same bits. 0: this backend
+  // cannot (Gradients computes the layer).
+  int first_layer_block() const { return DoFirstLayerBlock(); }
+  // Units [begin, end) of the first layer's output for x (1 to max_batch
+  // rows), from rows begin..end of `weight` and elements begin..end of
+  // `bias` (the layer's whole parameter buffers; nothing else of them is
+  // read). begin is a multiple of first_layer_block() and end the next
+  // one, or the layer's width. FailedPrecondition before Init or when
+  // first_layer_block() is 0; InvalidArgument for another range or sizes.
+  absl::Status ForwardFirstLayer(absl::Span<const float> x, int begin, int end,
+                                 absl::Span<const float> weight,
+                                 absl::Span<const float> bias);
 
   // Forward only, over any number of rows (taken max_batch at a time).
   // Errors as for Gradients.
@@ -85,10 +108,16 @@ class Backend {
   // May call `ready` (never null here) for parameters whose gradients
   // are final before it returns; the others are reported after it. May
   // call `part` (never null here) as Gradients documents `part_ready`.
+  // `first_layer_ahead`: as Gradients', checked.
   virtual absl::StatusOr<double> DoGradients(
       const float* x, const int32_t* labels, int b, float scale,
       absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
-      const GradientPartReady& part) = 0;
+      const GradientPartReady& part, bool first_layer_ahead) = 0;
+  virtual int DoFirstLayerBlock() const { return 0; }
+  // Called with a validated block.
+  virtual void DoForwardFirstLayer(const float* /*x*/, int /*b*/, int /*begin*/,
+                                   int /*end*/, const float* /*weight*/,
+                                   const float* /*bias*/) {}
   virtual absl::StatusOr<EvalResult> DoEvaluate(const float* x,
                                                 const int32_t* labels,
                                                 int b) = 0;
@@ -101,6 +130,9 @@ class Backend {
   std::vector<ParamSpec> params_;  // spec_->Params(), for validation
   int max_batch_ = 0;
   bool has_params_ = false;
+  // The blocks of the first layer computed ahead, and for how many rows.
+  std::vector<bool> ahead_;
+  int ahead_rows_ = 0;
 };
 
 // The reference backend: OpenBLAS sgemm using `threads` threads (OpenBLAS's

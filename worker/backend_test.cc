@@ -198,6 +198,56 @@ TEST(CpuBackendTest, ReportsALargeWeightInFinalBlocksOfRows) {
   EXPECT_EQ(events, (std::vector<std::string>{"3", "2", "1", "0:65536"}));
 }
 
+// The first layer computed ahead, a block of 64 units at a time (1024
+// inputs: 256 KiB of weight rows), gives Gradients the same bits as
+// computing it there; what was computed serves one Gradients call.
+TEST(CpuBackendTest, AFirstLayerComputedAheadGivesTheSameGradients) {
+  const Problem p = MakeProblem({1024, 200, 3}, 4, /*seed=*/5);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 4);
+  ASSERT_EQ(backend->first_layer_block(), 64);
+  std::vector<std::vector<float>> want = ZeroGrads(p.spec);
+  absl::StatusOr<double> want_loss =
+      backend->Gradients(p.x, p.labels, 0.25f, Spans(want));
+  SHARDPS_ASSERT_OK(want_loss);
+  const std::vector<float>& w = p.params[0];
+  const std::vector<float>& bias = p.params[1];
+  auto ahead = [&](const std::vector<std::pair<int, int>>& blocks) {
+    for (const auto& [begin, end] : blocks) {
+      SHARDPS_ASSERT_OK(backend->ForwardFirstLayer(p.x, begin, end, w, bias));
+    }
+  };
+  // Out of order is fine; the last block is short (200 = 3 x 64 + 8).
+  ahead({{128, 192}, {0, 64}, {192, 200}, {64, 128}});
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  absl::StatusOr<double> loss =
+      backend->Gradients(p.x, p.labels, 0.25f, Spans(grads), nullptr, nullptr,
+                         /*first_layer_ahead=*/true);
+  SHARDPS_ASSERT_OK(loss);
+  EXPECT_EQ(*loss, *want_loss);
+  EXPECT_EQ(grads, want);
+  // Used up; and a missing block, or an Evaluate in between, is refused.
+  const auto refused = [&] {
+    return backend
+        ->Gradients(p.x, p.labels, 0.25f, Spans(grads), nullptr, nullptr, true)
+        .status();
+  };
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused()));
+  ahead({{0, 64}, {64, 128}, {192, 200}});
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused()));
+  ahead({{0, 64}, {64, 128}, {128, 192}, {192, 200}});
+  SHARDPS_ASSERT_OK(backend->Evaluate(p.x, p.labels));
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused()));
+  // Blocks that are not blocks, and wrong sizes.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      backend->ForwardFirstLayer(p.x, 32, 96, w, bias)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      backend->ForwardFirstLayer(p.x, 192, 256, w, bias)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      backend->ForwardFirstLayer(p.x, 0, 64, bias, bias)));
+  EXPECT_TRUE(absl::IsInvalidArgument(backend->ForwardFirstLayer(
+      absl::MakeConstSpan(p.x).subspan(1), 0, 64, w, bias)));
+}
+
 TEST(CpuBackendTest, AnErrorFromReadyStopsTheComputation) {
   const Problem p = MakeProblem({6, 5, 4, 3}, 5, /*seed=*/7);
   std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);

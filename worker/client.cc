@@ -283,6 +283,20 @@ absl::Status Client::PushTensorPart(
   return PushChunksOf(tensor, gradient, hyperparameters, false, ready);
 }
 
+bool Client::AwaitWeights(int tensor, int64_t elements) {
+  if (open_ == nullptr || !open_->AwaitsWeights() || tensor < 0 ||
+      tensor >= layout_.tensors_size() || !open_->pushed(tensor)) {
+    return false;
+  }
+  const absl::Time deadline = open_->start() + options_.rpc_timeout;
+  for (uint32_t id = plan_.first_chunk[tensor];
+       id < plan_.first_chunk[tensor + 1] && chunks_[id].offset < elements;
+       ++id) {
+    if (!lanes_[plan_.lane_of[id]]->AwaitReplied(id, deadline)) return false;
+  }
+  return true;
+}
+
 absl::Status Client::PushNoGradient(
     int tensor, const StepHyperparameters& hyperparameters) {
   return PushChunksOf(tensor, {}, hyperparameters, true, 0);

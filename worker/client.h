@@ -281,6 +281,16 @@ class Client : private LaneOwner {
   absl::Status PushTensorPart(int tensor, absl::Span<const float> gradient,
                               int64_t ready,
                               const StepHyperparameters& hyperparameters = {});
+  // While a one-phase step with weights is open, once `tensor` is pushed:
+  // waits until the weights of its first `elements` (every chunk holding
+  // one of them) are in the step's weight buffers, so that the caller may
+  // read them while the rest arrives (the next step's first layer, computed
+  // ahead). Up to the step's deadline (rpc_timeout from its start). False,
+  // changing nothing, when they are not: a lane failed (FinishStep retries
+  // and reports it), replies that come through shared-memory rings (taken
+  // by FinishStep), a two-phase or push-only step, no step open, or a
+  // tensor not pushed or out of range.
+  bool AwaitWeights(int tensor, int64_t elements);
   // This rank has no gradient for `tensor` at this step
   // (PushPullRequest.no_gradient): when no rank has one, the servers skip
   // the tensor's update. Same errors as PushTensor.
@@ -388,6 +398,14 @@ class Client : private LaneOwner {
   // After Declare: payloads to and from shard `shard` go through shared
   // memory.
   bool shared_memory(uint32_t shard) const { return shm_.shared_memory(shard); }
+  // Some shard's replies come through shared-memory message rings (taken
+  // by FinishStep: AwaitWeights cannot wait for them).
+  bool replies_through_rings() const {
+    for (const auto& lane : lanes_) {
+      if (shm_.rings(lane->shard)) return true;
+    }
+    return false;
+  }
   // After Declare: PushPull streams to shard `shard` pass their headers
   // through message rings.
   bool rings(uint32_t shard) const;

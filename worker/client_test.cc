@@ -21,7 +21,8 @@ namespace {
 // chunks, so that every lane of every shard carries some.
 class ClientStepTest : public ::testing::Test {
  protected:
-  void Start(uint32_t num_workers, v1::InitSpec::Kind init) {
+  void Start(uint32_t num_workers, v1::InitSpec::Kind init,
+             bool shared_memory = true) {
     shards_ = std::make_unique<server::TestShards>(2, num_workers);
     SHARDPS_ASSERT_OK(shards_->status());
     addresses_ = shards_->addresses();
@@ -49,6 +50,7 @@ class ClientStepTest : public ::testing::Test {
       co.servers = addresses_;
       co.rank = r;
       co.connect_timeout = absl::Seconds(30);
+      co.shared_memory = shared_memory;
       absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(co);
       SHARDPS_ASSERT_OK(client);
       SHARDPS_ASSERT_OK((*client)->Declare(layout_, sgd_));
@@ -254,6 +256,62 @@ TEST_F(ClientStepTest, PartsMustComeFromOneBufferWithTheSameSettings) {
       << missing;
   SHARDPS_ASSERT_OK(client.PushPull(0, Grads(), Weights()));
   EXPECT_EQ(weights_[0][0], -0.5f * grads_[0][0]);
+}
+
+// The weights of a tensor's first elements can be awaited before the
+// step ends (the next step's first layer is computed from them while the
+// rest arrives): they are final when AwaitWeights says so.
+TEST_F(ClientStepTest, AwaitedWeightsAreFinalBeforeTheStepEnds) {
+  Start(2, v1::InitSpec::KIND_ZEROS, /*shared_memory=*/false);
+  std::vector<std::vector<float>> other = weights_;
+  Tensors other_views;
+  for (auto& w : other) other_views.emplace_back(absl::MakeSpan(w));
+  Client& client = *clients_[0];
+  // No step, or a tensor not pushed yet, or out of range: nothing to wait
+  // for.
+  EXPECT_FALSE(client.AwaitWeights(0, 70));
+  SHARDPS_ASSERT_OK(client.BeginStep(0, Weights()));
+  EXPECT_FALSE(client.AwaitWeights(0, 70));
+  EXPECT_FALSE(client.AwaitWeights(3, 1));
+  for (int t = 2; t >= 0; --t)
+    SHARDPS_ASSERT_OK(client.PushTensor(t, grads_[t]));
+  // Rank 1 pushes only embed: its weights come; fc's cannot yet.
+  SHARDPS_ASSERT_OK(clients_[1]->BeginStep(0, other_views));
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(0, grads_[0]));
+  ASSERT_TRUE(client.AwaitWeights(0, 70));
+  for (int i = 0; i < 70; ++i) {
+    ASSERT_EQ(weights_[0][i], -0.5f * grads_[0][i]) << i;
+  }
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(1, grads_[1]));
+  SHARDPS_ASSERT_OK(clients_[1]->PushTensor(2, grads_[2]));
+  ASSERT_TRUE(client.AwaitWeights(1, 20));
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(weights_[1][i], -0.5f * grads_[1][i]) << i;
+  }
+  SHARDPS_ASSERT_OK(client.FinishStep());
+  SHARDPS_ASSERT_OK(clients_[1]->FinishStep());
+  EXPECT_EQ(weights_, other);
+  // A two-phase step's first replies carry no weights.
+  StepOptions two_phase;
+  two_phase.second_phase = true;
+  two_phase.max_grad_norm = 1.0f;
+  SHARDPS_ASSERT_OK(client.BeginStep(1, Weights(), two_phase));
+  for (int t = 2; t >= 0; --t)
+    SHARDPS_ASSERT_OK(client.PushTensor(t, grads_[t]));
+  EXPECT_FALSE(client.AwaitWeights(0, 70));
+  client.AbortStep();
+}
+
+// Replies through shared memory are taken when the step ends.
+TEST_F(ClientStepTest, WeightsThroughSharedMemoryAreNotAwaited) {
+  Start(1, v1::InitSpec::KIND_ZEROS, /*shared_memory=*/true);
+  ASSERT_TRUE(clients_[0]->replies_through_rings());
+  SHARDPS_ASSERT_OK(clients_[0]->BeginStep(0, Weights()));
+  for (int t = 2; t >= 0; --t) {
+    SHARDPS_ASSERT_OK(clients_[0]->PushTensor(t, grads_[t]));
+  }
+  EXPECT_FALSE(clients_[0]->AwaitWeights(0, 70));
+  SHARDPS_ASSERT_OK(clients_[0]->FinishStep());
 }
 
 TEST_F(ClientStepTest, TwoRanksPushingTensorByTensorGetTheMean) {

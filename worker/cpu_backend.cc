@@ -33,7 +33,13 @@ class CpuBackend final : public Backend {
                                      int b, float scale,
                                      absl::Span<const absl::Span<float>> grads,
                                      const GradientReady& ready,
-                                     const GradientPartReady& part) override;
+                                     const GradientPartReady& part,
+                                     bool first_layer_ahead) override;
+  int DoFirstLayerBlock() const override {
+    return std::max(1, kGradientBlockBytes / (width(0) * 4));
+  }
+  void DoForwardFirstLayer(const float* x, int b, int begin, int end,
+                           const float* weight, const float* bias) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -46,9 +52,9 @@ class CpuBackend final : public Backend {
   const float* input(int l, const float* x) const {
     return l == 0 ? x : acts_[l - 1].data();
   }
-  // Computes acts_[l] = layer l's output for every layer; the last holds the
-  // logits.
-  void Forward(const float* x, int b);
+  // Computes acts_[l] = layer l's output for every layer (but the first
+  // when `first_layer_ahead`: computed already); the last holds the logits.
+  void Forward(const float* x, int b, bool first_layer_ahead = false);
   // Sums the per-row results of the softmax-xent twin.
   double SumLoss(int b) const;
 
@@ -89,8 +95,32 @@ absl::Status CpuBackend::DoSetParams(
   return absl::OkStatus();
 }
 
-void CpuBackend::Forward(const float* x, int b) {
-  for (int l = 0; l < num_layers(); ++l) {
+void CpuBackend::DoForwardFirstLayer(const float* x, int b, int begin, int end,
+                                     const float* weight, const float* bias) {
+  const int in = width(0);
+  const int out = width(1);
+  float* y = acts_[0].data();
+  // y[:, begin..end] (b, end - begin) = x (b, in) * W[begin..end]^T.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, end - begin, in, 1.0f,
+              x, in, weight + static_cast<int64_t>(begin) * in, in, 0.0f,
+              y + begin, out);
+  for (int r = 0; r < b; ++r) {
+    BiasActivationCpu(y + static_cast<int64_t>(r) * out + begin, bias + begin,
+                      1, end - begin, /*relu=*/num_layers() > 1);
+  }
+}
+
+void CpuBackend::Forward(const float* x, int b, bool first_layer_ahead) {
+  // The first layer in the blocks ForwardFirstLayer computes ahead: the
+  // same bits either way.
+  if (!first_layer_ahead) {
+    const int block = DoFirstLayerBlock();
+    for (int u = 0; u < width(1); u += block) {
+      DoForwardFirstLayer(x, b, u, std::min(u + block, width(1)), weight(0),
+                          bias(0));
+    }
+  }
+  for (int l = 1; l < num_layers(); ++l) {
     const int in = width(l);
     const int out = width(l + 1);
     float* y = acts_[l].data();
@@ -111,8 +141,8 @@ double CpuBackend::SumLoss(int b) const {
 absl::StatusOr<double> CpuBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
     absl::Span<const absl::Span<float>> grads, const GradientReady& ready,
-    const GradientPartReady& part) {
-  Forward(x, b);
+    const GradientPartReady& part, bool first_layer_ahead) {
+  Forward(x, b, first_layer_ahead);
   const int last = num_layers() - 1;
   float* dz = delta_[0].data();  // d(loss)/d(pre-activation) of layer l
   float* da = delta_[1].data();  // d(loss)/d(input) of layer l

@@ -97,9 +97,21 @@ bool Lane::Arm(absl::Span<const uint32_t> ids, size_t num_chunks,
   expected.assign(num_chunks, false);
   for (uint32_t id : ids) expected[id] = true;
   answered.clear();
+  replied.assign(num_chunks, false);
   status = absl::OkStatus();
   writes_done = start;
   return true;
+}
+
+bool Lane::AwaitReplied(uint32_t id, absl::Time deadline) {
+  if (call == nullptr || call->ring()) return false;
+  absl::MutexLock lock(&mu);
+  if (!in_step || id >= replied.size()) return false;
+  const auto over = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return replied[id] || reads_over || !status.ok();
+  };
+  mu.AwaitWithDeadline(absl::Condition(&over), deadline);
+  return replied[id];
 }
 
 void Lane::BeginStep(LaneOwner* owner, const RegionsToName& names,
@@ -463,7 +475,10 @@ bool LaneCall::TakeRead() {
   read_buf_.Clear();
   absl::MutexLock lock(&lane_->mu);
   if (took) --lane_->taking;
-  if (s.ok()) lane_->answered.push_back(lane_->reply.response.chunk_id());
+  if (s.ok()) {
+    lane_->answered.push_back(lane_->reply.response.chunk_id());
+    lane_->replied[lane_->reply.response.chunk_id()] = true;
+  }
   if (!s.ok()) Stop(s);
   return s.ok();
 }
@@ -547,6 +562,7 @@ absl::Status LaneCall::TakeRing() {
         owner_->TakeReply(lane_, &expected_view(), regions()));
     absl::MutexLock lock(&lane_->mu);
     lane_->answered.push_back(r.response.chunk_id());
+    lane_->replied[r.response.chunk_id()] = true;
   }
 }
 

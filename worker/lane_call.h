@@ -133,6 +133,12 @@ struct Lane {
                     const std::function<absl::Status(Reply*)>& take);
   // When the step's last write went out.
   absl::Time writes_done_at() ABSL_LOCKS_EXCLUDED(mu);
+  // Waits up to `deadline` until the open step's reply to chunk `id` (one
+  // of this lane's) was taken into the caller's buffers. False when it
+  // was not: the deadline, the lane's error or the end of its stream, a
+  // call that takes replies from a ring (the stepping thread takes those,
+  // in EndStep), or no call. The stepping thread's.
+  bool AwaitReplied(uint32_t id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu);
 
   // The message of one chunk: `header`, then `bytes` of gradient at `data`
   // (null: none), referenced rather than copied and counted until gRPC
@@ -155,7 +161,8 @@ struct Lane {
   // By chunk id: a reply is still expected (the step's chunks at Open).
   std::vector<bool> expected ABSL_GUARDED_BY(mu);
   std::vector<uint32_t> answered ABSL_GUARDED_BY(mu);
-  int taking ABSL_GUARDED_BY(mu) = 0;  // replies being written out
+  std::vector<bool> replied ABSL_GUARDED_BY(mu);  // by chunk id: answered
+  int taking ABSL_GUARDED_BY(mu) = 0;             // replies being written out
   // The step's first error on this lane (a bad reply, a chunk that could
   // not be encoded, a deadline); the call's own status comes after it.
   absl::Status status ABSL_GUARDED_BY(mu);

@@ -72,6 +72,10 @@ class OpenStep {
   int tensors_left() const {
     return model_.layout->tensors_size() - num_pushed_;
   }
+  // Whether `tensor` was pushed whole.
+  bool pushed(int tensor) const { return pushed_[tensor]; }
+  // One phase, with weights: each chunk's reply brings its final weights.
+  bool AwaitsWeights() const { return !push_only_ && !options_.second_phase; }
   // The names of the tensors not pushed yet.
   std::vector<std::string> Missing() const;
 

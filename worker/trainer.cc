@@ -31,6 +31,8 @@ struct Trainer::EpochStats {
   // From the first push to the last reply (overlapping compute), and the
   // part of it after backward, which the step waited for.
   absl::Duration exchange, exposed;
+  // Steps whose next batch's first layer was computed during the replies.
+  int64_t ahead = 0;
   absl::Time start = absl::Now();
   double PerStepMs(absl::Duration d) const {
     return absl::ToDoubleMilliseconds(d) / std::max<int64_t>(1, steps);
@@ -165,11 +167,43 @@ Tensors Trainer::GradientBuffers() {
   return v.empty() ? OwnBuffers(params_, &grads_) : v;
 }
 
+bool Trainer::ComputeAhead(absl::Span<const int64_t> next) {
+  const int block = backend_->first_layer_block();
+  if (block == 0 || next.empty()) return false;
+  const Tensors weights = WeightViews();
+  const int units = static_cast<int>(weights[1].size());
+  const int64_t in = model_.num_features();
+  train_.FillBatch(next, x_ahead_.data(), labels_ahead_.data());
+  const absl::Span<const float> x = absl::MakeConstSpan(
+      x_ahead_.data(), static_cast<int64_t>(next.size()) * in);
+  // The bias, then the weight's rows, as their replies come.
+  if (!client_->AwaitWeights(1, units)) return false;
+  for (int u = 0; u < units; u += block) {
+    const int end = std::min(u + block, units);
+    if (!client_->AwaitWeights(0, end * in) ||
+        !backend_->ForwardFirstLayer(x, u, end, weights[0], weights[1]).ok()) {
+      return false;
+    }
+  }
+  ahead_indices_.assign(next.begin(), next.end());
+  return true;
+}
+
 absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
-                           EpochStats* stats) {
+                           absl::Span<const int64_t> next, EpochStats* stats) {
   const absl::Time start = absl::Now();
   const int b = static_cast<int>(indices.size());
-  train_.FillBatch(indices, x_.data(), labels_.data());
+  // Computed ahead during the last step (for this step and batch; a
+  // rollback or a failure in between leaves none).
+  const bool ahead =
+      ahead_step_ == step && absl::MakeConstSpan(ahead_indices_) == indices;
+  ahead_step_ = -1;
+  if (ahead) {
+    std::swap(x_, x_ahead_);
+    std::swap(labels_, labels_ahead_);
+  } else {
+    train_.FillBatch(indices, x_.data(), labels_.data());
+  }
   SHARDPS_RETURN_IF_ERROR(backend_->SetParams(Params()));
   const Tensors grads = GradientBuffers();
   // scale = W / B: the servers average the W contributions, so the update
@@ -200,13 +234,19 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
       [&](int param, int64_t elements) {
         if (!first_push.has_value()) first_push = absl::Now();
         return client_->PushTensorPart(param, grads[param], elements);
-      });
+      },
+      ahead);
   if (!loss.ok()) {
     client_->AbortStep();
     return loss.status();
   }
   const absl::Time computed = absl::Now();
+  const bool computed_ahead = !step_options.second_phase && ComputeAhead(next);
   SHARDPS_RETURN_IF_ERROR(client_->FinishStep());
+  if (computed_ahead) {
+    ahead_step_ = step + 1;
+    ++stats->ahead;
+  }
   const absl::Time done = absl::Now();
   const absl::Duration exposed = done - computed;
   stats->compute += computed - start;
@@ -322,6 +362,8 @@ absl::Status Trainer::Prepare() {
   SHARDPS_RETURN_IF_ERROR(backend_->Init(model_, static_cast<int>(max_batch)));
   x_.resize(max_batch * model_.num_features());
   labels_.resize(max_batch);
+  x_ahead_.resize(x_.size());
+  labels_ahead_.resize(labels_.size());
   return client_->Declare(
       ModelLayout(model_, options_.seed, options_.chunk_bytes,
                   options_.link_bits_per_second),
@@ -375,6 +417,15 @@ absl::Status Trainer::EndEpoch(int epoch, int64_t step, bool last,
         100 * absl::ToDoubleSeconds(stats.wait) / total,
         stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
         stats.PerStepMs(stats.exposed));
+    LogInfo(
+        "epoch %d: the next batch's first layer was computed while the "
+        "replies came in %d of %d steps%s",
+        epoch, stats.ahead, stats.steps,
+        backend_->first_layer_block() == 0
+            ? " (this backend computes it in the step)"
+        : client_->replies_through_rings()
+            ? " (replies through shared memory are taken at the step's end)"
+            : "");
     if (options_.clip_grad_norm > 0) {
       LogInfo("epoch %d: mean global gradient norm %.4f (clipped to %g)", epoch,
               stats.grad_norm_sum / std::max<int64_t>(1, stats.steps),
@@ -436,9 +487,17 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       if (options_.step_delay > absl::ZeroDuration()) {
         absl::SleepFor(options_.step_delay);
       }
+      // The next step's batch, in this epoch (its first layer is computed
+      // while this step's replies arrive).
+      IndexRange next{0, 0};
+      if (s + 1 < steps_per_epoch &&
+          !(options_.max_steps > 0 && step + 1 >= options_.max_steps)) {
+        next = WorkerSlice((s + 1) * options_.batch_size, options_.batch_size,
+                           position, static_cast<int>(epoch_workers_));
+      }
       const absl::Status pushed = Step(
           step, absl::MakeConstSpan(perm).subspan(slice.begin, slice.size()),
-          &stats);
+          absl::MakeConstSpan(perm).subspan(next.begin, next.size()), &stats);
       if (!pushed.ok()) {
         SHARDPS_ASSIGN_OR_RETURN(rejoined_at, recovery.Recover(pushed, step));
         break;

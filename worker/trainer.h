@@ -118,8 +118,16 @@ class Trainer {
 
  private:
   struct EpochStats;
+  // One step of the batch `indices`; `next`: the next step's batch, whose
+  // first layer is computed ahead while this step's replies arrive (none:
+  // the epoch's last step).
   absl::Status Step(int64_t step, absl::Span<const int64_t> indices,
-                    EpochStats* stats);
+                    absl::Span<const int64_t> next, EpochStats* stats);
+  // While `step`'s replies arrive: the first layer of step + 1's batch
+  // `next`, a block at a time as the weights of its units come. False when
+  // it was not computed (a backend that cannot, replies through rings, a
+  // lane that failed): the next step computes it.
+  bool ComputeAhead(absl::Span<const int64_t> next);
   absl::StatusOr<EvalResult> Evaluate();
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
@@ -161,6 +169,12 @@ class Trainer {
   std::vector<std::vector<float>> grads_;    // when the client has none
   std::vector<float> x_;  // one batch of inputs, converted from the dataset
   std::vector<int32_t> labels_;
+  // The next step's batch, whose first layer the backend computed ahead
+  // (ahead_step_: that step; -1: none).
+  std::vector<float> x_ahead_;
+  std::vector<int32_t> labels_ahead_;
+  std::vector<int64_t> ahead_indices_;
+  int64_t ahead_step_ = -1;
 };
 
 }  // namespace shardps::worker

@@ -121,6 +121,15 @@ TEST(EmulatedHostsE2eTest, EveryProcessTrainsOverItsOwnLink) {
         log, "every connection to a server has a 305.2 KiB TCP receive buffer"))
         << worker << ": " << log;
   }
+  // Over gRPC each step but the epoch's last computed the next batch's
+  // first layer while its replies came (the lead logs the epoch).
+  const std::string lead_log =
+      testing::ReadFile(absl::StrCat(run_dir, "/logs/worker-0.log"));
+  EXPECT_TRUE(absl::StrContains(
+      lead_log,
+      "epoch 1: the next batch's first layer was computed while the "
+      "replies came in 15 of 16 steps\n"))
+      << lead_log;
   for (const char* server : {"server-0", "server-1"}) {
     const std::string log =
         testing::ReadFile(absl::StrCat(run_dir, "/logs/", server, ".log"));

@@ -79,7 +79,8 @@ class CudaBackend final : public Backend {
                                      int b, float scale,
                                      absl::Span<const absl::Span<float>> grads,
                                      const GradientReady& ready,
-                                     const GradientPartReady& part) override;
+                                     const GradientPartReady& part,
+                                     bool first_layer_ahead) override;
   absl::StatusOr<EvalResult> DoEvaluate(const float* x, const int32_t* labels,
                                         int b) override;
 
@@ -315,7 +316,7 @@ absl::StatusOr<EvalResult> CudaBackend::FinishRows(int b) {
 absl::StatusOr<double> CudaBackend::DoGradients(
     const float* x, const int32_t* labels, int b, float scale,
     absl::Span<const absl::Span<float>> grads, const GradientReady& /*ready*/,
-    const GradientPartReady& /*part*/) {
+    const GradientPartReady& /*part*/, bool /*first_layer_ahead*/) {
   SHARDPS_RETURN_IF_ERROR(
       ForwardAndLoss(x, labels, b, scale, /*want_gradient=*/true));
   SHARDPS_RETURN_IF_ERROR(Backward(b));
