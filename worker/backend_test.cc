@@ -156,13 +156,13 @@ TEST(CpuBackendTest, ReportsALargeWeightInFinalBlocksOfRows) {
   SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.25f, Spans(want)));
   std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
   std::vector<std::string> events;
+  const Backend::GradientReady ready = [&](int param) {
+    events.push_back(absl::StrCat(param));
+    return absl::OkStatus();
+  };
   std::vector<std::vector<float>> seen_parts;
   absl::StatusOr<double> loss = backend->Gradients(
-      p.x, p.labels, 0.25f, Spans(grads),
-      [&](int param) {
-        events.push_back(absl::StrCat(param));
-        return absl::OkStatus();
-      },
+      p.x, p.labels, 0.25f, Spans(grads), ready,
       [&](int param, int64_t elements) {
         events.push_back(absl::StrCat(param, ":", elements));
         seen_parts.emplace_back(grads[param].begin(),
@@ -183,16 +183,11 @@ TEST(CpuBackendTest, ReportsALargeWeightInFinalBlocksOfRows) {
   events.clear();
   const absl::Status stopped =
       backend
-          ->Gradients(
-              p.x, p.labels, 0.25f, Spans(grads),
-              [&](int param) {
-                events.push_back(absl::StrCat(param));
-                return absl::OkStatus();
-              },
-              [&](int param, int64_t elements) {
-                events.push_back(absl::StrCat(param, ":", elements));
-                return absl::UnavailableError("shard down");
-              })
+          ->Gradients(p.x, p.labels, 0.25f, Spans(grads), ready,
+                      [&](int param, int64_t elements) {
+                        events.push_back(absl::StrCat(param, ":", elements));
+                        return absl::UnavailableError("shard down");
+                      })
           .status();
   EXPECT_EQ(stopped, absl::UnavailableError("shard down"));
   EXPECT_EQ(events, (std::vector<std::string>{"3", "2", "1", "0:65536"}));
