@@ -167,6 +167,19 @@ Tensors Trainer::GradientBuffers() {
   return v.empty() ? OwnBuffers(params_, &grads_) : v;
 }
 
+std::string Trainer::NoAheadReason() const {
+  if (backend_->first_layer_block() == 0) {
+    return "the backend computes it in the step";
+  }
+  if (options_.clip_grad_norm > 0) {
+    return "a clipped step's weights come after its second phase";
+  }
+  if (client_->replies_through_rings()) {
+    return "replies through shared memory are taken at the step's end";
+  }
+  return "";
+}
+
 bool Trainer::ComputeAhead(absl::Span<const int64_t> next) {
   const int block = backend_->first_layer_block();
   if (block == 0 || next.empty()) return false;
@@ -417,15 +430,13 @@ absl::Status Trainer::EndEpoch(int epoch, int64_t step, bool last,
         100 * absl::ToDoubleSeconds(stats.wait) / total,
         stats.PerStepMs(stats.compute), stats.PerStepMs(stats.exchange),
         stats.PerStepMs(stats.exposed));
-    LogInfo(
-        "epoch %d: the next batch's first layer was computed while the "
-        "replies came in %d of %d steps%s",
-        epoch, stats.ahead, stats.steps,
-        backend_->first_layer_block() == 0
-            ? " (this backend computes it in the step)"
-        : client_->replies_through_rings()
-            ? " (replies through shared memory are taken at the step's end)"
-            : "");
+    // Where it cannot be, Run said so once.
+    if (NoAheadReason().empty() || stats.ahead > 0) {
+      LogInfo(
+          "epoch %d: the next batch's first layer was computed while the "
+          "replies came in %d of %d steps",
+          epoch, stats.ahead, stats.steps);
+    }
     if (options_.clip_grad_norm > 0) {
       LogInfo("epoch %d: mean global gradient norm %.4f (clipped to %g)", epoch,
               stats.grad_norm_sum / std::max<int64_t>(1, stats.steps),
@@ -457,6 +468,12 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   }
   SHARDPS_RETURN_IF_ERROR(client_->Pull(WeightViews()));
   LogInfo("%s", client_->DescribeTransport());
+  if (const std::string why = NoAheadReason(); !why.empty()) {
+    LogInfo(
+        "each step computes its batch's first layer itself, not while the "
+        "last step's replies come: %s",
+        why);
+  }
   LogInfo(
       "model %s (%d parameters) declared in %s; %d steps per epoch, %d "
       "epochs",

@@ -128,6 +128,9 @@ class Trainer {
   // it was not computed (a backend that cannot, replies through rings, a
   // lane that failed): the next step computes it.
   bool ComputeAhead(absl::Span<const int64_t> next);
+  // Why no step can compute the next batch's first layer ahead ("": they
+  // can).
+  std::string NoAheadReason() const;
   absl::StatusOr<EvalResult> Evaluate();
   // The ranks sharing this epoch's batches (including this one).
   std::vector<uint32_t> EpochRanks() const;
