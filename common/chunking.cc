@@ -122,14 +122,22 @@ uint64_t MinAutoChunkBytes(int64_t link_bits_per_second) {
   return chunk;
 }
 
-uint64_t AutoChunkBytes(int64_t model_bytes, int64_t link_bits_per_second) {
+uint64_t AutoChunkBytes(int64_t model_bytes, int64_t link_bits_per_second,
+                        int wire_bytes_per_element) {
+  // The rules are of wire bytes; a chunk is sized in fp32 bytes, `scale`
+  // times its wire bytes.
+  const uint64_t scale =
+      wire_bytes_per_element == 1 || wire_bytes_per_element == 2
+          ? static_cast<uint64_t>(4 / wire_bytes_per_element)
+          : 1;
+  const uint64_t wire_model =
+      static_cast<uint64_t>(std::max<int64_t>(model_bytes, 0)) / scale;
   uint64_t chunk = MinAutoChunkBytes(link_bits_per_second);
   while (chunk < kMaxAutoChunkBytes &&
-         chunk * 2 * kAutoChunksPerModel <=
-             static_cast<uint64_t>(std::max<int64_t>(model_bytes, 0))) {
+         chunk * 2 * kAutoChunksPerModel <= wire_model) {
     chunk *= 2;
   }
-  return chunk;
+  return chunk * scale;
 }
 
 int64_t ModelBytes(const v1::Layout& layout) {
@@ -138,10 +146,11 @@ int64_t ModelBytes(const v1::Layout& layout) {
   return bytes;
 }
 
-void ChooseChunkBytes(v1::Layout& layout, int64_t link_bits_per_second) {
+void ChooseChunkBytes(v1::Layout& layout, int64_t link_bits_per_second,
+                      int wire_bytes_per_element) {
   if (layout.chunk_bytes() == 0) {
-    layout.set_chunk_bytes(
-        AutoChunkBytes(ModelBytes(layout), link_bits_per_second));
+    layout.set_chunk_bytes(AutoChunkBytes(
+        ModelBytes(layout), link_bits_per_second, wire_bytes_per_element));
     layout.set_chunk_count_multiple(kAutoChunkCountMultiple);
   }
 }

@@ -95,6 +95,32 @@ TEST(ChunkingTest, AutoChunkOnASlowLinkIsWhatItCarriesInHalfAMillisecond) {
   EXPECT_EQ(layout.chunk_count_multiple(), kAutoChunkCountMultiple);
 }
 
+TEST(ChunkingTest, AutoChunkRulesHoldForTheBytesOnTheWire) {
+  // bf16 both ways: the main job's chunks carry 64 KiB on the wire, 128 KiB
+  // of fp32; 1 byte an element, 256 KiB.
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 0, 2), 128u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 1000000000, 2), 128u << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 0, 1), 256u << 10);
+  // 16 KiB on the wire at 100 Mbit/s.
+  EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 100000000, 2), 32u << 10);
+  // A 1/128 of the wire bytes: the wide GPT keeps its 256 KiB of fp32.
+  EXPECT_EQ(AutoChunkBytes(int64_t{51200000}, 0, 2), 256u << 10);
+  // At most kMaxAutoChunkBytes on the wire.
+  EXPECT_EQ(AutoChunkBytes(int64_t{1} << 40, 0, 2), 2 * kMaxAutoChunkBytes);
+  // fp32, and anything that is not 1 or 2 bytes: as before.
+  for (const int bytes : {4, 0, 3, 8, -2}) {
+    EXPECT_EQ(AutoChunkBytes(int64_t{2} << 20, 0, bytes), 64u << 10) << bytes;
+  }
+  v1::Layout layout = MakeLayout({{512 << 10}}, 0);
+  ChooseChunkBytes(layout, 1000000000, 2);
+  EXPECT_EQ(layout.chunk_bytes(), 128u << 10);
+  EXPECT_EQ(layout.chunk_count_multiple(), kAutoChunkCountMultiple);
+  // A size given is left alone.
+  layout.set_chunk_bytes(4096);
+  ChooseChunkBytes(layout, 1000000000, 2);
+  EXPECT_EQ(layout.chunk_bytes(), 4096u);
+}
+
 TEST(ChunkingTest, ATensorOfManyChunksSplitsIntoAMultipleOfTheMultiple) {
   EXPECT_EQ(ChunkCount(100, 10, 0), 10);
   EXPECT_EQ(ChunkCount(101, 10, 0), 11);

@@ -545,9 +545,11 @@ absl::StatusOr<std::vector<ChunkState>> LoadChunksForShard(
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint %s is of a different model: its fingerprint is %016x, "
         "the declaration's %016x (tensors, optimizer and chunk size count; "
-        "automatic chunks depend on the workers' --link_rate: restart them "
-        "with the --chunk_kib or --link_rate (Python: chunk_bytes, "
-        "link_rate) it was written with)",
+        "automatic chunks depend on the workers' --link_rate and on "
+        "whether their --compression and --weight_encoding take 2 bytes an "
+        "element: restart them with the --chunk_kib or --link_rate and "
+        "encodings (Python: chunk_bytes, link_rate, compression, "
+        "weight_encoding) it was written with)",
         ckpt.step_dir, ckpt.fingerprint, plan.fingerprint));
   }
   if (ckpt.num_shards == 0 || ckpt.files.size() != ckpt.num_shards) {

@@ -85,6 +85,13 @@ absl::Status ValidateCompression(const Compression& c) {
   return absl::OkStatus();
 }
 
+int WireBytesPerElement(const Compression& c) {
+  const bool gradients_half = c.gradients == v1::ENCODING_BF16 ||
+                              c.gradients == v1::ENCODING_FP16 ||
+                              c.gradients == v1::ENCODING_INT8;
+  return gradients_half && c.weights == v1::ENCODING_BF16 ? 2 : 4;
+}
+
 std::string CompressionName(const Compression& c) {
   std::string name;
   switch (c.gradients) {

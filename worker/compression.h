@@ -53,6 +53,11 @@ absl::StatusOr<v1::Encoding> ParseWeightEncoding(absl::string_view spec,
                                                  double* topk_ratio);
 // InvalidArgument for a combination that cannot be sent.
 absl::Status ValidateCompression(const Compression& c);
+// The bytes an element takes on the wire in the larger direction, for
+// automatic chunks (AutoChunkBytes): 4 for fp32 gradients or weights (and
+// for top-k, whose warmup and indices can take as much), else 2 (bf16 or
+// fp16 gradients, or int8 ones, with bf16 weights).
+int WireBytesPerElement(const Compression& c);
 // "bf16", "topk:0.01 without error feedback", "fp32 (bf16 weights)": for
 // logs.
 std::string CompressionName(const Compression& c);

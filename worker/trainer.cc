@@ -107,7 +107,8 @@ absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
 }
 
 v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
-                       uint64_t chunk_bytes, int64_t link_bits_per_second) {
+                       uint64_t chunk_bytes, int64_t link_bits_per_second,
+                       int wire_bytes_per_element) {
   v1::Layout layout;
   layout.set_chunk_bytes(chunk_bytes);
   for (const ParamSpec& p : model.Params(seed)) {
@@ -120,7 +121,7 @@ v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
       t->mutable_init()->set_seed(p.seed);
     }
   }
-  ChooseChunkBytes(layout, link_bits_per_second);
+  ChooseChunkBytes(layout, link_bits_per_second, wire_bytes_per_element);
   return layout;
 }
 
@@ -379,7 +380,8 @@ absl::Status Trainer::Prepare() {
   labels_ahead_.resize(labels_.size());
   return client_->Declare(
       ModelLayout(model_, options_.seed, options_.chunk_bytes,
-                  options_.link_bits_per_second),
+                  options_.link_bits_per_second,
+                  WireBytesPerElement(client_->compression())),
       optimizer_);
 }
 

@@ -95,9 +95,11 @@ absl::StatusOr<int64_t> StepsPerEpoch(int64_t num_samples, int64_t batch_size,
                                       uint32_t num_workers);
 
 // The layout the servers hold for `model`, parameters in Params() order;
-// chunk_bytes 0 chooses them (ChooseChunkBytes, for links of that rate).
+// chunk_bytes 0 chooses them (ChooseChunkBytes, for links of that rate and
+// elements of that many bytes on the wire: WireBytesPerElement).
 v1::Layout ModelLayout(const ModelSpec& model, uint64_t seed,
-                       uint64_t chunk_bytes, int64_t link_bits_per_second = 0);
+                       uint64_t chunk_bytes, int64_t link_bits_per_second = 0,
+                       int wire_bytes_per_element = 4);
 
 struct TrainResult {
   int epoch = 0;

@@ -47,7 +47,10 @@ ABSL_FLAG(int64_t, chunk_kib, 0,
           "Largest parameter chunk, in KiB: the unit a server owns, sums and "
           "answers. 0: chosen from the model's size (the largest power of two "
           "at most 1/128 of it, from 64 KiB to 1 MiB), so that servers carry "
-          "nearly equal bytes and a step's pipeline fills fast.");
+          "nearly equal bytes and a step's pipeline fills fast; counted in "
+          "wire bytes, so with 2-byte gradients and --weight_encoding=bf16 "
+          "a chunk holds twice the elements. Every worker of a job must "
+          "choose the same.");
 ABSL_FLAG(std::string, link_rate, "",
           "The slowest network link between workers and servers, as tc "
           "writes rates (100mbit, 1gbit); empty: not known. With automatic "

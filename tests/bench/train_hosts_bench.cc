@@ -373,9 +373,11 @@ absl::Status RunTrainHostsBench(const TrainHostsOptions& o) {
       o.epochs, FormatLinkRate(rate),
       o.chunk_kib > 0
           ? absl::StrCat(o.chunk_kib, " KiB")
-          : absl::StrCat("automatic (",
-                         AutoChunkBytes(kMainJobModelBytes, rate) >> 10,
-                         " KiB: the workers get --link_rate)"));
+          : absl::StrCat(
+                "automatic (", AutoChunkBytes(kMainJobModelBytes, rate) >> 10,
+                " KiB; ", AutoChunkBytes(kMainJobModelBytes, rate, 2) >> 10,
+                " KiB with bf16 both ways, the same bytes on the wire: the "
+                "workers get --link_rate)"));
   std::vector<RowResult> results;
   // DDP's run depends on the workers and its encoding only (not on the
   // servers): each runs once, its figures shared by the rows that need it.

@@ -190,6 +190,24 @@ TEST(LocalLauncherTest, AutomaticChunksAreFinerOnASlowLink) {
       << slow.output;
 }
 
+TEST(LocalLauncherTest, AutomaticChunksCountTheBytesOnTheWire) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
+  // bf16 both ways on the same slow link: 16 KiB on the wire is 32 KiB of
+  // fp32, so fc1.weight becomes 4 chunks, not 7.
+  const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";
+  const CommandResult done = RunLauncher(
+      run_dir,
+      {"--servers=3", "--workers=1", "--dataset=fashion-mnist",
+       "--model=mlp:784-32-10", "--epochs=1", "--train_limit=256",
+       "--test_limit=100", "--batch_size=128", "--timeout_s=240",
+       "--link_rate=100mbit", "--compression=bf16", "--weight_encoding=bf16"},
+      absl::Minutes(5));
+  ASSERT_EQ(done.code, 0) << done.output;
+  EXPECT_TRUE(absl::StrContains(
+      done.output, "declared in 7 chunks of up to 32 KiB over 3 shards"))
+      << done.output;
+}
+
 TEST(LocalLauncherTest, StaticModeRunsWithoutACoordinator) {
   if (!testing::HaveFashionMnist()) GTEST_SKIP() << testing::kNoFashionMnist;
   const std::string run_dir = testing::MakeTempDir("shardps-local") + "/run";

@@ -130,8 +130,9 @@ class PySession {
       Raise(absl::InvalidArgumentError(
           absl::StrCat("chunk_bytes ", chunk_bytes, " is negative")));
     }
-    // 0: from the model's size and the links' rate.
-    ChooseChunkBytes(layout, link_bits_per_second_);
+    // 0: from the model's size, the links' rate and the wire encodings.
+    ChooseChunkBytes(layout, link_bits_per_second_,
+                     WireBytesPerElement(s().client().compression()));
     const v1::OptimizerSpec spec =
         Check(OptimizerFromDict(optimizer, "the optimizer"));
     if (static_cast<int>(weights.size()) != layout.tensors_size() ||
