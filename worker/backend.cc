@@ -30,9 +30,14 @@ absl::Status Backend::Init(const ModelSpec& spec, int max_batch) {
 }
 
 absl::Status Backend::SetParams(
-    absl::Span<const absl::Span<const float>> params) {
+    absl::Span<const absl::Span<const float>> params, bool first_layer) {
   if (!spec_.has_value()) {
     return absl::FailedPreconditionError("SetParams before Init");
+  }
+  if (!first_layer && DoFirstLayerBlock() == 0) {
+    return absl::FailedPreconditionError(
+        "SetParams without the first layer, but this backend does not "
+        "compute it ahead");
   }
   const std::vector<ParamSpec>& specs = params_;
   if (params.size() != specs.size()) {
@@ -46,8 +51,17 @@ absl::Status Backend::SetParams(
                        " floats, expected ", specs[i].num_elements()));
     }
   }
-  SHARDPS_RETURN_IF_ERROR(DoSetParams(params));
+  if (first_layer) {
+    SHARDPS_RETURN_IF_ERROR(DoSetParams(params));
+  } else {
+    // The first layer's weight and bias as empty spans: nothing copied.
+    std::vector<absl::Span<const float>> rest(params.begin(), params.end());
+    rest[0] = {};
+    rest[1] = {};
+    SHARDPS_RETURN_IF_ERROR(DoSetParams(rest));
+  }
   has_params_ = true;
+  first_layer_set_ = first_layer;
   return absl::OkStatus();
 }
 
@@ -80,6 +94,11 @@ absl::StatusOr<double> Backend::Gradients(
   const int ahead_rows = ahead_rows_;
   ahead_.clear();
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
+  if (!first_layer_ahead && !first_layer_set_) {
+    return absl::FailedPreconditionError(
+        "Gradients without the first layer ahead, but SetParams left the "
+        "first layer out");
+  }
   if (first_layer_ahead &&
       (ahead.empty() || ahead_rows != static_cast<int>(labels.size()) ||
        std::find(ahead.begin(), ahead.end(), false) != ahead.end())) {
@@ -198,6 +217,10 @@ absl::StatusOr<EvalResult> Backend::Evaluate(absl::Span<const float> x,
                                              absl::Span<const int32_t> labels) {
   ahead_.clear();
   SHARDPS_RETURN_IF_ERROR(CheckBatch(x, labels));
+  if (!first_layer_set_) {
+    return absl::FailedPreconditionError(
+        "Evaluate, but SetParams left the first layer out");
+  }
   const int64_t n = static_cast<int64_t>(labels.size());
   double loss_sum = 0.0;
   EvalResult total;

@@ -39,8 +39,15 @@ class Backend {
   absl::Status Init(const ModelSpec& spec, int max_batch);
 
   // Copies in the parameters, host floats in spec.Params() order.
-  // FailedPrecondition before Init; InvalidArgument for a wrong count or size.
-  absl::Status SetParams(absl::Span<const absl::Span<const float>> params);
+  // `first_layer` false leaves the first layer's weight and bias out (sizes
+  // still checked): a step whose first layer was computed ahead
+  // (ForwardFirstLayer, from the caller's buffers) does not read them, and
+  // they are three quarters of an MLP's bytes. Until a SetParams with them,
+  // only Gradients with first_layer_ahead runs. FailedPrecondition before
+  // Init, or for first_layer false where first_layer_block() is 0;
+  // InvalidArgument for a wrong count or size.
+  absl::Status SetParams(absl::Span<const absl::Span<const float>> params,
+                         bool first_layer = true);
 
   // Forward and backward on x (b x num_features, row-major) and labels
   // (b = labels.size() <= max_batch). Writes d(loss)/d(param) for every
@@ -70,7 +77,8 @@ class Backend {
   // `first_layer_ahead`: the first layer's output for x was computed by
   // ForwardFirstLayer, every block of it and for as many rows, since the
   // last Gradients or Evaluate, from the weights SetParams gave since (the
-  // caller vouches for x and the weights); FailedPrecondition when not.
+  // caller vouches for x and the weights); FailedPrecondition when not, or
+  // when not and SetParams left the first layer out.
   absl::StatusOr<double> Gradients(
       absl::Span<const float> x, absl::Span<const int32_t> labels, float scale,
       absl::Span<const absl::Span<float>> grads,
@@ -96,7 +104,8 @@ class Backend {
                                  absl::Span<const float> bias);
 
   // Forward only, over any number of rows (taken max_batch at a time).
-  // Errors as for Gradients.
+  // Errors as for Gradients (FailedPrecondition also when SetParams left
+  // the first layer out).
   absl::StatusOr<EvalResult> Evaluate(absl::Span<const float> x,
                                       absl::Span<const int32_t> labels);
 
@@ -130,6 +139,7 @@ class Backend {
   std::vector<ParamSpec> params_;  // spec_->Params(), for validation
   int max_batch_ = 0;
   bool has_params_ = false;
+  bool first_layer_set_ = false;  // by the last SetParams
   // The blocks of the first layer computed ahead, and for how many rows.
   std::vector<bool> ahead_;
   int ahead_rows_ = 0;

@@ -243,6 +243,47 @@ TEST(CpuBackendTest, AFirstLayerComputedAheadGivesTheSameGradients) {
       absl::MakeConstSpan(p.x).subspan(1), 0, 64, w, bias)));
 }
 
+// A step whose first layer was computed ahead does not read the backend's
+// copy of that layer: SetParams may leave it out (here zeros stand for
+// stale weights), and the gradients are the same bits. Until the layer is
+// set again, nothing else that would read it runs.
+TEST(CpuBackendTest, SetParamsMayLeaveOutAFirstLayerComputedAhead) {
+  const Problem p = MakeProblem({1024, 200, 3}, 4, /*seed=*/9);
+  std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 4);
+  std::vector<std::vector<float>> want = ZeroGrads(p.spec);
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.25f, Spans(want)));
+  const std::vector<float> zeros_w(p.params[0].size(), 0.0f);
+  const std::vector<float> zeros_b(p.params[1].size(), 0.0f);
+  std::vector<absl::Span<const float>> stale = p.param_spans();
+  stale[0] = zeros_w;
+  stale[1] = zeros_b;
+  SHARDPS_ASSERT_OK(backend->SetParams(stale));  // the copy is now zeros
+  std::vector<absl::Span<const float>> params = p.param_spans();
+  SHARDPS_ASSERT_OK(backend->SetParams(params, /*first_layer=*/false));
+  for (int u = 0; u < 200; u += 64) {
+    SHARDPS_ASSERT_OK(backend->ForwardFirstLayer(p.x, u, std::min(u + 64, 200),
+                                                 p.params[0], p.params[1]));
+  }
+  std::vector<std::vector<float>> grads = ZeroGrads(p.spec);
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.25f, Spans(grads),
+                                       nullptr, nullptr,
+                                       /*first_layer_ahead=*/true));
+  EXPECT_EQ(grads, want);
+  // Not ahead, or Evaluate: refused until SetParams gives the layer.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      backend->Gradients(p.x, p.labels, 0.25f, Spans(grads)).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(backend->Evaluate(p.x, p.labels).status()));
+  // Sizes are checked all the same.
+  std::vector<absl::Span<const float>> short_first = params;
+  short_first[0] = short_first[0].subspan(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      backend->SetParams(short_first, /*first_layer=*/false)));
+  SHARDPS_ASSERT_OK(backend->SetParams(params));
+  SHARDPS_ASSERT_OK(backend->Gradients(p.x, p.labels, 0.25f, Spans(grads)));
+  EXPECT_EQ(grads, want);
+}
+
 TEST(CpuBackendTest, AnErrorFromReadyStopsTheComputation) {
   const Problem p = MakeProblem({6, 5, 4, 3}, 5, /*seed=*/7);
   std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);

@@ -89,6 +89,7 @@ absl::Status CpuBackend::DoInit(const ModelSpec& spec, int max_batch) {
 
 absl::Status CpuBackend::DoSetParams(
     absl::Span<const absl::Span<const float>> params) {
+  // An empty span: left as it is (SetParams without the first layer).
   for (size_t i = 0; i < params.size(); ++i) {
     std::copy(params[i].begin(), params[i].end(), params_[i].begin());
   }

@@ -218,7 +218,9 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   } else {
     train_.FillBatch(indices, x_.data(), labels_.data());
   }
-  SHARDPS_RETURN_IF_ERROR(backend_->SetParams(Params()));
+  // Computed ahead, the first layer's weights are not read again.
+  SHARDPS_RETURN_IF_ERROR(
+      backend_->SetParams(Params(), /*first_layer=*/!ahead));
   const Tensors grads = GradientBuffers();
   // scale = W / B: the servers average the W contributions, so the update
   // uses the mean gradient over the whole global batch (W: the workers
