@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/chunking.h"
 #include "common/encoding.h"
 #include "common/status.h"
 #include "server/async_aggregator.h"
@@ -135,10 +136,24 @@ absl::StatusOr<v1::DeclareResponse> ParameterStore::Declare(
     SHARDPS_RETURN_IF_ERROR(ValidateLayout(req.layout()));
     const uint64_t fp = Fingerprint(req.layout(), req.optimizer());
     if (fp != model.fingerprint) {
+      // The likeliest cause named: workers that chose chunks differently.
+      const uint64_t held = ChunkBytes(model.declaration.layout());
+      const uint64_t asked = ChunkBytes(req.layout());
+      const std::string chunks =
+          held == asked
+              ? ""
+              : absl::StrCat(
+                    "; its chunks are of at most ", held,
+                    " bytes, this declaration's of ", asked,
+                    " (automatic chunks depend on the workers' --link_rate "
+                    "and on whether their --compression and "
+                    "--weight_encoding take 2 bytes an element: every worker "
+                    "of a job must give the same, or the same --chunk_kib)");
       return absl::FailedPreconditionError(absl::StrCat(
           "this shard was declared with a different layout or optimizer "
           "(fingerprint ",
-          absl::Hex(model.fingerprint), ", request ", absl::Hex(fp), ")"));
+          absl::Hex(model.fingerprint), ", request ", absl::Hex(fp), ")",
+          chunks));
     }
   }
   if (req.join()) SHARDPS_RETURN_IF_ERROR(Join(*existing, req));

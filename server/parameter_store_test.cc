@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunking.h"
 #include "common/status_matchers.h"
@@ -221,6 +223,17 @@ TEST(ParameterStoreTest, DeclareIsIdempotentAndRejectsADifferentLayout) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store.Declare(SgdDeclaration(10, 0, 2, 1)).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // Chunks chosen differently (a worker with other encodings or link rate)
+  // are named.
+  const absl::Status chunks =
+      store.Declare(SgdDeclaration(10, 16, 1, 0)).status();
+  EXPECT_EQ(chunks.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(
+      chunks.message(),
+      absl::StrCat("its chunks are of at most ", kDefaultChunkBytes,
+                   " bytes, this declaration's of 16")))
+      << chunks;
+  EXPECT_TRUE(absl::StrContains(chunks.message(), "--chunk_kib")) << chunks;
 }
 
 TEST(ParameterStoreTest, OwnsExactlyItsPartitionOfTheChunks) {
