@@ -106,7 +106,7 @@ def init(coordinator=None, servers=None, rank=None, num_workers=None,
     fast; a faster or unknown link keeps them at 64 KiB or more (sizes
     of wire bytes: with 2-byte gradients and weight_encoding="bf16" a
     chunk holds twice the elements, so every rank needs the same
-    encodings at the first step). A known
+    encodings when its DistributedOptimizer is made). A known
     link also gives every connection to a server a TCP receive buffer of
     what the link carries in 2.5 ms (30.5 KiB at 100 Mbit/s), so that the
     servers' replies converging on this worker do not overflow the queue
