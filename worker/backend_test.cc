@@ -284,6 +284,49 @@ TEST(CpuBackendTest, SetParamsMayLeaveOutAFirstLayerComputedAhead) {
   EXPECT_EQ(grads, want);
 }
 
+// A backend that computes its first layer in the step (first_layer_block()
+// 0, as the CUDA one) always reads it: SetParams may not leave it out.
+class InStepBackend final : public Backend {
+ public:
+  std::string name() const override { return "in-step"; }
+  int sets() const { return sets_; }
+
+ protected:
+  absl::Status DoInit(const ModelSpec&, int) override {
+    return absl::OkStatus();
+  }
+  absl::Status DoSetParams(absl::Span<const absl::Span<const float>>) override {
+    ++sets_;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<double> DoGradients(const float*, const int32_t*, int, float,
+                                     absl::Span<const absl::Span<float>>,
+                                     const GradientReady&,
+                                     const GradientPartReady&, bool) override {
+    return 0.0;
+  }
+  absl::StatusOr<EvalResult> DoEvaluate(const float*, const int32_t*,
+                                        int) override {
+    return EvalResult{};
+  }
+
+ private:
+  int sets_ = 0;
+};
+
+TEST(BackendTest, ABackendWithoutAFirstLayerAheadTakesEveryParameter) {
+  const Problem p = MakeProblem({6, 5, 3}, 2, /*seed=*/3);
+  InStepBackend backend;
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      backend.SetParams(p.param_spans(), /*first_layer=*/false)));
+  SHARDPS_ASSERT_OK(backend.Init(p.spec, 2));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      backend.SetParams(p.param_spans(), /*first_layer=*/false)));
+  EXPECT_EQ(backend.sets(), 0);
+  SHARDPS_ASSERT_OK(backend.SetParams(p.param_spans()));
+  EXPECT_EQ(backend.sets(), 1);
+}
+
 TEST(CpuBackendTest, AnErrorFromReadyStopsTheComputation) {
   const Problem p = MakeProblem({6, 5, 4, 3}, 5, /*seed=*/7);
   std::unique_ptr<Backend> backend = ReadyCpuBackend(p, 8);
