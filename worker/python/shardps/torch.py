@@ -122,10 +122,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             the last one.
         chunk_bytes: the largest piece of a tensor a server holds as one
             unit (a multiple of 4, at most 64 MiB; every rank the same).
-            None: a power of two near 1/128 of the model, 64 KiB (16 KiB
-            on a slow init link_rate) to 1 MiB; 8n chunks in a tensor of 8+;
-            counted in wire bytes (twice the elements with bf16, fp16 or
-            int8 gradients and bf16 weights).
+            None: 1/128 of the model in wire bytes, a power of two from
+            64 KiB (16 KiB on a slow link_rate) to 1 MiB; 8n chunks in a
+            tensor of 8+ (init's docstring).
         max_grad_norm: clip the global 2-norm of every step's averaged
             gradient to this, on the servers, exactly as
             torch.nn.utils.clip_grad_norm_ on the averaged gradient would
