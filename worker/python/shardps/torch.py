@@ -122,9 +122,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             the last one.
         chunk_bytes: the largest piece of a tensor a server holds as one
             unit (a multiple of 4, at most 64 MiB; every rank the same).
-            None: 1/128 of the model in wire bytes, a power of two from
-            64 KiB (16 KiB on a slow link_rate) to 1 MiB; 8n chunks in a
-            tensor of 8+ (init's docstring).
+            None: a power of two near 1/128 of the model's wire bytes,
+            64 KiB (16 KiB on a slow link_rate) to 1 MiB; 8n in 8+ chunks.
         max_grad_norm: clip the global 2-norm of every step's averaged
             gradient to this, on the servers, exactly as
             torch.nn.utils.clip_grad_norm_ on the averaged gradient would
