@@ -51,15 +51,7 @@ absl::Status Backend::SetParams(
                        " floats, expected ", specs[i].num_elements()));
     }
   }
-  if (first_layer) {
-    SHARDPS_RETURN_IF_ERROR(DoSetParams(params));
-  } else {
-    // The first layer's weight and bias as empty spans: nothing copied.
-    std::vector<absl::Span<const float>> rest(params.begin(), params.end());
-    rest[0] = {};
-    rest[1] = {};
-    SHARDPS_RETURN_IF_ERROR(DoSetParams(rest));
-  }
+  SHARDPS_RETURN_IF_ERROR(DoSetParams(params, first_layer));
   has_params_ = true;
   first_layer_set_ = first_layer;
   return absl::OkStatus();

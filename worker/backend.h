@@ -112,8 +112,10 @@ class Backend {
  protected:
   // Called with validated arguments only; 1 <= b <= max_batch.
   virtual absl::Status DoInit(const ModelSpec& spec, int max_batch) = 0;
+  // `first_layer` false (only where DoFirstLayerBlock() > 0): leave the
+  // first layer's weight and bias (params[0] and [1]) as they are.
   virtual absl::Status DoSetParams(
-      absl::Span<const absl::Span<const float>> params) = 0;
+      absl::Span<const absl::Span<const float>> params, bool first_layer) = 0;
   // May call `ready` (never null here) for parameters whose gradients
   // are final before it returns; the others are reported after it. May
   // call `part` (never null here) as Gradients documents `part_ready`.

@@ -295,7 +295,8 @@ class InStepBackend final : public Backend {
   absl::Status DoInit(const ModelSpec&, int) override {
     return absl::OkStatus();
   }
-  absl::Status DoSetParams(absl::Span<const absl::Span<const float>>) override {
+  absl::Status DoSetParams(absl::Span<const absl::Span<const float>>,
+                           bool) override {
     ++sets_;
     return absl::OkStatus();
   }

@@ -27,8 +27,8 @@ class CpuBackend final : public Backend {
 
  protected:
   absl::Status DoInit(const ModelSpec& spec, int max_batch) override;
-  absl::Status DoSetParams(
-      absl::Span<const absl::Span<const float>> params) override;
+  absl::Status DoSetParams(absl::Span<const absl::Span<const float>> params,
+                           bool first_layer) override;
   absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
                                      int b, float scale,
                                      absl::Span<const absl::Span<float>> grads,
@@ -88,9 +88,8 @@ absl::Status CpuBackend::DoInit(const ModelSpec& spec, int max_batch) {
 }
 
 absl::Status CpuBackend::DoSetParams(
-    absl::Span<const absl::Span<const float>> params) {
-  // An empty span: left as it is (SetParams without the first layer).
-  for (size_t i = 0; i < params.size(); ++i) {
+    absl::Span<const absl::Span<const float>> params, bool first_layer) {
+  for (size_t i = first_layer ? 0 : 2; i < params.size(); ++i) {
     std::copy(params[i].begin(), params[i].end(), params_[i].begin());
   }
   return absl::OkStatus();

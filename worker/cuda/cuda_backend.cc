@@ -72,8 +72,9 @@ class CudaBackend final : public Backend {
 
  protected:
   absl::Status DoInit(const ModelSpec& spec, int max_batch) override;
-  absl::Status DoSetParams(
-      absl::Span<const absl::Span<const float>> params) override;
+  // Always the first layer too: this backend computes it in the step.
+  absl::Status DoSetParams(absl::Span<const absl::Span<const float>> params,
+                           bool first_layer) override;
   // Reports every gradient after the one copy back (Backend does).
   absl::StatusOr<double> DoGradients(const float* x, const int32_t* labels,
                                      int b, float scale,
@@ -210,7 +211,7 @@ absl::Status CudaBackend::DoInit(const ModelSpec& spec, int max_batch) {
 }
 
 absl::Status CudaBackend::DoSetParams(
-    absl::Span<const absl::Span<const float>> params) {
+    absl::Span<const absl::Span<const float>> params, bool /*first_layer*/) {
   SHARDPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   // The previous upload may still be reading the pinned buffer.
   SHARDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
