@@ -183,6 +183,78 @@ SHARDPS_MULTIVERSIONED void EncodeFp16Payload(const float* x, float* r,
   }
 }
 
+// The same three encoders with the residual out of place (y = x + rin,
+// rout = y - decoded) and the range check folded in: each returns the
+// largest |y| bits, as MaxAbsBits would, so that one pass over the values
+// both checks and encodes. The encoded bits are those of the loops above.
+template <bool kResidual>
+[[gnu::always_inline]] inline uint32_t Fp32To(const float* __restrict x,
+                                              const float* __restrict rin,
+                                              float* __restrict rout, int64_t n,
+                                              char* __restrict out) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = Bits(Sum<kResidual>(x, rin, i));
+    m = std::max(m, b & kAbsMask);
+    Store32(out + 4 * i, b);
+    if constexpr (kResidual) rout[i] = 0.0f;
+  }
+  return m;
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline uint32_t Bf16To(const float* __restrict x,
+                                              const float* __restrict rin,
+                                              float* __restrict rout, int64_t n,
+                                              char* __restrict out) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = Sum<kResidual>(x, rin, i);
+    m = std::max(m, Bits(y) & kAbsMask);
+    const uint32_t h = Bf16FromBits(Bits(y));
+    Store16(out + 2 * i, h);
+    if constexpr (kResidual) rout[i] = y - FromBits(h << 16);
+  }
+  return m;
+}
+
+template <bool kResidual>
+[[gnu::always_inline]] inline uint32_t Fp16To(const float* __restrict x,
+                                              const float* __restrict rin,
+                                              float* __restrict rout, int64_t n,
+                                              char* __restrict out) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = Sum<kResidual>(x, rin, i);
+    m = std::max(m, Bits(y) & kAbsMask);
+    const uint32_t h = Fp16FromBits(Bits(y));
+    Store16(out + 2 * i, h);
+    if constexpr (kResidual) rout[i] = y - FromBits(BitsFromFp16(h));
+  }
+  return m;
+}
+
+SHARDPS_MULTIVERSIONED uint32_t EncodeFp32To(const float* x, const float* rin,
+                                             float* rout, int64_t n,
+                                             char* out) {
+  return rin != nullptr ? Fp32To<true>(x, rin, rout, n, out)
+                        : Fp32To<false>(x, rin, rout, n, out);
+}
+
+SHARDPS_MULTIVERSIONED uint32_t EncodeBf16To(const float* x, const float* rin,
+                                             float* rout, int64_t n,
+                                             char* out) {
+  return rin != nullptr ? Bf16To<true>(x, rin, rout, n, out)
+                        : Bf16To<false>(x, rin, rout, n, out);
+}
+
+SHARDPS_MULTIVERSIONED uint32_t EncodeFp16To(const float* x, const float* rin,
+                                             float* rout, int64_t n,
+                                             char* out) {
+  return rin != nullptr ? Fp16To<true>(x, rin, rout, n, out)
+                        : Fp16To<false>(x, rin, rout, n, out);
+}
+
 template <bool kResidual>
 [[gnu::always_inline]] inline void Int8Of(const float* __restrict x,
                                           float* __restrict r, int64_t n,
@@ -449,15 +521,16 @@ absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
                      OverflowLimit(encoding));
 }
 
-absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
-                           double topk_ratio, float* residual,
-                           std::string* out) {
+namespace {
+
+// The arguments' checks both encoders make; *k is TOPK's count.
+absl::Status CheckEncodeArguments(v1::Encoding encoding, int64_t n,
+                                  double topk_ratio, int64_t* k) {
+  *k = 0;
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot encode ", n, " elements"));
   }
-  const uint32_t limit = OverflowLimit(encoding);
-  int64_t k = 0;
   switch (encoding) {
     case v1::ENCODING_FP32:
     case v1::ENCODING_INT8:
@@ -474,17 +547,28 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
             absl::StrCat("ENCODING_TOPK cannot encode ", n,
                          " elements; it takes 1 to 2^32 - 1"));
       }
-      k = TopkCount(n, topk_ratio);
+      *k = TopkCount(n, topk_ratio);
       break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("cannot encode gradients as ", EncodingName(encoding)));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
+                           double topk_ratio, float* residual,
+                           std::string* out) {
+  int64_t k = 0;
+  absl::Status status = CheckEncodeArguments(encoding, n, topk_ratio, &k);
+  if (!status.ok()) return status;
+  const uint32_t limit = OverflowLimit(encoding);
   // Everything is checked before anything is written, so that a refused
   // gradient leaves *out and *residual as they were.
   const uint32_t max_abs_bits = MaxAbsBits(x, residual, n);
-  absl::Status status =
-      RefuseFirst(encoding, x, residual, n, max_abs_bits, limit);
+  status = RefuseFirst(encoding, x, residual, n, max_abs_bits, limit);
   if (!status.ok()) return status;
   out->resize(EncodedBytes(encoding, n, k));
   char* bytes = out->data();
@@ -514,6 +598,40 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
       break;
   }
   return absl::OkStatus();
+}
+
+absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
+                             double topk_ratio, const float* residual_in,
+                             float* residual_out, std::string* out) {
+  int64_t k = 0;
+  absl::Status status = CheckEncodeArguments(encoding, n, topk_ratio, &k);
+  if (!status.ok()) return status;
+  uint32_t max_abs_bits = 0;
+  switch (encoding) {
+    case v1::ENCODING_FP32:
+      out->resize(EncodedBytes(encoding, n, k));
+      max_abs_bits = EncodeFp32To(x, residual_in, residual_out, n, out->data());
+      break;
+    case v1::ENCODING_BF16:
+      out->resize(EncodedBytes(encoding, n, k));
+      max_abs_bits = EncodeBf16To(x, residual_in, residual_out, n, out->data());
+      break;
+    case v1::ENCODING_FP16:
+      out->resize(EncodedBytes(encoding, n, k));
+      max_abs_bits = EncodeFp16To(x, residual_in, residual_out, n, out->data());
+      break;
+    default:
+      // INT8's scale and TOPK's selection need every value first: in place,
+      // on a copy of the residual.
+      if (residual_in != nullptr) {
+        std::copy(residual_in, residual_in + n, residual_out);
+      }
+      return EncodePayload(encoding, x, n, topk_ratio,
+                           residual_in != nullptr ? residual_out : nullptr,
+                           out);
+  }
+  return RefuseFirst(encoding, x, residual_in, n, max_abs_bits,
+                     OverflowLimit(encoding));
 }
 
 absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,

@@ -52,6 +52,17 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
                            double topk_ratio, float* residual,
                            std::string* out);
 
+// EncodePayload with the residual out of place: it encodes y = x +
+// residual_in and writes y - decoded to residual_out (n floats each, not
+// overlapping each other or x; both null for no error feedback), so that the
+// caller keeps residual_in without copying it. FP32, BF16 and FP16 check
+// the values while encoding them, one pass instead of two. The same bits
+// and the same errors as EncodePayload, but on error *out and *residual_out
+// hold unspecified values (residual_in is never written).
+absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
+                             double topk_ratio, const float* residual_in,
+                             float* residual_out, std::string* out);
+
 // The check EncodePayload makes first, alone: InvalidArgument naming the
 // element when x + residual (residual may be null) holds a value `encoding`
 // cannot carry (non-finite, or beyond FP16's or BF16's range).

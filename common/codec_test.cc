@@ -838,6 +838,52 @@ TEST(CodecTest, ErrorFeedbackKeepsExactlyWhatWasNotSent) {
   }
 }
 
+// The out-of-place encoder gives EncodePayload's bits, residual and errors.
+TEST(CodecTest, OutOfPlaceResidualMatchesInPlace) {
+  std::mt19937 rng(29);
+  const int64_t n = 4099;  // not a multiple of any vector width
+  for (v1::Encoding e :
+       {v1::ENCODING_FP32, v1::ENCODING_BF16, v1::ENCODING_FP16,
+        v1::ENCODING_INT8, v1::ENCODING_TOPK}) {
+    SCOPED_TRACE(v1::Encoding_Name(e));
+    const std::vector<float> x = MixedValues(&rng, n, 1e-2f);
+    const std::vector<float> r_in = MixedValues(&rng, n, 1e-3f);
+    std::vector<float> r_inplace = r_in;
+    std::string inplace;
+    SHARDPS_ASSERT_OK(
+        EncodePayload(e, x.data(), n, 0.05, r_inplace.data(), &inplace));
+    std::vector<float> r_out(n, -7.0f);
+    std::string to = "stale bytes";
+    SHARDPS_ASSERT_OK(
+        EncodePayloadTo(e, x.data(), n, 0.05, r_in.data(), r_out.data(), &to));
+    EXPECT_EQ(to, inplace);
+    EXPECT_EQ(r_out, r_inplace);
+    // Without a residual: the plain encoding.
+    SHARDPS_ASSERT_OK(
+        EncodePayloadTo(e, x.data(), n, 0.05, nullptr, nullptr, &to));
+    EXPECT_EQ(to, Encode(e, x, 0.05));
+
+    // Refusals name the same element, and leave residual_in alone.
+    std::vector<float> bad = x;
+    bad[3001] = std::nanf("");
+    std::vector<float> r_copy = r_in;
+    const absl::Status want =
+        EncodePayload(e, bad.data(), n, 0.05, r_copy.data(), &inplace);
+    const absl::Status got =
+        EncodePayloadTo(e, bad.data(), n, 0.05, r_in.data(), r_out.data(), &to);
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(got.message(), want.message());
+    EXPECT_THAT(got.message(), HasSubstr("element 3001 is nan"));
+    if (e == v1::ENCODING_FP16) {
+      bad = x;
+      bad[17] = 65520.0f;
+      EXPECT_THAT(EncodePayloadTo(e, bad.data(), n, 0.05, nullptr, nullptr, &to)
+                      .message(),
+                  HasSubstr("element 17 is 65520, beyond binary16"));
+    }
+  }
+}
+
 // Over many steps, what was sent plus what is still kept is what was pushed:
 // exactly for top-k on integers, to within binary32 rounding of each step's
 // x + residual otherwise.

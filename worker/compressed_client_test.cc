@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -491,6 +492,51 @@ TEST(GradientCompressorTest, TopkWarmupFallsFromDenseToTheRatio) {
   EXPECT_EQ(kept(99), 10);
   EXPECT_EQ(kept(5000), 10);
   EXPECT_GT(kept(0), 900);
+}
+
+// A refused Encode changes nothing: a retry of the step before gets its
+// payload, and the residual Commit makes current is the one from that step.
+TEST(GradientCompressorTest, ARefusedEncodeKeepsTheLastPayloadAndResidual) {
+  Compression c;
+  c.gradients = v1::ENCODING_BF16;
+  c.error_feedback = true;
+  ChunkSpec chunk;
+  chunk.num_elements = 1000;
+  GradientCompressor compressor(c, {chunk});
+  std::vector<float> g(1000);
+  for (int i = 0; i < 1000; ++i) g[i] = 1.0f + 0x1p-12f * (i % 7);
+  absl::StatusOr<absl::string_view> first = compressor.Encode(0, g.data(), 5);
+  SHARDPS_ASSERT_OK(first.status());
+  const std::string sent(*first);
+  compressor.Commit(0);
+  // Step 6 encodes from step 5's residual: what bf16 dropped of g.
+  std::vector<float> bad = g;
+  bad[700] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<absl::string_view> refused =
+      compressor.Encode(0, bad.data(), 6);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("element 700"),
+            absl::string_view::npos);
+  compressor.Commit(0);  // nothing was encoded: a no-op
+  // Step 5 again: the same bytes.
+  absl::StatusOr<absl::string_view> again = compressor.Encode(0, g.data(), 5);
+  SHARDPS_ASSERT_OK(again.status());
+  EXPECT_EQ(*again, sent);
+  // Step 6 with a finite gradient of zeros sends step 5's residual, exactly
+  // what bf16 dropped of g, rounded to bf16 itself.
+  std::vector<float> zeros(1000, 0.0f);
+  absl::StatusOr<absl::string_view> next =
+      compressor.Encode(0, zeros.data(), 6);
+  SHARDPS_ASSERT_OK(next.status());
+  std::vector<float> decoded(1000), want(1000);
+  SHARDPS_ASSERT_OK(
+      DecodePayload(v1::ENCODING_BF16, sent, 1000, false, decoded.data()));
+  for (int i = 0; i < 1000; ++i) want[i] = g[i] - decoded[i];
+  std::string expected;
+  SHARDPS_ASSERT_OK(EncodePayload(v1::ENCODING_BF16, want.data(), 1000, 1.0,
+                                  nullptr, &expected));
+  EXPECT_EQ(*next, expected);
+  EXPECT_NE(want, zeros);  // the residual was not empty
 }
 
 TEST_F(CompressedClientTest, BadCompressionOptionsAreRefused) {

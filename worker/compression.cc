@@ -153,16 +153,24 @@ absl::StatusOr<absl::string_view> GradientCompressor::Encode(
   // bytes go again and the residual stays the one of that payload.
   if (codec.step == step) return absl::string_view(codec.payload);
   const int64_t n = chunks_[id].num_elements;
-  float* residual = nullptr;
+  const float* residual = nullptr;
+  float* pending = nullptr;
   if (c_.error_feedback) {
     if (codec.residual.empty()) codec.residual.assign(n, 0.0f);
-    codec.pending = codec.residual;
-    residual = codec.pending.data();
+    codec.pending.resize(n);  // all written by the encoder
+    residual = codec.residual.data();
+    pending = codec.pending.data();
   }
-  // On error neither the payload nor the residual changed.
-  absl::Status s = EncodePayload(c_.gradients, gradient, n, TopkRatioAt(step),
-                                 residual, &codec.payload);
-  if (!s.ok()) return s;
+  // Into the spare payload: on error the last payload stays whole for a
+  // retry of its step, and a Commit finds nothing to commit (pending may
+  // hold anything).
+  absl::Status s = EncodePayloadTo(c_.gradients, gradient, n, TopkRatioAt(step),
+                                   residual, pending, &codec.spare);
+  if (!s.ok()) {
+    codec.encoded = false;
+    return s;
+  }
+  std::swap(codec.payload, codec.spare);
   codec.step = step;
   codec.encoded = true;
   return absl::string_view(codec.payload);

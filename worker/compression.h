@@ -107,6 +107,7 @@ class GradientCompressor {
  private:
   struct ChunkCodec {
     std::string payload;
+    std::string spare;            // the next Encode writes here
     std::vector<float> residual;  // committed; empty until first used
     std::vector<float> pending;   // after the last Encode
     bool encoded = false;         // pending not committed yet

@@ -240,15 +240,18 @@ absl::Status Trainer::Step(int64_t step, absl::Span<const int64_t> indices,
   SHARDPS_RETURN_IF_ERROR(
       client_->BeginStep(step, WeightViews(), step_options));
   std::optional<absl::Time> first_push;
+  auto pushing_from_now = [&first_push] {
+    if (!first_push.has_value()) first_push = absl::Now();
+  };
   absl::StatusOr<double> loss = backend_->Gradients(
       absl::MakeConstSpan(x_.data(), int64_t{b} * model_.num_features()),
       absl::MakeConstSpan(labels_.data(), b), scale, grads,
       [&](int param) {
-        if (!first_push.has_value()) first_push = absl::Now();
+        pushing_from_now();
         return client_->PushTensor(param, grads[param]);
       },
       [&](int param, int64_t elements) {
-        if (!first_push.has_value()) first_push = absl::Now();
+        pushing_from_now();
         return client_->PushTensorPart(param, grads[param], elements);
       },
       ahead);

@@ -59,6 +59,7 @@ absl::Status RunCodecBench(const CodecOptions& o) {
   const int64_t n = o.bytes / 4;
   const std::vector<float> grad = Gradients(n);
   std::vector<float> residual(n, 0.0f);
+  std::vector<float> next_residual(n);
   std::vector<float> decoded(n);
   std::vector<char> copy(o.bytes);
   absl::PrintF(
@@ -85,11 +86,14 @@ absl::Status RunCodecBench(const CodecOptions& o) {
   std::string payload;
   for (const Codec& c : codecs) {
     std::fill(residual.begin(), residual.end(), 0.0f);
-    float* r = c.feedback ? residual.data() : nullptr;
+    // As a worker encodes: the committed residual read, the next written to
+    // another buffer (a chunk's two, swapped when the shard acknowledges).
+    const float* r = c.feedback ? residual.data() : nullptr;
+    float* r_next = c.feedback ? next_residual.data() : nullptr;
     absl::Status status;
     auto encode = [&] {
-      absl::Status s =
-          EncodePayload(c.encoding, grad.data(), n, o.topk_ratio, r, &payload);
+      absl::Status s = EncodePayloadTo(c.encoding, grad.data(), n, o.topk_ratio,
+                                       r, r_next, &payload);
       if (!s.ok()) status = s;
     };
     auto decode = [&] {
