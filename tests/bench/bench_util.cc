@@ -1,5 +1,7 @@
 #include "tests/bench/bench_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <string>
@@ -35,6 +37,19 @@ int64_t StatusBytes(pid_t pid, const std::string& field) {
 int64_t PeakRss(pid_t pid) { return StatusBytes(pid, "VmHWM:"); }
 
 int64_t SharedRss(pid_t pid) { return StatusBytes(pid, "RssShmem:"); }
+
+double MachineBusySeconds() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  // cpu user nice system idle iowait irq softirq steal ...
+  int64_t v[8] = {};
+  if (!(stat >> cpu) || cpu != "cpu") return -1;
+  for (int64_t& x : v) {
+    if (!(stat >> x)) return -1;
+  }
+  const int64_t busy = v[0] + v[1] + v[2] + v[5] + v[6];
+  return static_cast<double>(busy) / sysconf(_SC_CLK_TCK);
+}
 
 absl::StatusOr<absl::Duration> Parallel(
     uint32_t workers, const std::function<absl::Status(uint32_t)>& fn) {

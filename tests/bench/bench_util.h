@@ -25,6 +25,13 @@ int64_t PeakRss(pid_t pid);
 // of workers' regions it touched, which are the workers' memory.
 int64_t SharedRss(pid_t pid);
 
+// Seconds the machine's CPUs have been busy since boot, summed over them
+// (/proc/stat: user, nice, system, irq and softirq; not idle, iowait or
+// steal). The difference over a run counts every process of it and the
+// kernel's packet processing, which no process is charged for; -1 if
+// unreadable.
+double MachineBusySeconds();
+
 // Runs fn(rank) for rank in [0, workers) on one thread each and returns
 // the wall time, or the first error.
 absl::StatusOr<absl::Duration> Parallel(

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "tests/bench/bench_util.h"
 #include "tests/bench/emulated_ddp.h"
 #include "tests/bench/raw_tcp.h"
 
@@ -267,6 +268,7 @@ absl::StatusOr<TcpExchangeRun> RunTcpExchangeOnHosts(
     const std::string& self_binary, int64_t rate, const TcpExchange& exchange,
     const local::NetworkTools& tools) {
   const std::string spec = FormatTcpExchange(exchange);
+  const double busy_before = MachineBusySeconds();
   SHARDPS_ASSIGN_OR_RETURN(
       RanksRun run,
       RunRanksOnHosts(
@@ -288,6 +290,8 @@ absl::StatusOr<TcpExchangeRun> RunTcpExchangeOnHosts(
   }
   TcpExchangeRun out;
   out.step = absl::Milliseconds(ms);
+  out.busy_s = MachineBusySeconds() - busy_before;
+  out.steps = exchange.steps;
   for (const HostBytes& b : run.bytes) {
     out.most_retransmitted =
         std::max(out.most_retransmitted, b.retransmitted_percent);

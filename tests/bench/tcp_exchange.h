@@ -44,6 +44,8 @@ absl::Status RunTcpExchangeHost(const TcpExchange& exchange, int rank);
 struct TcpExchangeRun {
   absl::Duration step;             // rank 0's mean step after the warm-up
   double most_retransmitted = -1;  // % of a host's TCP segments, the most
+  double busy_s = 0;               // the machine's CPUs, over the whole run
+  int steps = 0;                   // the exchange's, warm-up included
 };
 
 // Makes W+S emulated hosts with links of `rate` bits/s each way, runs

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,6 +29,7 @@
 #include "common/status.h"
 #include "deploy/local/child_process.h"
 #include "deploy/local/emulated_hosts.h"
+#include "tests/bench/bench_util.h"
 #include "tests/bench/emulated_ddp.h"
 #include "tests/bench/run_command.h"
 #include "tests/bench/tcp_exchange.h"
@@ -53,8 +55,10 @@ struct SideRun {
   double wall_s = 0;   // shardps-local's final wall_s; DDP: rank 0's wall_s
   double accuracy = 0;
   std::vector<HostBytes> bytes;
-  std::string detail;  // the final line, or the DDP ranks' encoding
-  int chunks = 0;      // shardps: the chunks the model was declared in
+  std::string detail;    // the final line, or the DDP ranks' encoding
+  int chunks = 0;        // shardps: the chunks the model was declared in
+  double busy_s = 0;     // the machine's CPUs, over the whole run
+  double elapsed_s = 0;  // the run, as this process timed it
 };
 
 absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
@@ -70,9 +74,13 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
     absl::StrAppend(&command, " --compression=", encodings.gradients,
                     " --weight_encoding=", encodings.weights);
   }
+  const double busy_before = MachineBusySeconds();
+  const absl::Time start = absl::Now();
   SHARDPS_ASSIGN_OR_RETURN(std::string out,
                            RunCommand(absl::StrCat(command, " 2>&1")));
   SideRun run;
+  run.busy_s = MachineBusySeconds() - busy_before;
+  run.elapsed_s = absl::ToDoubleSeconds(absl::Now() - start);
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (absl::StartsWith(line, "final:")) run.detail = std::string(line);
   }
@@ -145,6 +153,8 @@ absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                const local::NetworkTools& tools) {
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   const std::string encoding = EncodingsOf(row).ddp;
+  const double busy_before = MachineBusySeconds();
+  const absl::Time start = absl::Now();
   SHARDPS_ASSIGN_OR_RETURN(RanksRun ddp,
                            RunRanksOnHosts(
                                "/usr/bin/python3", rate, row.workers, tools,
@@ -162,6 +172,8 @@ absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                },
                                o.epochs * kDdpTimeoutPerEpoch));
   SideRun run;
+  run.busy_s = MachineBusySeconds() - busy_before;
+  run.elapsed_s = absl::ToDoubleSeconds(absl::Now() - start);
   run.wall_s = JsonNumber(ddp.result, "wall_s");
   const std::vector<double> epoch_s = JsonList(ddp.result, "epoch_s");
   for (double v : epoch_s) run.train_s += v;
@@ -261,6 +273,21 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
       "it\n",
       raw_ms, raw_ms / busiest_ms, result.raw.most_retransmitted,
       step_ms / raw_ms);
+  // Whether the machine's cores, not the links, set the pace: over each
+  // whole run (start-up and evaluation included), how many of the cores
+  // were busy on average (/proc/stat: the processes and the kernel's packet
+  // processing), and the core time a step costs at that rate.
+  const double cores = std::thread::hardware_concurrency();
+  auto busy = [](const SideRun& side) {
+    return side.elapsed_s > 0 ? side.busy_s / side.elapsed_s : 0.0;
+  };
+  absl::PrintF(
+      "  CPU, this machine's %.0f cores: busy %.2f during shardps (%.1f "
+      "core-ms a step), %.2f during DDP (%.1f core-ms a step); the raw TCP "
+      "exchange %.1f core-ms a step\n",
+      cores, busy(result.shardps), busy(result.shardps) * step_ms,
+      busy(result.ddp), busy(result.ddp) * result.ddp.train_s * 1e3 / steps,
+      result.raw.steps > 0 ? result.raw.busy_s * 1e3 / result.raw.steps : 0.0);
   absl::PrintF(
       "  shardps / DDP time %.2f; ideal when link-bound %.2f (a perfectly "
       "balanced shard map), %.2f (the busiest cards' bytes measured)\n",
