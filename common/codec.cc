@@ -183,76 +183,66 @@ SHARDPS_MULTIVERSIONED void EncodeFp16Payload(const float* x, float* r,
   }
 }
 
-// The same three encoders with the residual out of place (y = x + rin,
-// rout = y - decoded) and the range check folded in: each returns the
-// largest |y| bits, as MaxAbsBits would, so that one pass over the values
-// both checks and encodes. The encoded bits are those of the loops above.
-template <bool kResidual>
-[[gnu::always_inline]] inline uint32_t Fp32To(const float* __restrict x,
-                                              const float* __restrict rin,
-                                              float* __restrict rout, int64_t n,
-                                              char* __restrict out) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t b = Bits(Sum<kResidual>(x, rin, i));
-    m = std::max(m, b & kAbsMask);
-    Store32(out + 4 * i, b);
-    if constexpr (kResidual) rout[i] = 0.0f;
-  }
-  return m;
-}
+// FP32, BF16 and FP16 again with the residual out of place (y = x + rin,
+// rout = y - decoded) and the range check folded in: the largest |y| bits
+// come back, as MaxAbsBits would give them, so that one pass over the
+// values both checks and encodes. The encoded bits are those of the loops
+// above.
 
-template <bool kResidual>
-[[gnu::always_inline]] inline uint32_t Bf16To(const float* __restrict x,
-                                              const float* __restrict rin,
-                                              float* __restrict rout, int64_t n,
-                                              char* __restrict out) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float y = Sum<kResidual>(x, rin, i);
-    m = std::max(m, Bits(y) & kAbsMask);
+// Stores element i of `out` and returns the value it decodes to.
+template <v1::Encoding kEncoding>
+[[gnu::always_inline]] inline float Put(char* __restrict out, int64_t i,
+                                        float y) {
+  if constexpr (kEncoding == v1::ENCODING_FP32) {
+    Store32(out + 4 * i, Bits(y));
+    return y;  // y - y is +0 for every finite y, as Fp32Of leaves it
+  } else if constexpr (kEncoding == v1::ENCODING_BF16) {
     const uint32_t h = Bf16FromBits(Bits(y));
     Store16(out + 2 * i, h);
-    if constexpr (kResidual) rout[i] = y - FromBits(h << 16);
+    return FromBits(h << 16);
+  } else {
+    const uint32_t h = Fp16FromBits(Bits(y));
+    Store16(out + 2 * i, h);
+    return FromBits(BitsFromFp16(h));
   }
-  return m;
 }
 
-template <bool kResidual>
-[[gnu::always_inline]] inline uint32_t Fp16To(const float* __restrict x,
-                                              const float* __restrict rin,
-                                              float* __restrict rout, int64_t n,
-                                              char* __restrict out) {
+template <v1::Encoding kEncoding, bool kResidual>
+[[gnu::always_inline]] inline uint32_t EncodeToOf(const float* __restrict x,
+                                                  const float* __restrict rin,
+                                                  float* __restrict rout,
+                                                  int64_t n,
+                                                  char* __restrict out) {
   uint32_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float y = Sum<kResidual>(x, rin, i);
     m = std::max(m, Bits(y) & kAbsMask);
-    const uint32_t h = Fp16FromBits(Bits(y));
-    Store16(out + 2 * i, h);
-    if constexpr (kResidual) rout[i] = y - FromBits(BitsFromFp16(h));
+    const float decoded = Put<kEncoding>(out, i, y);
+    if constexpr (kResidual) rout[i] = y - decoded;
   }
   return m;
 }
 
-SHARDPS_MULTIVERSIONED uint32_t EncodeFp32To(const float* x, const float* rin,
-                                             float* rout, int64_t n,
-                                             char* out) {
-  return rin != nullptr ? Fp32To<true>(x, rin, rout, n, out)
-                        : Fp32To<false>(x, rin, rout, n, out);
+template <v1::Encoding kEncoding>
+[[gnu::always_inline]] inline uint32_t EncodeToWith(const float* x,
+                                                    const float* rin,
+                                                    float* rout, int64_t n,
+                                                    char* out) {
+  return rin != nullptr ? EncodeToOf<kEncoding, true>(x, rin, rout, n, out)
+                        : EncodeToOf<kEncoding, false>(x, rin, rout, n, out);
 }
 
-SHARDPS_MULTIVERSIONED uint32_t EncodeBf16To(const float* x, const float* rin,
-                                             float* rout, int64_t n,
-                                             char* out) {
-  return rin != nullptr ? Bf16To<true>(x, rin, rout, n, out)
-                        : Bf16To<false>(x, rin, rout, n, out);
-}
-
-SHARDPS_MULTIVERSIONED uint32_t EncodeFp16To(const float* x, const float* rin,
-                                             float* rout, int64_t n,
-                                             char* out) {
-  return rin != nullptr ? Fp16To<true>(x, rin, rout, n, out)
-                        : Fp16To<false>(x, rin, rout, n, out);
+// REQUIRES: `encoding` is FP32, BF16 or FP16.
+SHARDPS_MULTIVERSIONED uint32_t EncodeTo(v1::Encoding encoding, const float* x,
+                                         const float* rin, float* rout,
+                                         int64_t n, char* out) {
+  if (encoding == v1::ENCODING_BF16) {
+    return EncodeToWith<v1::ENCODING_BF16>(x, rin, rout, n, out);
+  }
+  if (encoding == v1::ENCODING_FP16) {
+    return EncodeToWith<v1::ENCODING_FP16>(x, rin, rout, n, out);
+  }
+  return EncodeToWith<v1::ENCODING_FP32>(x, rin, rout, n, out);
 }
 
 template <bool kResidual>
@@ -606,30 +596,19 @@ absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
   int64_t k = 0;
   absl::Status status = CheckEncodeArguments(encoding, n, topk_ratio, &k);
   if (!status.ok()) return status;
-  uint32_t max_abs_bits = 0;
-  switch (encoding) {
-    case v1::ENCODING_FP32:
-      out->resize(EncodedBytes(encoding, n, k));
-      max_abs_bits = EncodeFp32To(x, residual_in, residual_out, n, out->data());
-      break;
-    case v1::ENCODING_BF16:
-      out->resize(EncodedBytes(encoding, n, k));
-      max_abs_bits = EncodeBf16To(x, residual_in, residual_out, n, out->data());
-      break;
-    case v1::ENCODING_FP16:
-      out->resize(EncodedBytes(encoding, n, k));
-      max_abs_bits = EncodeFp16To(x, residual_in, residual_out, n, out->data());
-      break;
-    default:
-      // INT8's scale and TOPK's selection need every value first: in place,
-      // on a copy of the residual.
-      if (residual_in != nullptr) {
-        std::copy(residual_in, residual_in + n, residual_out);
-      }
-      return EncodePayload(encoding, x, n, topk_ratio,
-                           residual_in != nullptr ? residual_out : nullptr,
-                           out);
+  if (encoding != v1::ENCODING_FP32 && encoding != v1::ENCODING_BF16 &&
+      encoding != v1::ENCODING_FP16) {
+    // INT8's scale and TOPK's selection need every value first: in place,
+    // on a copy of the residual.
+    if (residual_in != nullptr) {
+      std::copy(residual_in, residual_in + n, residual_out);
+    }
+    return EncodePayload(encoding, x, n, topk_ratio,
+                         residual_in != nullptr ? residual_out : nullptr, out);
   }
+  out->resize(EncodedBytes(encoding, n, k));
+  const uint32_t max_abs_bits =
+      EncodeTo(encoding, x, residual_in, residual_out, n, out->data());
   return RefuseFirst(encoding, x, residual_in, n, max_abs_bits,
                      OverflowLimit(encoding));
 }
