@@ -50,6 +50,54 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(
   return MakeChannel(o.coordinator, o.security, args);
 }
 
+// One WatchCluster stream, read on gRPC's callback threads while the watch
+// thread waits on a notification. A thread blocked in a synchronous Read
+// takes its turn at polling every connection of the process (gRPC's epoll
+// engine lets one thread poll at a time, whichever is waiting), and what it
+// reads for the data path's streams it must hand to their callback
+// threads: a wake-up more per message. Measured on the main job, 4 x 4 on
+// emulated 1 Gbit/s hosts with bf16 both ways, 8 alternated pairs: 11 %
+// fewer context switches a run than with the synchronous watch, 3.6 % more
+// samples/s.
+class WatchStream final : public grpc::ClientReadReactor<v1::ClusterView> {
+ public:
+  // offer(view, first) for each view read, `first` for the stream's first.
+  explicit WatchStream(
+      std::function<void(const v1::ClusterView&, bool first)> offer)
+      : offer_(std::move(offer)) {}
+
+  void Start(v1::Coordinator::Stub* stub, grpc::ClientContext* ctx,
+             const v1::WatchRequest& request) {
+    request_ = request;
+    stub->async()->WatchCluster(ctx, &request_, this);
+    StartRead(&view_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows
+    offer_(view_, !got_);
+    got_ = true;
+    StartRead(&view_);
+  }
+
+  void OnDone(const grpc::Status&) override { done_.Notify(); }
+
+  // Blocks until the stream has ended (gRPC is done with this object);
+  // whether it delivered a view.
+  bool Wait() {
+    done_.WaitForNotification();
+    return got_;
+  }
+
+ private:
+  const std::function<void(const v1::ClusterView&, bool)> offer_;
+  v1::WatchRequest request_;
+  v1::ClusterView view_;
+  bool got_ = false;  // read after done_: the reads happened before
+  absl::Notification done_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
@@ -336,18 +384,14 @@ bool CoordinatorClient::WatchOnce() {
     watch_ctx_ = &ctx;
     request.set_after_generation(view_.generation());
   }
-  std::unique_ptr<grpc::ClientReader<v1::ClusterView>> reader =
-      stub_->WatchCluster(&ctx, request);
-  v1::ClusterView view;
-  bool got = false;
-  while (reader->Read(&view)) {
-    // A new stream's first view is the current one, even if its generation
-    // is lower than the held one (a restarted coordinator counts from 1).
-    Offer(view, /*replace=*/!got);
-    got = true;
-  }
-  // How it ended does not matter: the loop opens the next stream.
-  reader->Finish().ok();
+  // A new stream's first view is the current one, even if its generation
+  // is lower than the held one (a restarted coordinator counts from 1). How
+  // the stream ended does not matter: the loop opens the next one.
+  WatchStream stream([this](const v1::ClusterView& view, bool first) {
+    Offer(view, /*replace=*/first);
+  });
+  stream.Start(stub_.get(), &ctx, request);
+  const bool got = stream.Wait();
   absl::MutexLock lock(&mu_);
   watch_ctx_ = nullptr;
   return got;
