@@ -109,10 +109,9 @@ SHARDPS_MULTIVERSIONED uint32_t MaxAbsBits(const float* x, const float* r,
                       : MaxAbsBitsOf<false>(x, r, n);
 }
 
-// FP32, BF16 and FP16: y = x + r (or x) encoded into `out`, and with a
-// residual y - decoded left in r (in place) or written to rout (out of
-// place; then the largest |y| bits come back too, as MaxAbsBits would give
-// them, so that one pass over the values both checks and encodes).
+// FP32, BF16 and FP16: y = x + rin (or x) encoded into `out`, y - decoded
+// written to rout, and the largest |y| bits returned, as MaxAbsBits would
+// give them, so that one pass over the values both checks and encodes.
 
 // Stores element i of `out` and returns the value it decodes to.
 template <v1::Encoding kEncoding>
@@ -132,15 +131,16 @@ template <v1::Encoding kEncoding>
   }
 }
 
+// rin and rout may be the same array (in place), so they are not
+// __restrict: element i is read before it is written.
 template <v1::Encoding kEncoding, bool kResidual>
 [[gnu::always_inline]] inline uint32_t EncodeToOf(const float* __restrict x,
-                                                  const float* __restrict rin,
-                                                  float* __restrict rout,
+                                                  const float* rin, float* rout,
                                                   int64_t n,
                                                   char* __restrict out) {
   uint32_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float y = Sum<kResidual>(x, rin, i);
+    const float y = kResidual ? x[i] + rin[i] : x[i];
     m = std::max(m, Bits(y) & kAbsMask);
     const float decoded = Put<kEncoding>(out, i, y);
     if constexpr (kResidual) rout[i] = y - decoded;
@@ -170,37 +170,9 @@ SHARDPS_MULTIVERSIONED uint32_t EncodeTo(v1::Encoding encoding, const float* x,
   return EncodeToWith<v1::ENCODING_FP32>(x, rin, rout, n, out);
 }
 
-template <v1::Encoding kEncoding, bool kResidual>
-[[gnu::always_inline]] inline void EncodeInPlaceOf(const float* __restrict x,
-                                                   float* __restrict r,
-                                                   int64_t n,
-                                                   char* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float y = Sum<kResidual>(x, r, i);
-    const float decoded = Put<kEncoding>(out, i, y);
-    if constexpr (kResidual) r[i] = y - decoded;
-  }
-}
-
-template <v1::Encoding kEncoding>
-[[gnu::always_inline]] inline void EncodeInPlaceWith(const float* x, float* r,
-                                                     int64_t n, char* out) {
-  if (r != nullptr) {
-    EncodeInPlaceOf<kEncoding, true>(x, r, n, out);
-  } else {
-    EncodeInPlaceOf<kEncoding, false>(x, r, n, out);
-  }
-}
-
-SHARDPS_MULTIVERSIONED void EncodeInPlace(v1::Encoding encoding, const float* x,
-                                          float* r, int64_t n, char* out) {
-  if (encoding == v1::ENCODING_BF16) {
-    EncodeInPlaceWith<v1::ENCODING_BF16>(x, r, n, out);
-  } else if (encoding == v1::ENCODING_FP16) {
-    EncodeInPlaceWith<v1::ENCODING_FP16>(x, r, n, out);
-  } else {
-    EncodeInPlaceWith<v1::ENCODING_FP32>(x, r, n, out);
-  }
+void EncodeInPlace(v1::Encoding encoding, const float* x, float* r, int64_t n,
+                   char* out) {
+  EncodeTo(encoding, x, r, r, n, out);
 }
 
 template <bool kResidual>

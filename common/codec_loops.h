@@ -33,7 +33,8 @@ void EncodeInPlace(v1::Encoding encoding, const float* x, float* r, int64_t n,
 void EncodeInt8Payload(const float* x, float* r, int64_t n, float s, char* out);
 
 // FP32, BF16 or FP16 (REQUIRES: one of them) with the residual out of
-// place: y = x + rin, rout = y - decoded (both null without a residual).
+// place: y = x + rin, rout = y - decoded (both null without a residual;
+// rout may be rin itself, which is what EncodeInPlace does).
 // Returns MaxAbsBits of y, found in the same pass.
 uint32_t EncodeTo(v1::Encoding encoding, const float* x, const float* rin,
                   float* rout, int64_t n, char* out);
