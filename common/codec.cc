@@ -338,6 +338,47 @@ absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,
   return absl::OkStatus();
 }
 
+absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
+                           int64_t n, bool allow_nonfinite, float* out) {
+  const int width = encoding == v1::ENCODING_FP32   ? 4
+                    : encoding == v1::ENCODING_BF16 ? 2
+                    : encoding == v1::ENCODING_FP16 ? 2
+                                                    : 0;
+  if (width == 0 || n < 0 ||
+      payload.size() != static_cast<uint64_t>(EncodedBytes(encoding, n))) {
+    // INT8 and TOPK, and every error of the length: from the bytes joined.
+    thread_local std::string joined;
+    joined.resize(payload.size());
+    payload.CopyTo(joined.data());
+    return DecodePayload(encoding, joined, n, allow_nonfinite, out);
+  }
+  uint32_t bad = 0;
+  int64_t done = 0;  // elements written
+  char split[4];     // the bytes of an element the last piece cut
+  int in_split = 0;
+  payload.ForEachPiece([&](absl::string_view piece) {
+    if (in_split > 0) {
+      const int take =
+          static_cast<int>(std::min<size_t>(width - in_split, piece.size()));
+      std::memcpy(split + in_split, piece.data(), take);
+      in_split += take;
+      piece.remove_prefix(take);
+      if (in_split < width) return;
+      bad |= DecodeFloatPayload(encoding, split, 1, out + done);
+      ++done;
+      in_split = 0;
+    }
+    const int64_t whole = static_cast<int64_t>(piece.size()) / width;
+    bad |= DecodeFloatPayload(encoding, piece.data(), whole, out + done);
+    done += whole;
+    piece.remove_prefix(whole * width);
+    std::memcpy(split, piece.data(), piece.size());
+    in_split = static_cast<int>(piece.size());
+  });
+  if (bad != 0 && !allow_nonfinite) return NonFiniteError(encoding, out, n);
+  return absl::OkStatus();
+}
+
 void EncodeBf16(const float* x, int64_t n, uint16_t* out) {
   EncodeBf16Loop(x, n, out);
 }

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/encoding.h"
 #include "shardps/v1/parameter_server.pb.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -77,6 +78,14 @@ absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
 // and, unless `allow_nonfinite`, a NaN or infinite value (INT8: a scale whose
 // 127 * s overflows). On error the contents of `out` are unspecified.
 absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,
+                           int64_t n, bool allow_nonfinite, float* out);
+
+// The same from bytes in pieces (the slices a message arrived in): FP32,
+// BF16 and FP16 are decoded where they lie, an element split between two
+// pieces through a few bytes of scratch; INT8 and TOPK, which need the
+// whole payload at once, are gathered into a thread's scratch first. The
+// same bits and errors as DecodePayload of the bytes joined.
+absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
                            int64_t n, bool allow_nonfinite, float* out);
 
 // Writes x[0, n) as bfloat16, rounded to nearest even, into out[0, n): the

@@ -12,23 +12,23 @@ v1::Encoding EffectiveEncoding(v1::Encoding e) {
   return e == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : e;
 }
 
-void StringByteSource::CopyTo(
-    char* dst, const std::function<void(uint64_t)>& copied) const {
-  if (!copied) {
-    std::memcpy(dst, bytes_.data(), bytes_.size());
-    return;
-  }
-  // In pieces that stay in cache for the caller to look at (as slices of a
-  // message are), rather than one pass over megabytes and then another.
-  constexpr uint64_t kPiece = 64 << 10;
-  for (uint64_t at = 0; at < bytes_.size(); at += kPiece) {
-    const uint64_t n = std::min<uint64_t>(kPiece, bytes_.size() - at);
-    std::memcpy(dst + at, bytes_.data() + at, n);
-    copied(at + n);
-  }
-  if (bytes_.empty()) copied(0);
+void ByteSource::CopyTo(char* dst,
+                        const std::function<void(uint64_t)>& copied) const {
+  uint64_t done = 0;
+  ForEachPiece([&](absl::string_view piece) {
+    std::memcpy(dst + done, piece.data(), piece.size());
+    done += piece.size();
+    if (copied) copied(done);
+  });
 }
 
+void StringByteSource::ForEachPiece(
+    const std::function<void(absl::string_view)>& piece) const {
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t at = 0; at < bytes_.size(); at += kPiece) {
+    piece(bytes_.substr(at, kPiece));
+  }
+}
 bool IsKnownEncoding(v1::Encoding e) {
   return e >= v1::ENCODING_FP32 && e <= v1::ENCODING_TOPK;
 }

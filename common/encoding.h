@@ -18,28 +18,33 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace shardps {
 
-// Bytes that can be copied out once, wherever they live (a string, or the
+// Bytes that can be read out once, wherever they live (a string, or the
 // slices a message arrived in).
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
   virtual uint64_t size() const = 0;
-  // Copies all size() bytes to dst. After each contiguous piece, calls
-  // copied(n) with the number of bytes copied so far (when not null), so the
-  // caller can inspect the data while it is still in cache.
-  virtual void CopyTo(char* dst,
-                      const std::function<void(uint64_t)>& copied) const = 0;
-  void CopyTo(char* dst) const { CopyTo(dst, nullptr); }
+  // Calls piece() with each contiguous piece of the bytes, in order, so that
+  // a decoder can read them where they lie instead of gathering them first.
+  // Pieces may end anywhere, even inside an element of a payload.
+  virtual void ForEachPiece(
+      const std::function<void(absl::string_view)>& piece) const = 0;
+  // Copies all size() bytes to dst, a piece at a time. After each piece,
+  // calls copied(n) with the number of bytes copied so far (when not null),
+  // so the caller can inspect the data while it is still in cache.
+  void CopyTo(char* dst,
+              const std::function<void(uint64_t)>& copied = nullptr) const;
 };
 
-// A ByteSource over a string_view; the bytes must outlive it.
+// A ByteSource over a string_view, in pieces of 64 KiB (that stay in cache
+// for a caller to look at, as the slices of a message do); the bytes must
+// outlive it.
 class StringByteSource final : public ByteSource {
  public:
   explicit StringByteSource(absl::string_view bytes) : bytes_(bytes) {}
   uint64_t size() const override { return bytes_.size(); }
-  using ByteSource::CopyTo;
-  void CopyTo(char* dst,
-              const std::function<void(uint64_t)>& copied) const override;
+  void ForEachPiece(
+      const std::function<void(absl::string_view)>& piece) const override;
 
  private:
   absl::string_view bytes_;

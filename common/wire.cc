@@ -151,18 +151,17 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
   return absl::OkStatus();
 }
 
-void PayloadView::CopyTo(char* dst,
-                         const std::function<void(uint64_t)>& copied) const {
+void PayloadView::ForEachPiece(
+    const std::function<void(absl::string_view)>& piece) const {
   uint64_t left = size_;
   size_t s = first_slice_;
   size_t off = first_offset_;
   while (left > 0 && s < slices_.size()) {
     const size_t avail = slices_[s].size() - off;
     const size_t k = left < avail ? left : avail;
-    std::memcpy(dst, slices_[s].begin() + off, k);
-    dst += k;
+    piece(absl::string_view(
+        reinterpret_cast<const char*>(slices_[s].begin()) + off, k));
     left -= k;
-    if (copied) copied(size_ - left);
     ++s;
     off = 0;
   }

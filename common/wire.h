@@ -33,10 +33,9 @@ grpc::ByteBuffer EncodeWithPayload(const google::protobuf::MessageLite& header,
 class PayloadView final : public ByteSource {
  public:
   uint64_t size() const override { return size_; }
-  // Copies the payload to dst[0, size()), one received slice at a time.
-  using ByteSource::CopyTo;
-  void CopyTo(char* dst,
-              const std::function<void(uint64_t)>& copied) const override;
+  // The payload's part of each received slice, in order.
+  void ForEachPiece(
+      const std::function<void(absl::string_view)>& piece) const override;
   // Releases the referenced slices.
   void Clear() {
     slices_.clear();

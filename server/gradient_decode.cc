@@ -70,13 +70,9 @@ absl::Status DecodeGradient(v1::Encoding encoding, const ByteSource& payload,
                             float* out) {
   const ChunkSpec& spec = *origin.spec;
   if (encoding != v1::ENCODING_FP32) {
-    // Compressed payloads are small next to the fp32 values: gathered from
-    // the received slices first, then decoded in one pass.
-    thread_local std::string bytes;
-    bytes.resize(payload.size());
-    payload.CopyTo(bytes.data());
-    absl::Status s =
-        DecodePayload(encoding, bytes, spec.num_elements, allow_nonfinite, out);
+    // Decoded from the received slices where they lie.
+    absl::Status s = DecodePayload(encoding, payload, spec.num_elements,
+                                   allow_nonfinite, out);
     if (s.ok()) return s;
     return absl::InvalidArgumentError(
         absl::StrCat("gradient of chunk ", spec.id, " (", origin.tensor,

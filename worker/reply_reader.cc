@@ -70,12 +70,14 @@ absl::Status ReplyReader::Read(Reply* r, const ChunkSpec& c, float* out,
       payload.CopyTo(reinterpret_cast<char*>(whole));
     }
   } else {
-    r->scratch.resize(payload.size());
-    payload.CopyTo(r->scratch.data());
     if (got == v1::ENCODING_BF16) {
-      DecodeBf16(reinterpret_cast<const uint16_t*>(r->scratch.data()),
-                 c.num_elements, whole);
+      // Widened from the received slices where they lie (weights may be
+      // anything: nothing is refused).
+      SHARDPS_RETURN_IF_ERROR(DecodePayload(got, payload, c.num_elements,
+                                            /*allow_nonfinite=*/true, whole));
     } else {
+      r->scratch.resize(payload.size());
+      payload.CopyTo(r->scratch.data());
       SHARDPS_RETURN_IF_ERROR(ApplyChanges(r, c, r->response.version()));
     }
   }
