@@ -96,9 +96,7 @@ absl::Status AsyncAggregator::Push(const PushArgs& args, Chunk* chunk,
         {args.rank, args.push_only, std::move(sink), args.step});
     ReleaseHeld(clocks, &replies);
   }
-  for (auto& [s, reply] : replies) {
-    updater_->Deliver(s.get(), std::move(reply));
-  }
+  updater_->DeliverAll(&replies);
   return absl::OkStatus();
 }
 
@@ -131,9 +129,7 @@ void AsyncAggregator::MembershipChanged() {
       absl::MutexLock lock(&clocks->chunk->mu);
       ReleaseHeld(clocks.get(), &replies);
     }
-    for (auto& [sink, reply] : replies) {
-      updater_->Deliver(sink.get(), std::move(reply));
-    }
+    updater_->DeliverAll(&replies);
   }
 }
 

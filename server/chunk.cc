@@ -180,4 +180,19 @@ void ChunkUpdater::Deliver(ReplySink* sink, ChunkReply reply) const {
   sink->Deliver(std::move(reply));
 }
 
+void ChunkUpdater::DeliverAll(PendingReplies* replies) const {
+  std::shared_ptr<SharedBf16> bf16;
+  const std::vector<float>* rounded = nullptr;
+  for (auto& [sink, reply] : *replies) {
+    if (reply.weights == nullptr) continue;
+    if (reply.weights.get() != rounded) {
+      bf16 = std::make_shared<SharedBf16>();
+      rounded = reply.weights.get();
+    }
+    reply.bf16 = bf16;
+  }
+  for (auto& [sink, reply] : *replies) Deliver(sink.get(), std::move(reply));
+  replies->clear();
+}
+
 }  // namespace shardps::server

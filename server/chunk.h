@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -29,6 +30,15 @@ class ServerMetrics;
 // sends straight from this buffer; the store never writes to a buffer while
 // anyone else holds it (copy on write).
 using WeightsBuffer = std::shared_ptr<const std::vector<float>>;
+
+// A reply's weights rounded to bfloat16, once for all the replies of one
+// update that send them so (the first to encode rounds them; call_once).
+// Holds no reference to the weights: the store may update them in place
+// once the replies are sent.
+struct SharedBf16 {
+  absl::once_flag once;
+  std::vector<uint16_t> values;
+};
 
 // A two-phase step's decision (v1::StepDecision).
 struct StepDecision {
@@ -57,6 +67,9 @@ struct ChunkReply {
   std::optional<double> sum_of_squares;
   // The reply of a two-phase step's update: the decision it applied.
   std::optional<StepDecision> decision;
+  // Set by ChunkUpdater::DeliverAll for the replies of one update: where
+  // a BF16 reply rounds `weights` (null: each reply rounds its own).
+  std::shared_ptr<SharedBf16> bf16;
   // A sealed step: `weights` are those of its update at clip coefficient
   // 1 (PushPullResponse.speculative). A decision's: the pusher's copy of
   // those is the chunk's now, and `weights` is null.
@@ -156,6 +169,10 @@ struct ShardCounters {
   std::atomic<uint64_t> speculations_recomputed{0};
 };
 
+// Replies built under a chunk's lock, delivered after it is released.
+using PendingReplies =
+    std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>;
+
 // Applies optimizer updates to chunks, each with its chunk's optimizer.
 // Thread-safe (the chunk's mutex serialises updates of one chunk);
 // everything it points to must outlive it.
@@ -208,6 +225,9 @@ class ChunkUpdater {
   // Counts the bytes and hands `reply` to `sink`. Call without locks: sinks
   // start gRPC writes.
   void Deliver(ReplySink* sink, ChunkReply reply) const;
+  // Deliver of each of `replies` (emptied), those with the same weights
+  // sharing one bfloat16 rounding of them.
+  void DeliverAll(PendingReplies* replies) const;
 
  private:
   // The version bump, counters and checkpoint copy after an update.
@@ -217,10 +237,6 @@ class ChunkUpdater {
   ServerMetrics* const metrics_;
   UpdateObserver* const snapshots_;
 };
-
-// Replies built under a chunk's lock, delivered after it is released.
-using PendingReplies =
-    std::vector<std::pair<std::shared_ptr<ReplySink>, ChunkReply>>;
 
 }  // namespace shardps::server
 

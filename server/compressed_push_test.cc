@@ -67,9 +67,10 @@ std::vector<float> Decoded(v1::Encoding e, const std::string& payload) {
 
 class CompressedPushTest : public ::testing::Test {
  protected:
-  void Start(EncodingSet accepted = kAllGradientEncodings) {
+  void Start(EncodingSet accepted = kAllGradientEncodings,
+             int32_t num_workers = 1) {
     ShardServerOptions o;
-    o.store.num_workers = 1;
+    o.store.num_workers = num_workers;
     o.store.accepted_encodings = accepted;
     // One tensor "w" of 8 ones, SGD with lr 1: w = 1 - gradient.
     ASSERT_NO_FATAL_FAILURE(
@@ -195,6 +196,65 @@ TEST_F(CompressedPushTest, Bf16RepliesAreTheRoundedWeights) {
   const v1::GetStatusResponse status = Status();
   EXPECT_EQ(status.bytes_out_fp32_total(), 4 * kElements * 3);  // 1 + 2 pulls
   EXPECT_EQ(status.bytes_out_total(), 2 * kElements * 2 + 4 * kElements);
+}
+
+TEST_F(CompressedPushTest, Bf16RepliesOfOneUpdateAreItsWeightsRoundedOnce) {
+  // Three ranks, two asking for BF16 weights, one for FP32: every reply of
+  // an update is that update's weights (the BF16 ones share one rounding),
+  // and the next update's replies are the next weights, not the last.
+  Start(kAllGradientEncodings, /*num_workers=*/3);
+  std::vector<float> exact(kElements, 1.0f);
+  for (int64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    grpc::ClientContext ctx[3];
+    std::unique_ptr<
+        grpc::ClientReaderWriter<v1::PushPullRequest, v1::PushPullResponse>>
+        streams[3];
+    for (uint32_t r = 0; r < 3; ++r) {
+      ctx[r].set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(30));
+      streams[r] = stub_->PushPull(&ctx[r]);
+      std::vector<float> g(kElements);
+      for (int64_t i = 0; i < kElements; ++i) {
+        g[i] = 0.01f * static_cast<float>((r + 1) * (i + 1) + step) / 3;
+      }
+      for (int64_t i = 0; i < kElements; ++i) exact[i] -= g[i] / 3;
+      v1::PushPullRequest req;
+      req.set_rank(r);
+      req.set_chunk_id(0);
+      req.set_step(step);
+      req.set_encoding(v1::ENCODING_FP32);
+      req.set_reply_encoding(r < 2 ? v1::ENCODING_BF16 : v1::ENCODING_FP32);
+      req.set_payload(Bytes(g));
+      ASSERT_TRUE(streams[r]->Write(req));
+    }
+    v1::PushPullResponse replies[3];
+    for (uint32_t r = 0; r < 3; ++r) {
+      if (!streams[r]->Read(&replies[r])) {
+        FAIL() << "rank " << r << ": " << streams[r]->Finish().error_message();
+      }
+      streams[r]->WritesDone();
+      const grpc::Status s = streams[r]->Finish();
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+    // The FP32 reply is the shard's weights; the mean of the three
+    // gradients, summed in rank order, moved them.
+    const std::vector<float> weights = Values(replies[2].payload());
+    ASSERT_EQ(weights.size(), static_cast<size_t>(kElements));
+    for (int64_t i = 0; i < kElements; ++i) {
+      EXPECT_NEAR(weights[i], exact[i], 1e-6f) << "element " << i;
+    }
+    std::vector<uint16_t> want(kElements);
+    EncodeBf16(weights.data(), kElements, want.data());
+    for (uint32_t r = 0; r < 2; ++r) {
+      EXPECT_EQ(replies[r].encoding(), v1::ENCODING_BF16);
+      ASSERT_EQ(replies[r].payload().size(), kElements * 2);
+      EXPECT_EQ(
+          std::memcmp(replies[r].payload().data(), want.data(), kElements * 2),
+          0)
+          << "rank " << r;
+    }
+  }
 }
 
 TEST_F(CompressedPushTest, WeightsCannotBeAskedInALossyGradientEncoding) {

@@ -20,6 +20,10 @@ void ReleaseWeights(void* holder) {
 
 void ReleaseBf16(void* holder) { delete[] static_cast<uint16_t*>(holder); }
 
+void ReleaseSharedBf16(void* holder) {
+  delete static_cast<std::shared_ptr<SharedBf16>*>(holder);
+}
+
 void ReleaseChanges(void* holder) {
   delete static_cast<std::shared_ptr<const std::string>*>(holder);
 }
@@ -68,6 +72,16 @@ void EncodeReply(ChunkReply reply, v1::Encoding encoding, ParameterStore* store,
     auto* holder = new std::shared_ptr<const std::string>(reply.changes);
     payload =
         ReferenceSlice(changes.data(), changes.size(), ReleaseChanges, holder);
+  } else if (encoding == v1::ENCODING_BF16 && reply.bf16 != nullptr) {
+    SharedBf16& shared = *reply.bf16;
+    absl::call_once(shared.once, [&] {
+      shared.values.resize(w.size());
+      EncodeBf16(w.data(), static_cast<int64_t>(w.size()),
+                 shared.values.data());
+    });
+    auto* holder = new std::shared_ptr<SharedBf16>(std::move(reply.bf16));
+    payload = ReferenceSlice(shared.values.data(), w.size() * 2,
+                             ReleaseSharedBf16, holder);
   } else if (encoding == v1::ENCODING_BF16) {
     auto* bf16 = new uint16_t[w.size()];
     EncodeBf16(w.data(), static_cast<int64_t>(w.size()), bf16);

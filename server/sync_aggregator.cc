@@ -455,9 +455,7 @@ void SyncAggregator::Apply(Step* step) {
     }
   }
   // Delivered outside the lock: sinks start gRPC writes.
-  for (auto& [sink, reply] : replies) {
-    updater_->Deliver(sink.get(), std::move(reply));
-  }
+  updater_->DeliverAll(&replies);
   WakeAdmitted();
 }
 
