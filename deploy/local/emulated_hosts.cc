@@ -222,9 +222,48 @@ absl::Status EmulatedHosts::MakeSwitch() {
       RunNetworkCommand(absl::StrCat(tools_.ip, " netns add ", switch_ns_))
           .status());
   made_switch_ = true;
+  SHARDPS_RETURN_IF_ERROR(SwitchWithoutNetfilter(switch_ns_));
   const std::string ip = absl::StrCat(tools_.ip, " -n ", switch_ns_);
   return RunAll({absl::StrCat(ip, " link add ", kBridge, " type bridge"),
                  absl::StrCat(ip, " link set ", kBridge, " up")});
+}
+
+// A switch forwards frames; it does not run the hosts' firewall on them.
+// With br_netfilter loaded (Docker loads it), a new namespace's bridges
+// pass every frame through iptables, ip6tables and arptables, on the CPU
+// the emulated hosts share: the 4 x 4 main job with bf16 at 1 Gbit/s took
+// 8.2-8.3 s with them off against 8.4-8.7 s on (3 alternated pairs, AMD
+// EPYC, 2 cores). Off in the switch's namespace only; without br_netfilter
+// there is nothing to turn off.
+absl::Status EmulatedHosts::SwitchWithoutNetfilter(const std::string& ns) {
+  const std::string path = "/run/netns/" + ns;
+  const int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", ErrnoText(errno)));
+  }
+  absl::Status status;
+  std::thread enter([&] {
+    if (setns(ns_fd, CLONE_NEWNET) != 0) {
+      status = absl::InternalError(
+          absl::StrCat("entering ", ns, ": ", ErrnoText(errno)));
+      return;
+    }
+    for (const char* table : {"iptables", "ip6tables", "arptables"}) {
+      const std::string file =
+          absl::StrCat("/proc/sys/net/bridge/bridge-nf-call-", table);
+      const int fd = open(file.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) continue;
+      if (fd < 0 || write(fd, "0", 1) != 1) {
+        status = absl::InternalError(absl::StrCat("turning off ", file, " in ",
+                                                  ns, ": ", ErrnoText(errno)));
+      }
+      if (fd >= 0) close(fd);
+    }
+  });
+  enter.join();
+  close(ns_fd);
+  return status;
 }
 
 // TCP congestion control on an emulated host: CUBIC, Linux's default, not

@@ -104,6 +104,7 @@ class EmulatedHosts {
  private:
   EmulatedHosts() = default;
   absl::Status MakeSwitch();
+  static absl::Status SwitchWithoutNetfilter(const std::string& ns);
   absl::Status MakeHost(const EmulatedHost& host);
   // Sets TCP's congestion control in the namespace `ns_fd` (named `ns`)
   // to CUBIC, or to Reno where this machine does not allow namespaces
