@@ -11,11 +11,14 @@
 #include "common/codec_loops.h"
 #include "common/encoding.h"
 #include "common/float_bits.h"
+#include "common/status.h"
 #include "common/topk_select.h"
 
 namespace shardps {
 namespace {
 
+using codec_loops::AddFloatPayload;
+using codec_loops::CheckFloatPayload;
 using codec_loops::DecodeBf16Loop;
 using codec_loops::DecodeFloatPayload;
 using codec_loops::DecodeInt8Payload;
@@ -338,23 +341,22 @@ absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,
   return absl::OkStatus();
 }
 
-absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
-                           int64_t n, bool allow_nonfinite, float* out) {
-  const int width = encoding == v1::ENCODING_FP32   ? 4
-                    : encoding == v1::ENCODING_BF16 ? 2
-                    : encoding == v1::ENCODING_FP16 ? 2
-                                                    : 0;
-  if (width == 0 || n < 0 ||
-      payload.size() != static_cast<uint64_t>(EncodedBytes(encoding, n))) {
-    // INT8 and TOPK, and every error of the length: from the bytes joined.
-    thread_local std::string joined;
-    joined.resize(payload.size());
-    payload.CopyTo(joined.data());
-    return DecodePayload(encoding, joined, n, allow_nonfinite, out);
-  }
-  uint32_t bad = 0;
-  int64_t done = 0;  // elements written
-  char split[4];     // the bytes of an element the last piece cut
+namespace {
+
+// Bytes an element of FP32, BF16 or FP16 takes; 0 for the others.
+int FloatWidth(v1::Encoding encoding) {
+  if (encoding == v1::ENCODING_FP32) return 4;
+  if (encoding == v1::ENCODING_BF16 || encoding == v1::ENCODING_FP16) return 2;
+  return 0;
+}
+
+// Calls run(bytes, count, at) for each run of whole elements of `width`
+// bytes in `payload`, in order: `count` elements from element `at`. An
+// element that two pieces cut comes as a run of one, from scratch.
+template <typename Run>
+void ForEachElementRun(const ByteSource& payload, int width, Run run) {
+  int64_t at = 0;
+  char split[4];
   int in_split = 0;
   payload.ForEachPiece([&](absl::string_view piece) {
     if (in_split > 0) {
@@ -364,18 +366,94 @@ absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
       in_split += take;
       piece.remove_prefix(take);
       if (in_split < width) return;
-      bad |= DecodeFloatPayload(encoding, split, 1, out + done);
-      ++done;
+      run(split, 1, at++);
       in_split = 0;
     }
     const int64_t whole = static_cast<int64_t>(piece.size()) / width;
-    bad |= DecodeFloatPayload(encoding, piece.data(), whole, out + done);
-    done += whole;
+    run(piece.data(), whole, at);
+    at += whole;
     piece.remove_prefix(whole * width);
     std::memcpy(split, piece.data(), piece.size());
     in_split = static_cast<int>(piece.size());
   });
+}
+
+// The payload's bytes joined, in a thread's scratch.
+absl::string_view Joined(const ByteSource& payload) {
+  thread_local std::string joined;
+  joined.resize(payload.size());
+  payload.CopyTo(joined.data());
+  return joined;
+}
+
+bool FitsFloats(v1::Encoding encoding, const ByteSource& payload, int64_t n) {
+  return FloatWidth(encoding) > 0 && n >= 0 &&
+         payload.size() == static_cast<uint64_t>(EncodedBytes(encoding, n));
+}
+
+}  // namespace
+
+absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
+                           int64_t n, bool allow_nonfinite, float* out) {
+  if (!FitsFloats(encoding, payload, n)) {
+    // INT8 and TOPK, and every error of the length: from the bytes joined.
+    return DecodePayload(encoding, Joined(payload), n, allow_nonfinite, out);
+  }
+  const uint32_t bad = DecodeCheckedPayload(encoding, payload, false, out);
   if (bad != 0 && !allow_nonfinite) return NonFiniteError(encoding, out, n);
+  return absl::OkStatus();
+}
+
+uint32_t DecodeCheckedPayload(v1::Encoding encoding, const ByteSource& payload,
+                              bool add, float* out) {
+  uint32_t bad = 0;
+  ForEachElementRun(
+      payload, FloatWidth(encoding),
+      [&](const char* in, int64_t count, int64_t at) {
+        bad |= add ? AddFloatPayload(encoding, in, count, out + at)
+                   : DecodeFloatPayload(encoding, in, count, out + at);
+      });
+  return bad;
+}
+
+bool DecodesInPieces(v1::Encoding encoding) { return FloatWidth(encoding) > 0; }
+
+absl::Status CheckDecodable(v1::Encoding encoding, const ByteSource& payload,
+                            int64_t n, bool allow_nonfinite) {
+  thread_local std::vector<float> decoded;
+  if (!FitsFloats(encoding, payload, n)) {
+    decoded.resize(std::max<int64_t>(n, 0));
+    return DecodePayload(encoding, Joined(payload), n, allow_nonfinite,
+                         decoded.data());
+  }
+  if (allow_nonfinite) return absl::OkStatus();
+  uint32_t bad = 0;
+  ForEachElementRun(payload, FloatWidth(encoding),
+                    [&](const char* in, int64_t count, int64_t) {
+                      bad |= CheckFloatPayload(encoding, in, count);
+                    });
+  if (bad == 0) return absl::OkStatus();
+  // Decoded to name the element.
+  decoded.resize(n);
+  return DecodePayload(encoding, payload, n, false, decoded.data());
+}
+
+absl::Status AddDecodedPayload(v1::Encoding encoding, const ByteSource& payload,
+                               int64_t n, bool allow_nonfinite, float* sum) {
+  if (!FitsFloats(encoding, payload, n)) {
+    thread_local std::vector<float> decoded;
+    decoded.resize(std::max<int64_t>(n, 0));
+    const absl::Status s = DecodePayload(encoding, Joined(payload), n,
+                                         allow_nonfinite, decoded.data());
+    if (!s.ok()) return s;
+    for (int64_t i = 0; i < n; ++i) sum[i] += decoded[i];
+    return absl::OkStatus();
+  }
+  // Checked whole before anything is added: a refused payload leaves the
+  // sum as it was.
+  SHARDPS_RETURN_IF_ERROR(
+      CheckDecodable(encoding, payload, n, allow_nonfinite));
+  DecodeCheckedPayload(encoding, payload, /*add=*/true, sum);
   return absl::OkStatus();
 }
 

@@ -88,6 +88,29 @@ absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,
 absl::Status DecodePayload(v1::Encoding encoding, const ByteSource& payload,
                            int64_t n, bool allow_nonfinite, float* out);
 
+// sum[i] += element i of the decoded `payload`, for i in [0, n), each one
+// binary32 add: the same bits as DecodePayload into scratch and adding that,
+// and the same errors, but FP32, BF16 and FP16 go from the pieces straight
+// into the sum (a pass that checks the values, then one that adds them).
+// On error `sum` is unchanged.
+absl::Status AddDecodedPayload(v1::Encoding encoding, const ByteSource& payload,
+                               int64_t n, bool allow_nonfinite, float* sum);
+
+// OK when DecodePayload would accept `payload`, its error otherwise,
+// without writing anything (FP32, BF16 and FP16: one pass that only looks).
+absl::Status CheckDecodable(v1::Encoding encoding, const ByteSource& payload,
+                            int64_t n, bool allow_nonfinite);
+
+// FP32, BF16 and FP16: what the ByteSource decoders read where it lies.
+bool DecodesInPieces(v1::Encoding encoding);
+
+// Decodes a payload of FP32, BF16 or FP16 whose length CheckDecodable (or
+// DecodePayload) accepted into out, element by element, from its pieces:
+// writing each value (add false) or adding it (one binary32 add). Returns
+// nonzero when some value was non-finite, and never fails.
+uint32_t DecodeCheckedPayload(v1::Encoding encoding, const ByteSource& payload,
+                              bool add, float* out);
+
 // Writes x[0, n) as bfloat16, rounded to nearest even, into out[0, n): the
 // reply path's weights. Never fails: a NaN stays a (quiet) NaN, and a value
 // of magnitude 0x1.ffp127 (3.3961775e38) or more becomes infinity.

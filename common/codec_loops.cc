@@ -223,25 +223,51 @@ template <v1::Encoding kEncoding>
   }
 }
 
-template <v1::Encoding kEncoding>
+// What a decoder does with element i: writes it to out[i], adds it to
+// out[i] (one binary32 add), or only looks at it (out unused).
+enum class Into { kWrite, kAdd, kNothing };
+
+template <v1::Encoding kEncoding, Into kInto>
 [[gnu::always_inline]] inline uint32_t DecodeOf(const char* __restrict in,
                                                 int64_t n,
                                                 float* __restrict out) {
   uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) out[i] = Get<kEncoding>(in, i, &bad);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Get<kEncoding>(in, i, &bad);
+    if constexpr (kInto == Into::kWrite) out[i] = v;
+    if constexpr (kInto == Into::kAdd) out[i] += v;
+  }
   return bad;
+}
+
+template <Into kInto>
+[[gnu::always_inline]] inline uint32_t DecodeFloat(v1::Encoding encoding,
+                                                   const char* in, int64_t n,
+                                                   float* out) {
+  if (encoding == v1::ENCODING_BF16) {
+    return DecodeOf<v1::ENCODING_BF16, kInto>(in, n, out);
+  }
+  if (encoding == v1::ENCODING_FP16) {
+    return DecodeOf<v1::ENCODING_FP16, kInto>(in, n, out);
+  }
+  return DecodeOf<v1::ENCODING_FP32, kInto>(in, n, out);
 }
 
 SHARDPS_MULTIVERSIONED uint32_t DecodeFloatPayload(v1::Encoding encoding,
                                                    const char* in, int64_t n,
                                                    float* out) {
-  if (encoding == v1::ENCODING_BF16) {
-    return DecodeOf<v1::ENCODING_BF16>(in, n, out);
-  }
-  if (encoding == v1::ENCODING_FP16) {
-    return DecodeOf<v1::ENCODING_FP16>(in, n, out);
-  }
-  return DecodeOf<v1::ENCODING_FP32>(in, n, out);
+  return DecodeFloat<Into::kWrite>(encoding, in, n, out);
+}
+
+SHARDPS_MULTIVERSIONED uint32_t AddFloatPayload(v1::Encoding encoding,
+                                                const char* in, int64_t n,
+                                                float* sum) {
+  return DecodeFloat<Into::kAdd>(encoding, in, n, sum);
+}
+
+SHARDPS_MULTIVERSIONED uint32_t CheckFloatPayload(v1::Encoding encoding,
+                                                  const char* in, int64_t n) {
+  return DecodeFloat<Into::kNothing>(encoding, in, n, nullptr);
 }
 
 SHARDPS_MULTIVERSIONED uint32_t DecodeInt8Payload(const char* in, int64_t n,

@@ -45,6 +45,11 @@ uint32_t EncodeTo(v1::Encoding encoding, const float* x, const float* rin,
 // DecodeFloatPayload takes FP32, BF16 or FP16 (REQUIRES: one of them).
 uint32_t DecodeFloatPayload(v1::Encoding encoding, const char* in, int64_t n,
                             float* out);
+// The same, adding each element to sum[i] (one binary32 add) instead.
+uint32_t AddFloatPayload(v1::Encoding encoding, const char* in, int64_t n,
+                         float* sum);
+// The same, writing nothing: only whether some element is non-finite.
+uint32_t CheckFloatPayload(v1::Encoding encoding, const char* in, int64_t n);
 uint32_t DecodeInt8Payload(const char* in, int64_t n, float s, float* out);
 
 // bf16 <-> fp32 arrays (common/codec.h's EncodeBf16 and DecodeBf16).

@@ -157,5 +157,59 @@ TEST(CodecPiecesTest, AWrongLengthIsRefusedAsWhenJoined) {
   }
 }
 
+// AddDecodedPayload against DecodePayload and a binary32 add, for every way
+// of cutting `payload`: the same status, the same sum when OK, and the sum
+// untouched on error.
+void ExpectAddedAsDecoded(v1::Encoding encoding, const std::string& payload,
+                          int64_t n, bool allow_nonfinite,
+                          const std::vector<float>& start) {
+  std::vector<float> decoded(n);
+  const absl::Status want = DecodePayload(encoding, absl::string_view(payload),
+                                          n, allow_nonfinite, decoded.data());
+  std::vector<float> want_sum = start;
+  for (int64_t i = 0; i < n; ++i) want_sum[i] += decoded[i];
+  for (const std::vector<size_t>& cuts : Cuts(payload.size(), n + 1)) {
+    SCOPED_TRACE(absl::StrCat(EncodingName(encoding), ", ", Label(cuts)));
+    std::vector<float> sum = start;
+    const absl::Status got = AddDecodedPayload(
+        encoding, CutSource(payload, cuts), n, allow_nonfinite, sum.data());
+    EXPECT_EQ(got, want);
+    const std::vector<float>& expected = want.ok() ? want_sum : start;
+    EXPECT_EQ(std::memcmp(sum.data(), expected.data(), n * 4), 0);
+  }
+}
+
+TEST(CodecPiecesTest, AddingADecodedPayloadIsDecodingThenOneAddPerElement) {
+  const int64_t n = 777;
+  const std::vector<float> x = Gradient(n, 5);
+  // A running sum with signed zeros, large and tiny values.
+  std::vector<float> start = Gradient(n, 6);
+  start[0] = -0.0f;
+  start[1] = 0.0f;
+  start[2] = 3e38f;
+  start[3] = 1e-40f;
+  for (v1::Encoding encoding : kEncodings) {
+    std::string payload;
+    ASSERT_TRUE(
+        EncodePayload(encoding, x.data(), n, 0.1, nullptr, &payload).ok());
+    ExpectAddedAsDecoded(encoding, payload, n, false, start);
+    ExpectAddedAsDecoded(encoding, payload, n, true, start);
+    // Refused: a wrong length, and (FP32, BF16, FP16) an infinity at
+    // element 500; accepted with allow_nonfinite.
+    ExpectAddedAsDecoded(encoding, payload.substr(1), n, false, start);
+    if (encoding == v1::ENCODING_FP32 || encoding == v1::ENCODING_BF16 ||
+        encoding == v1::ENCODING_FP16) {
+      const int width = encoding == v1::ENCODING_FP32 ? 4 : 2;
+      const uint32_t inf = encoding == v1::ENCODING_FP32   ? 0x7f800000u
+                           : encoding == v1::ENCODING_BF16 ? 0x7f80u
+                                                           : 0x7c00u;
+      std::string bad = payload;
+      std::memcpy(bad.data() + 500 * width, &inf, width);
+      ExpectAddedAsDecoded(encoding, bad, n, false, start);
+      ExpectAddedAsDecoded(encoding, bad, n, true, start);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardps

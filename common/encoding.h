@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,6 +35,10 @@ class ByteSource {
   // so the caller can inspect the data while it is still in cache.
   void CopyTo(char* dst,
               const std::function<void(uint64_t)>& copied = nullptr) const;
+  // A ByteSource over the same bytes that stays valid after this one is
+  // gone, without copying them; null when they cannot be kept that way
+  // (the caller then copies what it needs).
+  virtual std::unique_ptr<ByteSource> Retain() const { return nullptr; }
 };
 
 // A ByteSource over a string_view, in pieces of 64 KiB (that stay in cache

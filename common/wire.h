@@ -7,6 +7,7 @@
 #define SHARDPS_COMMON_WIRE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,10 @@ class PayloadView final : public ByteSource {
   // The payload's part of each received slice, in order.
   void ForEachPiece(
       const std::function<void(absl::string_view)>& piece) const override;
+  // A copy referencing the same slices.
+  std::unique_ptr<ByteSource> Retain() const override {
+    return std::make_unique<PayloadView>(*this);
+  }
   // Releases the referenced slices.
   void Clear() {
     slices_.clear();

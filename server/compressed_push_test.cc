@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/status_matchers.h"
 #include "grpcpp/client_context.h"
@@ -255,6 +257,94 @@ TEST_F(CompressedPushTest, Bf16RepliesOfOneUpdateAreItsWeightsRoundedOnce) {
           << "rank " << r;
     }
   }
+}
+
+// Rank 1 pushes a BF16 gradient with a NaN, which is refused, then a good
+// one; rank 0 pushes before or after it. Refused or not, rank 1's first push
+// must leave no trace: the weights are 1 - (g0 + g1) / 2 (SGD, lr 1, from
+// ones; exact in these values). With rank 1 first its pushes come early:
+// kept in the slices they arrived in and checked on arrival; otherwise
+// decoded straight into rank 0's sum.
+void ExpectARefusedBf16PushLeavesNoTrace(
+    v1::ParameterServer::Stub* stub, bool rank1_first,
+    const std::function<uint64_t()>& pushes_taken) {
+  // Each push is taken (held early, or summed) before the next is sent.
+  auto taken = [&](uint64_t n) {
+    for (int i = 0; i < 500 && pushes_taken() < n; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(pushes_taken(), n);
+  };
+  const std::vector<float> g0 = {0.5f,  -0.25f, 1.0f, 2.0f,
+                                 -4.0f, 0.125f, 8.0f, -1.0f};
+  const std::vector<float> g1 = {1.5f, 0.25f,  -3.0f, 6.0f,
+                                 4.0f, 0.375f, -8.0f, 1.0f};
+  using Stream =
+      grpc::ClientReaderWriter<v1::PushPullRequest, v1::PushPullResponse>;
+  auto push = [&](grpc::ClientContext* ctx, uint32_t rank,
+                  const std::string& payload) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(30));
+    std::unique_ptr<Stream> stream = stub->PushPull(ctx);
+    v1::PushPullRequest req;
+    req.set_rank(rank);
+    req.set_chunk_id(0);
+    req.set_step(0);
+    req.set_encoding(v1::ENCODING_BF16);
+    req.set_reply_encoding(v1::ENCODING_FP32);
+    req.set_payload(payload);
+    EXPECT_TRUE(stream->Write(req));
+    return stream;
+  };
+  grpc::ClientContext ctx0, bad_ctx, ctx1;
+  std::unique_ptr<Stream> rank0;
+  if (!rank1_first) {
+    rank0 = push(&ctx0, 0, Encoded(v1::ENCODING_BF16, g0));
+    taken(1);
+  }
+  std::string bad = Encoded(v1::ENCODING_BF16, g1);
+  const uint16_t nan = 0x7fc0;
+  std::memcpy(bad.data() + 3 * 2, &nan, 2);
+  std::unique_ptr<Stream> refused = push(&bad_ctx, 1, bad);
+  v1::PushPullResponse reply;
+  EXPECT_FALSE(refused->Read(&reply));
+  const grpc::Status s = refused->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("rank 1"), std::string::npos)
+      << s.error_message();
+  std::unique_ptr<Stream> rank1 =
+      push(&ctx1, 1, Encoded(v1::ENCODING_BF16, g1));
+  if (rank1_first) {
+    taken(1);
+    rank0 = push(&ctx0, 0, Encoded(v1::ENCODING_BF16, g0));
+  }
+  v1::PushPullResponse replies[2];
+  ASSERT_TRUE(rank0->Read(&replies[0]));
+  ASSERT_TRUE(rank1->Read(&replies[1]));
+  for (Stream* stream : {rank0.get(), rank1.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  for (const v1::PushPullResponse& r : replies) {
+    const std::vector<float> w = Values(r.payload());
+    ASSERT_EQ(w.size(), static_cast<size_t>(kElements));
+    for (int64_t i = 0; i < kElements; ++i) {
+      EXPECT_EQ(w[i], 1.0f - (g0[i] + g1[i]) / 2) << "element " << i;
+    }
+  }
+}
+
+TEST_F(CompressedPushTest, ARefusedPushAfterTheFirstRanksLeavesTheSumAlone) {
+  Start(kAllGradientEncodings, /*num_workers=*/2);
+  ExpectARefusedBf16PushLeavesNoTrace(stub_, /*rank1_first=*/false,
+                                      [&] { return Status().pushes_total(); });
+}
+
+TEST_F(CompressedPushTest, ARefusedEarlyPushLeavesNoTraceAndAKeptOneIsSummed) {
+  Start(kAllGradientEncodings, /*num_workers=*/2);
+  ExpectARefusedBf16PushLeavesNoTrace(stub_, /*rank1_first=*/true,
+                                      [&] { return Status().pushes_total(); });
 }
 
 TEST_F(CompressedPushTest, WeightsCannotBeAskedInALossyGradientEncoding) {

@@ -101,4 +101,38 @@ absl::Status DecodeGradient(v1::Encoding encoding, const ByteSource& payload,
       " (start servers with --allow_nonfinite to accept)"));
 }
 
+namespace {
+
+// The error DecodeGradient gives for a payload the codec refused with
+// `refused` (naming the chunk and rank); `refused` when it has none.
+absl::Status GradientError(const absl::Status& refused, v1::Encoding encoding,
+                           const ByteSource& payload,
+                           const GradientOrigin& origin, bool allow_nonfinite) {
+  if (refused.ok()) return refused;
+  thread_local std::vector<float> scratch;
+  scratch.resize(origin.spec->num_elements);
+  const absl::Status decoded = DecodeGradient(encoding, payload, origin,
+                                              allow_nonfinite, scratch.data());
+  return decoded.ok() ? refused : decoded;
+}
+
+}  // namespace
+
+absl::Status AddGradient(v1::Encoding encoding, const ByteSource& payload,
+                         const GradientOrigin& origin, bool allow_nonfinite,
+                         float* sum) {
+  return GradientError(
+      AddDecodedPayload(encoding, payload, origin.spec->num_elements,
+                        allow_nonfinite, sum),
+      encoding, payload, origin, allow_nonfinite);
+}
+
+absl::Status CheckGradient(v1::Encoding encoding, const ByteSource& payload,
+                           const GradientOrigin& origin, bool allow_nonfinite) {
+  return GradientError(
+      CheckDecodable(encoding, payload, origin.spec->num_elements,
+                     allow_nonfinite),
+      encoding, payload, origin, allow_nonfinite);
+}
+
 }  // namespace shardps::server

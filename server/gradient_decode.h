@@ -56,6 +56,19 @@ absl::Status DecodeGradient(v1::Encoding encoding, const ByteSource& payload,
                             const GradientOrigin& origin, bool allow_nonfinite,
                             float* out);
 
+// sum[i] += element i of the decoded `payload` (one binary32 add each):
+// the same bits as DecodeGradient into scratch and adding that, and the
+// same errors, but the usual encodings go straight from the received
+// slices into the sum. On error `sum` is unchanged.
+absl::Status AddGradient(v1::Encoding encoding, const ByteSource& payload,
+                         const GradientOrigin& origin, bool allow_nonfinite,
+                         float* sum);
+
+// OK when DecodeGradient would accept `payload`, its error otherwise;
+// writes nothing.
+absl::Status CheckGradient(v1::Encoding encoding, const ByteSource& payload,
+                           const GradientOrigin& origin, bool allow_nonfinite);
+
 }  // namespace shardps::server
 
 #endif  // SHARDPS_SERVER_GRADIENT_DECODE_H_

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/codec.h"
 #include "common/status.h"
 #include "server/gradient_decode.h"
 #include "server/optimizer.h"
@@ -67,6 +68,17 @@ void SyncAggregator::AddToSum(Step* step, const float* gradient) {
   ++step->num_summed;
 }
 
+void SyncAggregator::AddEarly(Step* step, const Early& early) {
+  if (early.payload == nullptr) {
+    AddToSum(step, early.gradient.get());
+    return;
+  }
+  // Checked on arrival (CheckGradient): its length and values are fine.
+  DecodeCheckedPayload(early.encoding, *early.payload,
+                       /*add=*/step->num_summed > 0, step->sum.data());
+  ++step->num_summed;
+}
+
 void SyncAggregator::FoldMoved(Step* step) const {
   if (options_.budget == nullptr) return;
   // A complete step counts as the next step's, waiting for rank 0, from
@@ -89,7 +101,7 @@ void SyncAggregator::Fold(
     if (step->contributed[r]) {
       // Summed on arrival, or early and waiting for this moment.
       if (std::unique_ptr<Early> early = std::move(step->early[r])) {
-        AddToSum(step, early->gradient.get());
+        AddEarly(step, *early);
         released->push_back(std::move(early->reader));
       }
     } else if (ranks_->WaitsFor(r, version)) {
@@ -115,32 +127,6 @@ absl::Status SyncAggregator::CheckHyperparameters(const Step& step,
       ": every worker of a step must use the same ", d->field));
 }
 
-absl::Status SyncAggregator::CheckPhases(const Step& step,
-                                         const PushArgs& args) const {
-  if (step.num_contributed == 0) return absl::OkStatus();
-  const bool same_scale =
-      step.loss_scale.has_value() == args.loss_scale.has_value() &&
-      (!args.loss_scale.has_value() ||
-       std::memcmp(&*step.loss_scale, &*args.loss_scale, sizeof(float)) == 0);
-  if (step.second_phase == args.second_phase && same_scale) {
-    return absl::OkStatus();
-  }
-  auto name = [](bool second_phase, const std::optional<float>& scale) {
-    if (!second_phase) return std::string("a one-phase step");
-    return scale.has_value()
-               ? absl::StrFormat("a two-phase step with loss scale %.9g",
-                                 *scale)
-               : std::string("a two-phase step without loss scale");
-  };
-  return absl::InvalidArgumentError(absl::StrCat(
-      "rank ", args.rank, " pushes chunk ", step.chunk->spec.id, " (",
-      step.chunk->tensor_name, ") of step ", args.step, " as ",
-      name(args.second_phase, args.loss_scale),
-      ", but the step's first push made it ",
-      name(step.second_phase, step.loss_scale),
-      ": every worker of a step must clip and scale the loss alike"));
-}
-
 ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only,
                                       bool holds) const {
   const bool held = holds && step.applied_speculation;
@@ -153,141 +139,6 @@ ChunkReply SyncAggregator::RetryReply(const Step& step, bool push_only,
     reply.sum_of_squares = step.applied_sum_of_squares;
   }
   return reply;
-}
-
-float SyncAggregator::InverseLossScale(const Step& step) {
-  // torch's unscale_: the reciprocal in double, rounded to float.
-  return step.loss_scale.has_value()
-             ? static_cast<float>(1.0 / double{*step.loss_scale})
-             : 1.0f;
-}
-
-ChunkReply SyncAggregator::SealedReply(const Step& step, bool speculative) {
-  ChunkReply reply;
-  reply.chunk_id = step.chunk->spec.id;
-  reply.version = step.chunk->version;
-  reply.sum_of_squares = step.sum_of_squares;
-  if (speculative && step.speculated) {
-    // Shared with the step: the decision commits this buffer, never
-    // writes it.
-    reply.weights = step.speculative_weights;
-    reply.speculative = true;
-  }
-  return reply;
-}
-
-GradientScaling SyncAggregator::Scaling(const Step& step,
-                                        const StepDecision& decision) {
-  GradientScaling scaling;
-  scaling.inv_loss_scale = InverseLossScale(step);
-  scaling.clip_coefficient = decision.clip_coefficient;
-  return scaling;
-}
-
-void SyncAggregator::Seal(Step* step, PendingReplies* replies) const {
-  Chunk* chunk = step->chunk;
-  const float inv = InverseLossScale(*step);
-  step->sum_of_squares =
-      step->num_with_gradient == 0
-          ? 0.0
-          : SumOfSquaresOfMean(step->sum.data(),
-                               static_cast<int32_t>(step->num_summed), inv,
-                               chunk->spec.num_elements);
-  step->sealed = true;
-  // Speculative weights: the update the decision makes when it neither
-  // clips nor skips (most steps of a long run), computed now so that the
-  // weights travel while other chunks are still pushed. Not for a step
-  // that must be skipped, nor one without gradients (its update is a
-  // skip, whatever the decision).
-  step->speculated = step->speculate && step->num_with_gradient > 0 &&
-                     std::isfinite(step->sum_of_squares);
-  if (step->speculated) {
-    updater_->Speculate(*step->chunk, step->sum.data(),
-                        static_cast<int32_t>(step->num_summed),
-                        step->hyperparameters, Scaling(*step, StepDecision{}),
-                        &step->speculative_weights, &step->speculative_slots);
-  } else if (!step->speculate) {
-    // Not asked (the workers' last steps clipped): no copy held meanwhile.
-    step->speculative_weights.reset();
-    step->speculative_slots.clear();
-  }
-  for (Waiter& w : step->waiters) {
-    replies->emplace_back(std::move(w.sink), SealedReply(*step, w.speculative));
-  }
-  step->waiters.clear();
-}
-
-absl::Status SyncAggregator::Decide(const PushArgs& args, Step* step,
-                                    std::shared_ptr<ReplySink> sink) {
-  Chunk* chunk = step->chunk;
-  const StepDecision& d = *args.decision;
-  auto disagree = [&](const StepDecision& first) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d decides step %d of chunk %d (%s) with clip coefficient "
-        "%.9g%s, "
-        "but the step's first decision was %.9g%s: every worker of a step "
-        "must clip with the same max_grad_norm",
-        args.rank, args.step, chunk->spec.id, chunk->tensor_name,
-        d.clip_coefficient, d.skip ? " (skip)" : "", first.clip_coefficient,
-        first.skip ? " (skip)" : ""));
-  };
-  bool schedule = false;
-  {
-    // Locked as step->chunk: the thread-safety analysis does not know that
-    // `chunk` is the same.
-    absl::ReleasableMutexLock lock(&step->chunk->mu);
-    const int64_t version = step->chunk->version;
-    if (args.step == version - 1) {
-      // A decision of the step just applied (a rank behind the first, or
-      // one whose reply was lost): answer with the weights, if it is the
-      // decision that was applied.
-      if (!step->applied.has_value()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("rank ", args.rank, " decides step ", args.step,
-                         " of chunk ", chunk->spec.id, " (", chunk->tensor_name,
-                         "), whose update was not a two-phase step's"));
-      }
-      if (*step->applied != d) return disagree(*step->applied);
-      // Most often no loss: the decision of a rank behind the first.
-      ChunkReply reply =
-          RetryReply(*step, args.push_only, args.speculative_weights);
-      lock.Release();
-      updater_->Deliver(sink.get(), std::move(reply));
-      return absl::OkStatus();
-    }
-    if (args.step != version) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "decision for step ", args.step, " of chunk ", chunk->spec.id,
-          " is in the ", args.step < version ? "past" : "future",
-          ": the chunk is at step ", version));
-    }
-    if (!step->sealed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", args.rank, " decides step ", args.step, " of chunk ",
-          chunk->spec.id, " (", chunk->tensor_name, "), which is not sealed: ",
-          step->second_phase ? "not every rank's gradient is in yet"
-                             : "it is not a two-phase step"));
-    }
-    // A chunk's non-finite sum makes the step's norm non-finite, which
-    // every worker skips; applied, the overflow would stay in the weights
-    // and the optimizer state for good.
-    if (!d.skip && !std::isfinite(step->sum_of_squares)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", args.rank, " decides to apply step ", args.step,
-          " of chunk ", chunk->spec.id, " (", chunk->tensor_name,
-          "), whose sum of squares is not finite: the step must be skipped"));
-    }
-    if (step->decided.has_value()) {
-      if (*step->decided != d) return disagree(*step->decided);
-    } else {
-      step->decided = d;
-      schedule = true;
-    }
-    step->waiters.push_back({args.rank, args.push_only, std::move(sink), 0,
-                             args.speculative_weights});
-  }
-  if (schedule) ScheduleApply(step);
-  return absl::OkStatus();
 }
 
 void SyncAggregator::Clear(Step* step) const {
@@ -337,26 +188,32 @@ absl::Status SyncAggregator::Contribute(
                                              step->sum.data()));
       ++step->num_summed;
     } else {
-      // One chunk per thread that pushes, not one per worker.
-      thread_local std::vector<float> decoded;
-      decoded.resize(n);
-      SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
-                                             origin, allow_nonfinite,
-                                             decoded.data()));
-      AddToSum(step, decoded.data());
+      // Decoded straight into the sum (nothing added when refused).
+      SHARDPS_RETURN_IF_ERROR(AddGradient(args.encoding, *args.payload, origin,
+                                          allow_nonfinite, step->sum.data()));
+      ++step->num_summed;
     }
   } else {
     // A rank below has not pushed yet: keep the gradient and stop reading
     // this stream until it is summed.
     auto early = std::make_unique<Early>();
-    if (!args.no_gradient) {
+    int64_t held = 0;
+    if (!args.no_gradient && DecodesInPieces(args.encoding) &&
+        (early->payload = args.payload->Retain()) != nullptr) {
+      // Kept as it came (the slices it arrived in, no copy), checked now.
+      SHARDPS_RETURN_IF_ERROR(CheckGradient(args.encoding, *early->payload,
+                                            origin, allow_nonfinite));
+      early->encoding = args.encoding;
+      held = static_cast<int64_t>(early->payload->size());
+    } else if (!args.no_gradient) {
       early->gradient.reset(new float[n]);
       SHARDPS_RETURN_IF_ERROR(DecodeGradient(args.encoding, *args.payload,
                                              origin, allow_nonfinite,
                                              early->gradient.get()));
+      held = n * int64_t{4};
     }
     early->reader = sink;
-    sink->Hold(args.no_gradient ? 0 : n * int64_t{4});
+    sink->Hold(held);
     step->early[args.rank] = std::move(early);
   }
   if (!args.no_gradient) ++step->num_with_gradient;

@@ -42,7 +42,12 @@ class SyncAggregator final : public Aggregator {
   // A gradient that arrived before the ranks below it: kept until they are
   // summed, holding its stream's reads.
   struct Early {
-    // Uninitialised until decoded into (a vector would zero it first); null
+    // FP32, BF16 or FP16 in gRPC's slices: the payload, checked on arrival
+    // and decoded into the sum at its turn, from where it lies.
+    std::unique_ptr<ByteSource> payload;
+    v1::Encoding encoding = v1::ENCODING_FP32;
+    // Otherwise (shared memory, INT8, TOPK): decoded on arrival,
+    // uninitialised until then (a vector would zero it first). Both null
     // for a no_gradient push.
     std::unique_ptr<float[]> gradient;
     std::shared_ptr<ReplySink> reader;
@@ -164,6 +169,9 @@ class SyncAggregator final : public Aggregator {
                           const std::shared_ptr<ReplySink>& sink)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Adds `gradient` (null: zeros) to the step's sum as the next rank's.
+  // Adds an early push's gradient to the sum (AddToSum).
+  static void AddEarly(Step* step, const Early& early)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   static void AddToSum(Step* step, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step->chunk->mu);
   // Moves the fold past every rank that is summed now or not waited for;
