@@ -92,6 +92,16 @@ std::vector<float> Gradient(int64_t n, uint32_t seed) {
   return x;
 }
 
+// x encoded without error feedback; the test fails on an error.
+std::string Payload(v1::Encoding encoding, const std::vector<float>& x,
+                    double topk_ratio) {
+  std::string payload;
+  EXPECT_TRUE(EncodePayload(encoding, x.data(), static_cast<int64_t>(x.size()),
+                            topk_ratio, nullptr, &payload)
+                  .ok());
+  return payload;
+}
+
 constexpr v1::Encoding kEncodings[] = {v1::ENCODING_FP32, v1::ENCODING_BF16,
                                        v1::ENCODING_FP16, v1::ENCODING_INT8,
                                        v1::ENCODING_TOPK};
@@ -100,9 +110,7 @@ TEST(CodecPiecesTest, EveryEncodingDecodesTheSameBitsWhereverItIsCut) {
   const int64_t n = 1001;
   const std::vector<float> x = Gradient(n, 7);
   for (v1::Encoding encoding : kEncodings) {
-    std::string payload;
-    ASSERT_TRUE(
-        EncodePayload(encoding, x.data(), n, 0.1, nullptr, &payload).ok());
+    const std::string payload = Payload(encoding, x, 0.1);
     ExpectSameBothWays(encoding, payload, n, /*allow_nonfinite=*/false);
     ExpectSameBothWays(encoding, payload, n, /*allow_nonfinite=*/true);
   }
@@ -113,9 +121,7 @@ TEST(CodecPiecesTest, ANonFiniteValueIsRefusedNamingItsElementEvenWhenCut) {
   const std::vector<float> x = Gradient(n, 11);
   for (v1::Encoding encoding :
        {v1::ENCODING_FP32, v1::ENCODING_BF16, v1::ENCODING_FP16}) {
-    std::string payload;
-    ASSERT_TRUE(
-        EncodePayload(encoding, x.data(), n, 1.0, nullptr, &payload).ok());
+    const std::string payload = Payload(encoding, x, 1.0);
     // Element 101 becomes a NaN (FP32: all ones; BF16 and FP16: exponent
     // all ones, mantissa nonzero), then infinity.
     const int width = encoding == v1::ENCODING_FP32 ? 4 : 2;
@@ -143,9 +149,7 @@ TEST(CodecPiecesTest, AWrongLengthIsRefusedAsWhenJoined) {
   const int64_t n = 64;
   const std::vector<float> x = Gradient(n, 3);
   for (v1::Encoding encoding : kEncodings) {
-    std::string payload;
-    ASSERT_TRUE(
-        EncodePayload(encoding, x.data(), n, 0.5, nullptr, &payload).ok());
+    const std::string payload = Payload(encoding, x, 0.5);
     for (const std::string& wrong : {payload.substr(0, payload.size() - 1),
                                      payload + "x", std::string()}) {
       std::vector<float> out(n);
@@ -189,9 +193,7 @@ TEST(CodecPiecesTest, AddingADecodedPayloadIsDecodingThenOneAddPerElement) {
   start[2] = 3e38f;
   start[3] = 1e-40f;
   for (v1::Encoding encoding : kEncodings) {
-    std::string payload;
-    ASSERT_TRUE(
-        EncodePayload(encoding, x.data(), n, 0.1, nullptr, &payload).ok());
+    const std::string payload = Payload(encoding, x, 0.1);
     ExpectAddedAsDecoded(encoding, payload, n, false, start);
     ExpectAddedAsDecoded(encoding, payload, n, true, start);
     // Refused: a wrong length, and (FP32, BF16, FP16) an infinity at

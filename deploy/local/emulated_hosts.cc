@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 #include <utility>
@@ -198,6 +199,43 @@ bool ParseTcpSegments(absl::string_view snmp, int64_t* segments,
   return false;
 }
 
+namespace {
+
+// Runs `body` on a thread that entered the network namespace `ns_fd`
+// (named `ns`): setns(2) changes only the calling thread, and
+// /proc/sys/net and /proc/thread-self/net show the namespace of the thread
+// that opens them (and keep showing it through the descriptor).
+absl::Status InNamespace(int ns_fd, const std::string& ns,
+                         const std::function<absl::Status()>& body) {
+  absl::Status status;
+  std::thread enter([&] {
+    if (setns(ns_fd, CLONE_NEWNET) != 0) {
+      status = absl::InternalError(
+          absl::StrCat("entering ", ns, ": ", ErrnoText(errno)));
+      return;
+    }
+    status = body();
+  });
+  enter.join();
+  return status;
+}
+
+// InNamespace for the namespace named `ns` (/run/netns/ns).
+absl::Status InNamedNamespace(const std::string& ns,
+                              const std::function<absl::Status()>& body) {
+  const std::string path = "/run/netns/" + ns;
+  const int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("open ", path, ": ", ErrnoText(errno)));
+  }
+  const absl::Status status = InNamespace(ns_fd, ns, body);
+  close(ns_fd);
+  return status;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<EmulatedHosts>> EmulatedHosts::Create(
     std::vector<EmulatedHost> hosts, const TbfShape& shape,
     const NetworkTools& tools) {
@@ -236,19 +274,8 @@ absl::Status EmulatedHosts::MakeSwitch() {
 // EPYC, 2 cores). Off in the switch's namespace only; without br_netfilter
 // there is nothing to turn off.
 absl::Status EmulatedHosts::SwitchWithoutNetfilter(const std::string& ns) {
-  const std::string path = "/run/netns/" + ns;
-  const int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (ns_fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("open ", path, ": ", ErrnoText(errno)));
-  }
-  absl::Status status;
-  std::thread enter([&] {
-    if (setns(ns_fd, CLONE_NEWNET) != 0) {
-      status = absl::InternalError(
-          absl::StrCat("entering ", ns, ": ", ErrnoText(errno)));
-      return;
-    }
+  return InNamedNamespace(ns, [&] {
+    absl::Status status;
     for (const char* table : {"iptables", "ip6tables", "arptables"}) {
       const std::string file =
           absl::StrCat("/proc/sys/net/bridge/bridge-nf-call-", table);
@@ -260,10 +287,8 @@ absl::Status EmulatedHosts::SwitchWithoutNetfilter(const std::string& ns) {
       }
       if (fd >= 0) close(fd);
     }
+    return status;
   });
-  enter.join();
-  close(ns_fd);
-  return status;
 }
 
 // TCP congestion control on an emulated host: CUBIC, Linux's default, not
@@ -278,13 +303,8 @@ absl::Status EmulatedHosts::SwitchWithoutNetfilter(const std::string& ns) {
 absl::Status EmulatedHosts::SetUpHostStack(int ns_fd, const std::string& ns,
                                            std::string* congestion_control,
                                            int* snmp_fd) {
-  absl::Status status;
-  std::thread enter([&] {
-    if (setns(ns_fd, CLONE_NEWNET) != 0) {
-      status = absl::InternalError(
-          absl::StrCat("entering ", ns, ": ", ErrnoText(errno)));
-      return;
-    }
+  return InNamespace(ns_fd, ns, [&] {
+    absl::Status status;
     const char* path = "/proc/sys/net/ipv4/tcp_congestion_control";
     const int fd = open(path, O_WRONLY | O_CLOEXEC);
     int error = fd < 0 ? errno : EPERM;
@@ -309,9 +329,8 @@ absl::Status EmulatedHosts::SetUpHostStack(int ns_fd, const std::string& ns,
       status = absl::InternalError(absl::StrCat(
           "open /proc/thread-self/net/snmp in ", ns, ": ", ErrnoText(errno)));
     }
+    return status;
   });
-  enter.join();
-  return status;
 }
 
 absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
@@ -362,28 +381,14 @@ absl::Status EmulatedHosts::MakeHost(const EmulatedHost& host) {
 }
 
 absl::Status EmulatedHosts::OpenSwitchCounters() {
-  const std::string path = "/run/netns/" + switch_ns_;
-  absl::Status status;
-  // /proc/thread-self/net shows the calling thread's namespace, and keeps
-  // showing it through the descriptor once opened.
-  std::thread enter([&] {
-    const int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) != 0) {
-      status = absl::InternalError(
-          absl::StrCat("entering ", path, ": ", ErrnoText(errno)));
-    } else {
-      switch_net_dev_fd_ =
-          open("/proc/thread-self/net/dev", O_RDONLY | O_CLOEXEC);
-      if (switch_net_dev_fd_ < 0) {
-        status = absl::InternalError(
-            absl::StrCat("open /proc/thread-self/net/dev in ", switch_ns_, ": ",
-                         ErrnoText(errno)));
-      }
-    }
-    if (ns_fd >= 0) close(ns_fd);
+  return InNamedNamespace(switch_ns_, [&] {
+    switch_net_dev_fd_ =
+        open("/proc/thread-self/net/dev", O_RDONLY | O_CLOEXEC);
+    if (switch_net_dev_fd_ >= 0) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("open /proc/thread-self/net/dev in ", switch_ns_, ": ",
+                     ErrnoText(errno)));
   });
-  enter.join();
-  return status;
 }
 
 int EmulatedHosts::NamespaceFd(const std::string& name) const {
