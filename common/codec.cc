@@ -214,6 +214,51 @@ absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
                      OverflowLimit(encoding));
 }
 
+float ResidualBound(v1::Encoding encoding, float y_max) {
+  // Twice what each encoding can drop of a value: BF16 half an ulp of 8
+  // significant bits (2^-8 |y|, 2^-134 among subnormals), FP16 half an ulp
+  // of 11 (2^-11 |y|, 2^-25 below 2^-14), INT8 half its scale s = y_max /
+  // 127 (at least 2^-126), TOPK an unsent value whole.
+  const double y = std::fabs(static_cast<double>(y_max));
+  double bound = 0;
+  switch (encoding) {
+    case v1::ENCODING_BF16:
+      bound = 0x1p-7 * y + 0x1p-133;
+      break;
+    case v1::ENCODING_FP16:
+      bound = 0x1p-10 * y + 0x1p-24;
+      break;
+    case v1::ENCODING_INT8:
+      bound = y / 127 + 0x1p-125;
+      break;
+    case v1::ENCODING_TOPK:
+      bound = y;
+      break;
+    default:
+      return 0;
+  }
+  return static_cast<float>(
+      std::min<double>(bound, std::numeric_limits<float>::infinity()));
+}
+
+absl::Status CheckEncodableWithin(v1::Encoding encoding, const float* x,
+                                  const float* residual, float residual_max,
+                                  int64_t n) {
+  if (residual != nullptr) {
+    // |x + r| <= (|x| + |r|)(1 + 2^-24): well below the first value that
+    // cannot be encoded, whatever r within its bound, and x alone read.
+    const uint32_t limit_bits = OverflowLimit(encoding) == kInfBits
+                                    ? 0x7f7fffffu  // FLT_MAX
+                                    : OverflowLimit(encoding);
+    const double x_max = FromBits(MaxAbsBits(x, nullptr, n));
+    const double limit = FromBits(limit_bits);
+    if (x_max + static_cast<double>(residual_max) <= limit * (1 - 0x1p-20)) {
+      return absl::OkStatus();
+    }
+  }
+  return CheckEncodable(encoding, x, residual, n);
+}
+
 namespace {
 
 // The arguments' checks both encoders make; *k is TOPK's count.
@@ -249,11 +294,10 @@ absl::Status CheckEncodeArguments(v1::Encoding encoding, int64_t n,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
-                           double topk_ratio, float* residual,
-                           std::string* out) {
+// EncodePayload, also giving the largest |y| bits it encoded.
+absl::Status EncodeInPlaceChecked(v1::Encoding encoding, const float* x,
+                                  int64_t n, double topk_ratio, float* residual,
+                                  std::string* out, uint32_t* y_bits) {
   int64_t k = 0;
   absl::Status status = CheckEncodeArguments(encoding, n, topk_ratio, &k);
   if (!status.ok()) return status;
@@ -263,6 +307,7 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
   const uint32_t max_abs_bits = MaxAbsBits(x, residual, n);
   status = RefuseFirst(encoding, x, residual, n, max_abs_bits, limit);
   if (!status.ok()) return status;
+  *y_bits = max_abs_bits;
   out->resize(EncodedBytes(encoding, n, k));
   char* bytes = out->data();
   switch (encoding) {
@@ -289,9 +334,10 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
   return absl::OkStatus();
 }
 
-absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
-                             double topk_ratio, const float* residual_in,
-                             float* residual_out, std::string* out) {
+absl::Status EncodeOutOfPlace(v1::Encoding encoding, const float* x, int64_t n,
+                              double topk_ratio, const float* residual_in,
+                              float* residual_out, std::string* out,
+                              uint32_t* y_bits) {
   int64_t k = 0;
   absl::Status status = CheckEncodeArguments(encoding, n, topk_ratio, &k);
   if (!status.ok()) return status;
@@ -302,14 +348,36 @@ absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
     if (residual_in != nullptr) {
       std::copy(residual_in, residual_in + n, residual_out);
     }
-    return EncodePayload(encoding, x, n, topk_ratio,
-                         residual_in != nullptr ? residual_out : nullptr, out);
+    return EncodeInPlaceChecked(encoding, x, n, topk_ratio,
+                                residual_in != nullptr ? residual_out : nullptr,
+                                out, y_bits);
   }
   out->resize(EncodedBytes(encoding, n, k));
-  const uint32_t max_abs_bits =
-      EncodeTo(encoding, x, residual_in, residual_out, n, out->data());
-  return RefuseFirst(encoding, x, residual_in, n, max_abs_bits,
+  *y_bits = codec_loops::EncodeTo(encoding, x, residual_in, residual_out, n,
+                                  out->data());
+  return RefuseFirst(encoding, x, residual_in, n, *y_bits,
                      OverflowLimit(encoding));
+}
+
+}  // namespace
+
+absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
+                           double topk_ratio, float* residual,
+                           std::string* out) {
+  uint32_t y_bits;
+  return EncodeInPlaceChecked(encoding, x, n, topk_ratio, residual, out,
+                              &y_bits);
+}
+
+absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
+                             double topk_ratio, const float* residual_in,
+                             float* residual_out, std::string* out,
+                             float* y_max) {
+  uint32_t y_bits = 0;
+  const absl::Status status = EncodeOutOfPlace(
+      encoding, x, n, topk_ratio, residual_in, residual_out, out, &y_bits);
+  if (status.ok() && y_max != nullptr) *y_max = FromBits(y_bits);
+  return status;
 }
 
 absl::Status DecodePayload(v1::Encoding encoding, absl::string_view payload,

@@ -60,15 +60,32 @@ absl::Status EncodePayload(v1::Encoding encoding, const float* x, int64_t n,
 // the values while encoding them, one pass instead of two. The same bits
 // and the same errors as EncodePayload, but on error *out and *residual_out
 // hold unspecified values (residual_in is never written).
+// With `y_max`, the largest |y| encoded goes there.
 absl::Status EncodePayloadTo(v1::Encoding encoding, const float* x, int64_t n,
                              double topk_ratio, const float* residual_in,
-                             float* residual_out, std::string* out);
+                             float* residual_out, std::string* out,
+                             float* y_max = nullptr);
 
 // The check EncodePayload makes first, alone: InvalidArgument naming the
 // element when x + residual (residual may be null) holds a value `encoding`
 // cannot carry (non-finite, or beyond FP16's or BF16's range).
 absl::Status CheckEncodable(v1::Encoding encoding, const float* x,
                             const float* residual, int64_t n);
+
+// At least the largest |residual| that encoding values of at most `y_max`
+// in magnitude can leave (error feedback's y - decoded), with room to
+// spare: 2^-7 y_max + 2^-133 for BF16, 2^-10 y_max + 2^-24 for FP16,
+// y_max / 127 + 2^-125 for INT8, y_max for TOPK, 0 for FP32.
+float ResidualBound(v1::Encoding encoding, float y_max);
+
+// CheckEncodable where |residual| <= residual_max is known (a
+// ResidualBound): when x's largest magnitude plus residual_max is well
+// inside what `encoding` carries, x + residual can be encoded whatever the
+// residual, and only x is read; otherwise the exact CheckEncodable, its
+// result and message.
+absl::Status CheckEncodableWithin(v1::Encoding encoding, const float* x,
+                                  const float* residual, float residual_max,
+                                  int64_t n);
 
 // Decodes `payload`, `n` elements of `encoding`, into out[0, n) (TOPK: zero
 // but for the k elements sent). InvalidArgument naming the problem and the

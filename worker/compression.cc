@@ -135,8 +135,8 @@ absl::Status GradientCompressor::CheckValues(uint32_t id, const float* gradient,
   const float* residual = codec.step == step || codec.residual.empty()
                               ? nullptr
                               : codec.residual.data();
-  return CheckEncodable(c_.gradients, gradient, residual,
-                        chunks_[id].num_elements);
+  return CheckEncodableWithin(c_.gradients, gradient, residual,
+                              codec.residual_max, chunks_[id].num_elements);
 }
 
 double GradientCompressor::TopkRatioAt(int64_t step) const {
@@ -164,12 +164,14 @@ absl::StatusOr<absl::string_view> GradientCompressor::Encode(
   // Into the spare payload: on error the last payload stays whole for a
   // retry of its step, and a Commit finds nothing to commit (pending may
   // hold anything).
+  float y_max = 0;
   absl::Status s = EncodePayloadTo(c_.gradients, gradient, n, TopkRatioAt(step),
-                                   residual, pending, &codec.spare);
+                                   residual, pending, &codec.spare, &y_max);
   if (!s.ok()) {
     codec.encoded = false;
     return s;
   }
+  codec.pending_max = ResidualBound(c_.gradients, y_max);
   std::swap(codec.payload, codec.spare);
   codec.step = step;
   codec.encoded = true;
@@ -180,7 +182,10 @@ void GradientCompressor::Commit(uint32_t id) {
   ChunkCodec& codec = codecs_[id];
   if (!codec.encoded) return;  // committed already (a repeated reply)
   codec.encoded = false;
-  if (c_.error_feedback) std::swap(codec.residual, codec.pending);
+  if (c_.error_feedback) {
+    std::swap(codec.residual, codec.pending);
+    codec.residual_max = codec.pending_max;
+  }
 }
 
 bool GradientCompressor::SameChunks(
@@ -200,6 +205,7 @@ void GradientCompressor::Reset() {
   for (ChunkCodec& codec : codecs_) {
     codec.residual.clear();
     codec.pending.clear();
+    codec.residual_max = 0;
     codec.encoded = false;
     codec.step = -1;
   }

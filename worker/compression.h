@@ -110,8 +110,12 @@ class GradientCompressor {
     std::string spare;            // the next Encode writes here
     std::vector<float> residual;  // committed; empty until first used
     std::vector<float> pending;   // after the last Encode
-    bool encoded = false;         // pending not committed yet
-    int64_t step = -1;            // of `payload`
+    // At least the largest |element| of each (ResidualBound), so that
+    // CheckValues need not read the residual.
+    float residual_max = 0;
+    float pending_max = 0;
+    bool encoded = false;  // pending not committed yet
+    int64_t step = -1;     // of `payload`
   };
   const Compression c_;
   const std::vector<ChunkSpec> chunks_;
