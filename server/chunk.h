@@ -87,7 +87,7 @@ class ReplySink {
   virtual void Fail(const absl::Status& status) = 0;
 
   // Flow control of the pusher's stream. Hold: the store keeps the push's
-  // gradient (`bytes` of it, decoded) until other pushes arrive (sync: the
+  // gradient (`bytes` of it, as held) until other pushes arrive (sync: the
   // ranks below it), so the stream should read nothing more; called during
   // Push, possibly under a chunk's lock (so it must only take locks of its
   // own). Release: the gradient was used (or dropped); reading may go on once

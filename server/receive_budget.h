@@ -4,7 +4,9 @@
 // parked stream, up to its HTTP/2 window, are not counted). Two things hold
 // such bytes: a push being read (its message in gRPC's buffers: up to the
 // largest chunk per stream reading) and an early gradient (sync: one that came
-// before the ranks below it, decoded, kept until they are summed). A stream
+// before the ranks below it, kept until they are summed: FP32, BF16 and FP16
+// as the slices it arrived in, counted as its wire bytes; otherwise
+// decoded). A stream
 // asks the budget before each read; while the budget is spent it is parked,
 // reading nothing, and gRPC's flow control stops its sender (a parked stream
 // keeps at most the server's stream lookahead in gRPC's buffers).
