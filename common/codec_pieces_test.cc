@@ -25,7 +25,7 @@ class CutSource final : public ByteSource {
       : bytes_(bytes), cuts_(std::move(cuts)) {}
   uint64_t size() const override { return bytes_.size(); }
   void ForEachPiece(
-      const std::function<void(absl::string_view)>& piece) const override {
+      absl::FunctionRef<void(absl::string_view)> piece) const override {
     size_t at = 0;
     for (size_t cut : cuts_) {
       if (cut <= at || cut >= bytes_.size()) continue;

@@ -23,7 +23,7 @@ void ByteSource::CopyTo(char* dst,
 }
 
 void StringByteSource::ForEachPiece(
-    const std::function<void(absl::string_view)>& piece) const {
+    absl::FunctionRef<void(absl::string_view)> piece) const {
   constexpr uint64_t kPiece = 64 << 10;
   for (uint64_t at = 0; at < bytes_.size(); at += kPiece) {
     piece(bytes_.substr(at, kPiece));

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "shardps/v1/parameter_server.pb.h"
@@ -27,9 +28,11 @@ class ByteSource {
   virtual uint64_t size() const = 0;
   // Calls piece() with each contiguous piece of the bytes, in order, so that
   // a decoder can read them where they lie instead of gathering them first.
-  // Pieces may end anywhere, even inside an element of a payload.
+  // Pieces may end anywhere, even inside an element of a payload. A
+  // FunctionRef, not a std::function: a decoder's callback captures more
+  // than std::function keeps without allocating, once per message.
   virtual void ForEachPiece(
-      const std::function<void(absl::string_view)>& piece) const = 0;
+      absl::FunctionRef<void(absl::string_view)> piece) const = 0;
   // Copies all size() bytes to dst, a piece at a time. After each piece,
   // calls copied(n) with the number of bytes copied so far (when not null),
   // so the caller can inspect the data while it is still in cache.
@@ -49,7 +52,7 @@ class StringByteSource final : public ByteSource {
   explicit StringByteSource(absl::string_view bytes) : bytes_(bytes) {}
   uint64_t size() const override { return bytes_.size(); }
   void ForEachPiece(
-      const std::function<void(absl::string_view)>& piece) const override;
+      absl::FunctionRef<void(absl::string_view)> piece) const override;
 
  private:
   absl::string_view bytes_;

@@ -152,7 +152,7 @@ absl::Status DecodeWithPayload(const grpc::ByteBuffer& buffer,
 }
 
 void PayloadView::ForEachPiece(
-    const std::function<void(absl::string_view)>& piece) const {
+    absl::FunctionRef<void(absl::string_view)> piece) const {
   uint64_t left = size_;
   size_t s = first_slice_;
   size_t off = first_offset_;

@@ -36,7 +36,7 @@ class PayloadView final : public ByteSource {
   uint64_t size() const override { return size_; }
   // The payload's part of each received slice, in order.
   void ForEachPiece(
-      const std::function<void(absl::string_view)>& piece) const override;
+      absl::FunctionRef<void(absl::string_view)> piece) const override;
   // A copy referencing the same slices.
   std::unique_ptr<ByteSource> Retain() const override {
     return std::make_unique<PayloadView>(*this);
