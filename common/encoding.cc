@@ -12,13 +12,17 @@ v1::Encoding EffectiveEncoding(v1::Encoding e) {
   return e == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : e;
 }
 
+void ByteSource::CopyTo(char* dst) const {
+  CopyTo(dst, [](uint64_t) {});
+}
+
 void ByteSource::CopyTo(char* dst,
-                        const std::function<void(uint64_t)>& copied) const {
+                        absl::FunctionRef<void(uint64_t)> copied) const {
   uint64_t done = 0;
   ForEachPiece([&](absl::string_view piece) {
     std::memcpy(dst + done, piece.data(), piece.size());
     done += piece.size();
-    if (copied) copied(done);
+    copied(done);
   });
 }
 

@@ -6,7 +6,6 @@
 #define SHARDPS_COMMON_ENCODING_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,11 +32,12 @@ class ByteSource {
   // than std::function keeps without allocating, once per message.
   virtual void ForEachPiece(
       absl::FunctionRef<void(absl::string_view)> piece) const = 0;
-  // Copies all size() bytes to dst, a piece at a time. After each piece,
-  // calls copied(n) with the number of bytes copied so far (when not null),
-  // so the caller can inspect the data while it is still in cache.
-  void CopyTo(char* dst,
-              const std::function<void(uint64_t)>& copied = nullptr) const;
+  // Copies all size() bytes to dst, a piece at a time.
+  void CopyTo(char* dst) const;
+  // The same, calling copied(n) after each piece with the number of bytes
+  // copied so far, so the caller can inspect the data while it is still in
+  // cache.
+  void CopyTo(char* dst, absl::FunctionRef<void(uint64_t)> copied) const;
   // A ByteSource over the same bytes that stays valid after this one is
   // gone, without copying them; null when they cannot be kept that way
   // (the caller then copies what it needs).
