@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -38,17 +39,34 @@ int64_t PeakRss(pid_t pid) { return StatusBytes(pid, "VmHWM:"); }
 
 int64_t SharedRss(pid_t pid) { return StatusBytes(pid, "RssShmem:"); }
 
-double MachineBusySeconds() {
+MachineLoad MachineLoad::Now() {
+  MachineLoad load;
   std::ifstream stat("/proc/stat");
-  std::string cpu;
-  // cpu user nice system idle iowait irq softirq steal ...
-  int64_t v[8] = {};
-  if (!(stat >> cpu) || cpu != "cpu") return -1;
-  for (int64_t& x : v) {
-    if (!(stat >> x)) return -1;
+  std::string name;
+  while (stat >> name) {
+    if (name == "cpu") {
+      // cpu user nice system idle iowait irq softirq steal ...
+      int64_t v[8] = {};
+      for (int64_t& x : v) {
+        if (!(stat >> x)) return load;
+      }
+      load.busy_s = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) /
+                    sysconf(_SC_CLK_TCK);
+    } else if (name == "ctxt") {
+      if (!(stat >> load.context_switches)) load.context_switches = -1;
+    }
+    stat.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  const int64_t busy = v[0] + v[1] + v[2] + v[5] + v[6];
-  return static_cast<double>(busy) / sysconf(_SC_CLK_TCK);
+  return load;
+}
+
+MachineLoad MachineLoad::Since(const MachineLoad& before) const {
+  MachineLoad d;
+  if (busy_s >= 0 && before.busy_s >= 0) d.busy_s = busy_s - before.busy_s;
+  if (context_switches >= 0 && before.context_switches >= 0) {
+    d.context_switches = context_switches - before.context_switches;
+  }
+  return d;
 }
 
 absl::StatusOr<absl::Duration> Parallel(

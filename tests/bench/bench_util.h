@@ -25,12 +25,21 @@ int64_t PeakRss(pid_t pid);
 // of workers' regions it touched, which are the workers' memory.
 int64_t SharedRss(pid_t pid);
 
-// Seconds the machine's CPUs have been busy since boot, summed over them
-// (/proc/stat: user, nice, system, irq and softirq; not idle, iowait or
-// steal). The difference over a run counts every process of it and the
-// kernel's packet processing, which no process is charged for; -1 if
-// unreadable.
-double MachineBusySeconds();
+// What the machine's CPUs have done since boot (/proc/stat). The difference
+// over a run counts every process of it and the kernel's packet processing,
+// which no process is charged for.
+struct MachineLoad {
+  // Seconds busy, summed over the CPUs: user, nice, system, irq and
+  // softirq; not idle, iowait or steal. -1 if unreadable.
+  double busy_s = -1;
+  // Context switches: each time a CPU switched threads, which a virtual
+  // machine can make expensive. -1 if unreadable.
+  int64_t context_switches = -1;
+
+  static MachineLoad Now();
+  // This load minus an earlier one (-1 where either is unreadable).
+  MachineLoad Since(const MachineLoad& before) const;
+};
 
 // Runs fn(rank) for rank in [0, workers) on one thread each and returns
 // the wall time, or the first error.

@@ -268,7 +268,7 @@ absl::StatusOr<TcpExchangeRun> RunTcpExchangeOnHosts(
     const std::string& self_binary, int64_t rate, const TcpExchange& exchange,
     const local::NetworkTools& tools) {
   const std::string spec = FormatTcpExchange(exchange);
-  const double busy_before = MachineBusySeconds();
+  const MachineLoad before = MachineLoad::Now();
   SHARDPS_ASSIGN_OR_RETURN(
       RanksRun run,
       RunRanksOnHosts(
@@ -290,7 +290,7 @@ absl::StatusOr<TcpExchangeRun> RunTcpExchangeOnHosts(
   }
   TcpExchangeRun out;
   out.step = absl::Milliseconds(ms);
-  out.busy_s = MachineBusySeconds() - busy_before;
+  out.load = MachineLoad::Now().Since(before);
   out.steps = exchange.steps;
   for (const HostBytes& b : run.bytes) {
     out.most_retransmitted =

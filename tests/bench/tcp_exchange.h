@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "deploy/local/link_shaping.h"
+#include "tests/bench/bench_util.h"
 
 namespace shardps::bench {
 
@@ -44,7 +45,7 @@ absl::Status RunTcpExchangeHost(const TcpExchange& exchange, int rank);
 struct TcpExchangeRun {
   absl::Duration step;             // rank 0's mean step after the warm-up
   double most_retransmitted = -1;  // % of a host's TCP segments, the most
-  double busy_s = 0;               // the machine's CPUs, over the whole run
+  MachineLoad load;                // the machine's CPUs, over the whole run
   int steps = 0;                   // the exchange's, warm-up included
 };
 

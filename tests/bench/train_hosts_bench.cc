@@ -57,7 +57,7 @@ struct SideRun {
   std::vector<HostBytes> bytes;
   std::string detail;    // the final line, or the DDP ranks' encoding
   int chunks = 0;        // shardps: the chunks the model was declared in
-  double busy_s = 0;     // the machine's CPUs, over the whole run
+  MachineLoad load;      // the machine's CPUs, over the whole run
   double elapsed_s = 0;  // the run, as this process timed it
 };
 
@@ -74,12 +74,12 @@ absl::StatusOr<SideRun> RunShardps(const TrainHostsOptions& o,
     absl::StrAppend(&command, " --compression=", encodings.gradients,
                     " --weight_encoding=", encodings.weights);
   }
-  const double busy_before = MachineBusySeconds();
+  const MachineLoad before = MachineLoad::Now();
   const absl::Time start = absl::Now();
   SHARDPS_ASSIGN_OR_RETURN(std::string out,
                            RunCommand(absl::StrCat(command, " 2>&1")));
   SideRun run;
-  run.busy_s = MachineBusySeconds() - busy_before;
+  run.load = MachineLoad::Now().Since(before);
   run.elapsed_s = absl::ToDoubleSeconds(absl::Now() - start);
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (absl::StartsWith(line, "final:")) run.detail = std::string(line);
@@ -153,7 +153,7 @@ absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                const local::NetworkTools& tools) {
   SHARDPS_ASSIGN_OR_RETURN(int64_t rate, ParseLinkRate(o.link));
   const std::string encoding = EncodingsOf(row).ddp;
-  const double busy_before = MachineBusySeconds();
+  const MachineLoad before = MachineLoad::Now();
   const absl::Time start = absl::Now();
   SHARDPS_ASSIGN_OR_RETURN(RanksRun ddp,
                            RunRanksOnHosts(
@@ -172,7 +172,7 @@ absl::StatusOr<SideRun> RunDdp(const TrainHostsOptions& o,
                                },
                                o.epochs * kDdpTimeoutPerEpoch));
   SideRun run;
-  run.busy_s = MachineBusySeconds() - busy_before;
+  run.load = MachineLoad::Now().Since(before);
   run.elapsed_s = absl::ToDoubleSeconds(absl::Now() - start);
   run.wall_s = JsonNumber(ddp.result, "wall_s");
   const std::vector<double> epoch_s = JsonList(ddp.result, "epoch_s");
@@ -276,18 +276,33 @@ void PrintRow(const TrainHostsOptions& o, int64_t rate,
   // Whether the machine's cores, not the links, set the pace: over each
   // whole run (start-up and evaluation included), how many of the cores
   // were busy on average (/proc/stat: the processes and the kernel's packet
-  // processing), and the core time a step costs at that rate.
+  // processing), and the core time and context switches a step costs at
+  // that rate.
   const double cores = std::thread::hardware_concurrency();
-  auto busy = [](const SideRun& side) {
-    return side.elapsed_s > 0 ? side.busy_s / side.elapsed_s : 0.0;
+  // Per second of the run: busy cores, or context switches.
+  auto per_second = [](const SideRun& side, double amount) {
+    return side.elapsed_s > 0 && amount >= 0 ? amount / side.elapsed_s : 0.0;
+  };
+  const double ddp_step_ms = result.ddp.train_s * 1e3 / steps;
+  auto per_raw_step = [&](double amount) {
+    return result.raw.steps > 0 && amount >= 0 ? amount / result.raw.steps
+                                               : 0.0;
   };
   absl::PrintF(
       "  CPU, this machine's %.0f cores: busy %.2f during shardps (%.1f "
-      "core-ms a step), %.2f during DDP (%.1f core-ms a step); the raw TCP "
-      "exchange %.1f core-ms a step\n",
-      cores, busy(result.shardps), busy(result.shardps) * step_ms,
-      busy(result.ddp), busy(result.ddp) * result.ddp.train_s * 1e3 / steps,
-      result.raw.steps > 0 ? result.raw.busy_s * 1e3 / result.raw.steps : 0.0);
+      "core-ms and %.0f context switches a step), %.2f during DDP (%.1f "
+      "core-ms and %.0f context switches a step); the raw TCP exchange %.1f "
+      "core-ms and %.0f context switches a step\n",
+      cores, per_second(result.shardps, result.shardps.load.busy_s),
+      per_second(result.shardps, result.shardps.load.busy_s) * step_ms,
+      per_second(result.shardps, result.shardps.load.context_switches) *
+          step_ms / 1e3,
+      per_second(result.ddp, result.ddp.load.busy_s),
+      per_second(result.ddp, result.ddp.load.busy_s) * ddp_step_ms,
+      per_second(result.ddp, result.ddp.load.context_switches) * ddp_step_ms /
+          1e3,
+      per_raw_step(result.raw.load.busy_s) * 1e3,
+      per_raw_step(result.raw.load.context_switches));
   absl::PrintF(
       "  shardps / DDP time %.2f; ideal when link-bound %.2f (a perfectly "
       "balanced shard map), %.2f (the busiest cards' bytes measured)\n",
