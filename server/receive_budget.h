@@ -6,10 +6,10 @@
 // largest chunk per stream reading) and an early gradient (sync: one that came
 // before the ranks below it, kept until they are summed: FP32, BF16 and FP16
 // as the slices it arrived in, counted as its wire bytes; otherwise
-// decoded). A stream
-// asks the budget before each read; while the budget is spent it is parked,
-// reading nothing, and gRPC's flow control stops its sender (a parked stream
-// keeps at most the server's stream lookahead in gRPC's buffers).
+// decoded). A stream asks the budget before each read; while the budget is
+// spent it is parked, reading nothing, and gRPC's flow control stops its
+// sender (a parked stream keeps at most the server's stream lookahead in
+// gRPC's buffers).
 //
 // Why it cannot deadlock. Every chunk whose step is not complete has a
 // fold: the rank its rank-ordered sum needs next. Order them by (step,
